@@ -1,0 +1,857 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//
+// egressd datapath: per-destination admission of outbound TCP connections.
+//
+// Admission (cgroup/connect4, cgroup/connect6): find the most specific rule for
+// (socket cgroup, destination address, port) and check its one shape:
+// concurrency (live connections), per-second token bucket, or sliding window.
+// A refusal returns 0, which the caller's connect() sees as EPERM, or as the
+// rule's errno when one is set (bpf_set_retval).
+//
+// Accounting: an admitted socket holds one slot of its rule, recorded in
+// socket storage. The slot is given back exactly once (atomic exchange on
+// sock_state.held) at the first of: sockops STATE_CB entering TCP_CLOSE (RST,
+// refused, timeout, disconnect while the fd stays open), cgroup/sock_release
+// (close, process exit, and connect failures before tcp_connect() where no
+// sockops callback fires), or a second connect() on the same socket.
+//
+// Requests (cgroup_skb egress/ingress, attached only while a rule asks for
+// them): a socket is in flight from its first outbound payload after an
+// inbound one until the next inbound payload; that interval is a sample.
+//
+// Rule identity: user space owns slots in the rules array. A slot carries a
+// generation; sockets remember (slot, gen), so a socket of a deleted rule
+// never touches the counts of a later rule that reuses its slot.
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+
+#define SOCK_STREAM 1
+#define IPPROTO_TCP 6
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define NSEC_PER_SEC 1000000000ULL
+/* A bucket idle for this long is full whatever its rate; it also bounds
+ * elapsed * rate below 2^64 for rates up to 10^6 per second. */
+#define MAX_REFILL_NS (100ULL * NSEC_PER_SEC)
+#define MAX_SEGMENTS 32
+#define MAX_SCOPE_LEVEL 15
+#define HIST_BUCKETS 28
+
+char __license[] SEC("license") = "Dual MIT/GPL";
+
+enum shape {
+	SHAPE_CONCURRENCY,
+	SHAPE_PER_SECOND,
+	SHAPE_PER_WINDOW,
+	SHAPE_LEN,
+};
+
+/* Per-rule counters, summed over CPUs in user space. */
+enum counter {
+	COUNTER_ADMITTED,
+	COUNTER_REFUSED,
+	COUNTER_SHADOW_REFUSED, /* would have been refused; admitted in shadow mode */
+	COUNTER_RELEASED,
+	COUNTER_ESTABLISHED,
+	COUNTER_CONNECT_FAILED, /* released without ever reaching ESTABLISHED */
+	COUNTER_UNTRACKED,	/* admitted without socket storage (allocation failed) */
+	COUNTER_REQUESTS,
+	COUNTER_RESPONSES,
+	COUNTER_ABORTED,	/* released while a request was in flight */
+	COUNTER_IN_FLIGHT,	/* gauge: +1 at request, -1 at response or abort */
+	COUNTER_LEN,
+};
+
+/* Host-wide counters. */
+enum global_counter {
+	GLOBAL_REFUSALS_LOST, /* refusal events dropped: ring buffer full */
+	GLOBAL_SAMPLES_LOST,  /* latency samples dropped: ring buffer full */
+	GLOBAL_LEN,
+};
+
+enum sample_kind {
+	SAMPLE_CONNECT, /* connect() to ESTABLISHED */
+	SAMPLE_REQUEST, /* first outbound payload to next inbound payload */
+	SAMPLE_LEN,
+};
+
+/* rule.flags */
+#define RULE_F_ACTIVE (1 << 0)
+#define RULE_F_SHADOW (1 << 1)
+#define RULE_F_SAMPLES (1 << 2)	 /* send latency samples to user space */
+#define RULE_F_REQUESTS (1 << 3) /* track in-flight requests */
+
+/* config.classes: which kinds of rule keys exist, so lookups that cannot
+ * match are skipped. */
+#define CLASS_SCOPED_PORT (1 << 0)
+#define CLASS_SCOPED_ANY (1 << 1)
+#define CLASS_HOST_PORT (1 << 2)
+#define CLASS_HOST_ANY (1 << 3)
+#define CLASS_SCOPED (CLASS_SCOPED_PORT | CLASS_SCOPED_ANY)
+#define CLASS_PORT (CLASS_SCOPED_PORT | CLASS_HOST_PORT)
+
+struct datapath_config {
+	__u32 classes;
+	__u32 scope_levels; /* bit L: some scoped rule names a cgroup at depth L */
+};
+
+/* LPM key: scope and port match exactly (the first 96 bits are always
+ * inside the prefix), the address by prefix. IPv4 is ::ffff:a.b.c.d. */
+struct rule_key {
+	__u32 prefixlen;
+	__u32 port; /* host byte order; 0 = any port */
+	__u64 scope; /* cgroup id; 0 = host-wide */
+	__u8 addr[16];
+};
+#define RULE_KEY_FIXED_BITS 96
+
+struct rule {
+	__u32 gen;
+	__u8 shape;
+	__u8 flags;
+	__u16 refuse_errno; /* 0 = EPERM */
+	__u32 limit; /* live connections, permits per second or per window */
+	__u32 burst; /* per-second bucket size */
+	__u32 segments;
+	__u32 epoch; /* bumped when the shape's parameters change: state restarts */
+	__u64 segment_ns;
+};
+
+/* What user space needs to rebuild its view of a rule after a restart; the
+ * programs never read it. */
+struct rule_meta {
+	__u8 name[64];
+	struct rule_key key;
+	__u32 scope_level;
+	__u32 _pad;
+};
+
+struct rule_state {
+	struct bpf_spin_lock lock;
+	__u32 epoch; /* rule.epoch this state was started for; under the lock */
+	__s64 live;  /* atomic; not under the lock */
+	/* token bucket, under the lock */
+	__u64 tokens; /* permits scaled by NSEC_PER_SEC */
+	__u64 refilled_ns;
+	/* sliding window, under the lock */
+	__u64 segment_id[MAX_SEGMENTS];
+	__u32 segment_count[MAX_SEGMENTS];
+};
+
+struct counters {
+	__u64 v[COUNTER_LEN];
+};
+
+struct hist {
+	__u64 count;
+	__u64 sum_ns;
+	__u64 buckets[HIST_BUCKETS]; /* bucket i: [2^(i-1), 2^i) microseconds */
+};
+
+struct sock_state {
+	__u32 rule;
+	__u32 gen;
+	__u32 held;	/* a slot is reserved; exchanged to 0 exactly once */
+	__u32 awaiting; /* a request is in flight */
+	__u32 established;
+	__u32 rule_flags;
+	__u64 connect_ns;
+	__u64 sent_ns;
+};
+
+struct refusal {
+	__u64 time_ns; /* CLOCK_MONOTONIC */
+	__u64 cgroup;
+	__u64 retry_after_ns; /* 0: no hint */
+	__u32 pid;
+	__u32 rule;
+	__u32 gen;
+	__u16 port;
+	__u8 shape;
+	__u8 shadow;
+	__u8 addr[16];
+};
+
+struct sample {
+	__u64 latency_ns;
+	__u32 rule;
+	__u32 gen;
+	__u8 kind;
+	__u8 _pad[7];
+};
+
+struct iter_rec {
+	__u32 rule;
+	__u32 gen;
+	__u32 awaiting;
+	__u32 _pad;
+};
+
+const struct rule_key *unused_rule_key __attribute__((unused));
+const struct rule_meta *unused_rule_meta __attribute__((unused));
+const struct refusal *unused_refusal __attribute__((unused));
+const struct sample *unused_sample __attribute__((unused));
+const struct iter_rec *unused_iter_rec __attribute__((unused));
+const enum shape *unused_shape __attribute__((unused));
+const enum counter *unused_counter __attribute__((unused));
+const enum global_counter *unused_global_counter __attribute__((unused));
+const enum sample_kind *unused_sample_kind __attribute__((unused));
+
+/* max_entries of rule-indexed maps are set by the loader (MaxRules). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct datapath_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rule_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rule_keys SEC(".maps");
+
+/* cgroup id -> CLASS_SCOPED_* bits of the rules scoped to it */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} scopes SEC(".maps");
+
+/* bit p set: some rule names port p */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536 / 64);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct rule_meta);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rule_metas SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct rule_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rule_states SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rule_counters SEC(".maps");
+
+/* index: rule * SAMPLE_LEN + kind */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4096 * SAMPLE_LEN);
+	__type(key, __u32);
+	__type(value, struct hist);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} latency SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GLOBAL_LEN);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} global_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock_states SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 18);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} refusals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} samples SEC(".maps");
+
+static __always_inline void count(__u32 slot, enum counter c, __s64 delta)
+{
+	struct counters *cs = bpf_map_lookup_elem(&rule_counters, &slot);
+
+	/* Atomic even per CPU: a softirq program may interrupt a process
+	 * context one on the same CPU. */
+	if (cs && c < COUNTER_LEN)
+		__sync_fetch_and_add(&cs->v[c], delta);
+}
+
+static __always_inline void count_global(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&global_counters, &idx);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+static __always_inline __u32 log2_u64(__u64 v)
+{
+	__u32 r = 0;
+
+	if (v >> 32) { v >>= 32; r += 32; }
+	if (v >> 16) { v >>= 16; r += 16; }
+	if (v >> 8) { v >>= 8; r += 8; }
+	if (v >> 4) { v >>= 4; r += 4; }
+	if (v >> 2) { v >>= 2; r += 2; }
+	if (v >> 1) { r += 1; }
+	return r;
+}
+
+static __always_inline void record_latency(__u32 slot, __u32 gen, __u8 flags,
+					   enum sample_kind kind, __u64 ns)
+{
+	__u32 idx = slot * SAMPLE_LEN + kind;
+	struct hist *h = bpf_map_lookup_elem(&latency, &idx);
+
+	if (h) {
+		__u64 us = ns / 1000;
+		__u32 b = us ? log2_u64(us) + 1 : 0;
+
+		if (b >= HIST_BUCKETS)
+			b = HIST_BUCKETS - 1;
+		__sync_fetch_and_add(&h->count, 1);
+		__sync_fetch_and_add(&h->sum_ns, ns);
+		__sync_fetch_and_add(&h->buckets[b], 1);
+	}
+	if (!(flags & RULE_F_SAMPLES))
+		return;
+	struct sample *s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+	if (!s) {
+		count_global(GLOBAL_SAMPLES_LOST);
+		return;
+	}
+	s->latency_ns = ns;
+	s->rule = slot;
+	s->gen = gen;
+	s->kind = kind;
+	bpf_ringbuf_submit(s, 0);
+}
+
+/* Gives back the socket's slot; every path calls this, only the first
+ * caller does anything. */
+static __always_inline void release(struct sock_state *ss)
+{
+	if (!__sync_lock_test_and_set(&ss->held, 0))
+		return;
+
+	__u32 slot = ss->rule;
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	int current = r && r->gen == ss->gen;
+	/* Disarm even for a stale rule: the egress program re-checks held. */
+	int was_awaiting = __sync_lock_test_and_set(&ss->awaiting, 0);
+
+	if (!current)
+		return;
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+	if (st)
+		__sync_fetch_and_add(&st->live, -1);
+	count(slot, COUNTER_RELEASED, 1);
+	if (!ss->established)
+		count(slot, COUNTER_CONNECT_FAILED, 1);
+	if (was_awaiting) {
+		count(slot, COUNTER_IN_FLIGHT, -1);
+		count(slot, COUNTER_ABORTED, 1);
+	}
+}
+
+static __always_inline long lookup_rule(struct rule_key *key, __u64 scope, __u32 port)
+{
+	key->scope = scope;
+	key->port = port;
+	__u32 *slot = bpf_map_lookup_elem(&rule_keys, key);
+
+	return slot ? (long)*slot : -1;
+}
+
+static __always_inline int port_has_rules(__u32 port)
+{
+	__u32 word = port / 64;
+	__u64 *bits = bpf_map_lookup_elem(&ports, &word);
+
+	return bits && (*bits & (1ULL << (port % 64)));
+}
+
+/* Most specific first: a deeper scope over a shallower one over host-wide,
+ * a port over any port, and within each the longest prefix (LPM). The scope
+ * is the cgroup of the process calling connect(); cgroup/connect programs
+ * cannot read the socket's own cgroup, which differs only for a socket
+ * created before its process moved. */
+static __always_inline long find_rule(struct rule_key *key,
+				      const struct datapath_config *cfg)
+{
+	__u32 port = key->port;
+	int port_hit = (cfg->classes & CLASS_PORT) && port_has_rules(port);
+	long slot;
+
+	if (cfg->classes & CLASS_SCOPED) {
+		for (int lvl = MAX_SCOPE_LEVEL; lvl >= 1; lvl--) {
+			if (!(cfg->scope_levels & (1u << lvl)))
+				continue;
+			__u64 id = bpf_get_current_ancestor_cgroup_id(lvl);
+			if (!id)
+				continue;
+			__u32 *cls = bpf_map_lookup_elem(&scopes, &id);
+			if (!cls)
+				continue;
+			if (port_hit && (*cls & CLASS_SCOPED_PORT) &&
+			    (slot = lookup_rule(key, id, port)) >= 0)
+				return slot;
+			if ((*cls & CLASS_SCOPED_ANY) && (slot = lookup_rule(key, id, 0)) >= 0)
+				return slot;
+		}
+	}
+	if (port_hit && (cfg->classes & CLASS_HOST_PORT) && (slot = lookup_rule(key, 0, port)) >= 0)
+		return slot;
+	if (cfg->classes & CLASS_HOST_ANY)
+		return lookup_rule(key, 0, 0);
+	return -1;
+}
+
+/* Token bucket: returns 0 to admit, else the nanoseconds to the next token. */
+static __always_inline __u64 take_token(struct rule_state *st, const struct rule *r, __u64 now)
+{
+	__u64 cap = (__u64)r->burst * NSEC_PER_SEC;
+	__u64 rate = r->limit;
+	__u64 wait = 0;
+
+	bpf_spin_lock(&st->lock);
+	if (st->epoch != r->epoch) {
+		st->epoch = r->epoch;
+		st->tokens = cap;
+		st->refilled_ns = now;
+	}
+	/* Another CPU may have stored a later time: never go backwards. */
+	__u64 elapsed = now > st->refilled_ns ? now - st->refilled_ns : 0;
+	if (elapsed > MAX_REFILL_NS)
+		elapsed = MAX_REFILL_NS;
+	__u64 t = st->tokens + elapsed * rate;
+	if (t > cap)
+		t = cap;
+	if (now > st->refilled_ns)
+		st->refilled_ns = now;
+	if (t >= NSEC_PER_SEC)
+		t -= NSEC_PER_SEC;
+	else if (rate)
+		wait = (NSEC_PER_SEC - t + rate - 1) / rate;
+	else
+		wait = NSEC_PER_SEC;
+	st->tokens = t;
+	bpf_spin_unlock(&st->lock);
+	return wait;
+}
+
+/* Sliding window of n segments. Segments are numbered from the clock
+ * (now / segment_ns); slot i of segment_id/segment_count holds segment
+ * number segment_id[i], and counts only while that segment is one of the
+ * last n. Fixed-trip loops without breaks keep the verifier's work linear.
+ * Returns 0 to admit, else the nanoseconds until the oldest counted
+ * segment leaves the window. */
+static __always_inline __u64 take_window(struct rule_state *st, const struct rule *r, __u64 now)
+{
+	__u64 n = r->segments;
+	__u64 seg_ns = r->segment_ns;
+
+	if (n == 0 || n > MAX_SEGMENTS || seg_ns == 0)
+		return 0; /* user space validates; never refuse on a broken rule */
+	__u64 cur = now / seg_ns;
+	__u32 idx = (cur % n) & (MAX_SEGMENTS - 1);
+	__u64 total = 0, oldest = ~0ULL, wait = 0;
+
+	bpf_spin_lock(&st->lock);
+	if (st->epoch != r->epoch) {
+#pragma unroll
+		for (int i = 0; i < MAX_SEGMENTS; i++) {
+			st->segment_id[i] = 0;
+			st->segment_count[i] = 0;
+		}
+		st->epoch = r->epoch;
+	}
+	if (st->segment_id[idx] != cur) {
+		st->segment_id[idx] = cur;
+		st->segment_count[idx] = 0;
+	}
+#pragma unroll
+	for (int i = 0; i < MAX_SEGMENTS; i++) {
+		__u64 id = st->segment_id[i];
+		__u32 c = st->segment_count[i];
+
+		if (id + n > cur && id <= cur && c) {
+			total += c;
+			if (id < oldest)
+				oldest = id;
+		}
+	}
+	if (total < r->limit)
+		st->segment_count[idx]++;
+	else
+		wait = (oldest + n) * seg_ns - now;
+	bpf_spin_unlock(&st->lock);
+	return wait;
+}
+
+static __always_inline void emit_refusal(const struct rule_key *key, __u32 slot,
+					 const struct rule *r, __u64 now, __u64 wait, int shadow)
+{
+	struct refusal *e = bpf_ringbuf_reserve(&refusals, sizeof(*e), 0);
+
+	if (!e) {
+		count_global(GLOBAL_REFUSALS_LOST);
+		return;
+	}
+	e->time_ns = now;
+	e->cgroup = bpf_get_current_cgroup_id();
+	e->retry_after_ns = wait;
+	e->pid = bpf_get_current_pid_tgid() >> 32;
+	e->rule = slot;
+	e->gen = r->gen;
+	e->port = key->port;
+	e->shape = r->shape;
+	e->shadow = shadow;
+	__builtin_memcpy(e->addr, key->addr, sizeof(e->addr));
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key *key)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sock_state *ss;
+	__u32 zero = 0;
+
+	if (!sk)
+		return 1;
+	/* connect() runs this hook only on an unconnected socket, so a slot
+	 * still held belongs to an attempt that already failed. */
+	ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (ss)
+		release(ss);
+
+	struct datapath_config *cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg || !cfg->classes)
+		return 1;
+	long found = find_rule(key, cfg);
+	if (found < 0)
+		return 1;
+	__u32 slot = found;
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	if (!r || !(r->flags & RULE_F_ACTIVE))
+		return 1;
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+	if (!st)
+		return 1;
+
+	if (!ss)
+		ss = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!ss) {
+		/* Fail open rather than refuse for want of memory. */
+		count(slot, COUNTER_UNTRACKED, 1);
+		return 1;
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	int shadow = r->flags & RULE_F_SHADOW;
+	__u64 wait = 0;
+	int refuse = 0;
+
+	switch (r->shape) {
+	case SHAPE_CONCURRENCY:
+		if (__sync_fetch_and_add(&st->live, 1) >= (__s64)r->limit) {
+			refuse = 1;
+			if (!shadow)
+				__sync_fetch_and_add(&st->live, -1);
+		}
+		break;
+	case SHAPE_PER_SECOND:
+		wait = take_token(st, r, now);
+		refuse = wait != 0;
+		if (!refuse || shadow)
+			__sync_fetch_and_add(&st->live, 1);
+		break;
+	case SHAPE_PER_WINDOW:
+		wait = take_window(st, r, now);
+		refuse = wait != 0;
+		if (!refuse || shadow)
+			__sync_fetch_and_add(&st->live, 1);
+		break;
+	default:
+		return 1;
+	}
+
+	if (refuse) {
+		count(slot, shadow ? COUNTER_SHADOW_REFUSED : COUNTER_REFUSED, 1);
+		emit_refusal(key, slot, r, now, wait, shadow);
+		if (!shadow) {
+			if (r->refuse_errno)
+				bpf_set_retval(-(int)r->refuse_errno);
+			return 0;
+		}
+	}
+
+	count(slot, COUNTER_ADMITTED, 1);
+	ss->rule = slot;
+	ss->gen = r->gen;
+	ss->rule_flags = r->flags;
+	ss->established = 0;
+	ss->awaiting = 0;
+	ss->connect_ns = now;
+	__sync_lock_test_and_set(&ss->held, 1);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int egressd_connect4(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 1;
+	struct rule_key key = {};
+	__u32 ip = ctx->user_ip4;
+
+	key.prefixlen = RULE_KEY_FIXED_BITS + 128;
+	key.addr[10] = 0xff;
+	key.addr[11] = 0xff;
+	__builtin_memcpy(&key.addr[12], &ip, 4);
+	key.port = bpf_ntohs((__u16)ctx->user_port);
+	return on_connect(ctx, &key);
+}
+
+SEC("cgroup/connect6")
+int egressd_connect6(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 1;
+	struct rule_key key = {};
+	__u32 w;
+
+	key.prefixlen = RULE_KEY_FIXED_BITS + 128;
+	w = ctx->user_ip6[0];
+	__builtin_memcpy(&key.addr[0], &w, 4);
+	w = ctx->user_ip6[1];
+	__builtin_memcpy(&key.addr[4], &w, 4);
+	w = ctx->user_ip6[2];
+	__builtin_memcpy(&key.addr[8], &w, 4);
+	w = ctx->user_ip6[3];
+	__builtin_memcpy(&key.addr[12], &w, 4);
+	key.port = bpf_ntohs((__u16)ctx->user_port);
+	return on_connect(ctx, &key);
+}
+
+SEC("sockops")
+int egressd_sockops(struct bpf_sock_ops *skops)
+{
+	struct sock_state *ss;
+	struct bpf_sock *sk;
+
+	switch (skops->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		sk = skops->sk;
+		if (!sk)
+			return 1;
+		ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+		if (ss && ss->held)
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags |
+							 BPF_SOCK_OPS_STATE_CB_FLAG);
+		return 1;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB: {
+		sk = skops->sk;
+		if (!sk)
+			return 1;
+		ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+		if (!ss || !ss->held)
+			return 1;
+		ss->established = 1;
+		__u32 slot = ss->rule;
+		struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+		if (!r || r->gen != ss->gen)
+			return 1;
+		count(slot, COUNTER_ESTABLISHED, 1);
+		record_latency(slot, ss->gen, r->flags, SAMPLE_CONNECT,
+			       bpf_ktime_get_ns() - ss->connect_ns);
+		return 1;
+	}
+	case BPF_SOCK_OPS_STATE_CB:
+		if (skops->args[1] != BPF_TCP_CLOSE)
+			return 1;
+		sk = skops->sk;
+		if (!sk)
+			return 1;
+		ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+		if (ss)
+			release(ss);
+		return 1;
+	}
+	return 1;
+}
+
+SEC("cgroup/sock_release")
+int egressd_sock_release(struct bpf_sock *sk)
+{
+	struct sock_state *ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+
+	if (ss)
+		release(ss);
+	return 1;
+}
+
+/* TCP payload bytes of a (possibly GSO) skb; 0 for segments without payload
+ * and for RST. cgroup_skb data starts at the network header. IPv6
+ * extension headers are not parsed (such packets count as no payload). */
+static __always_inline __u32 tcp_payload_len(struct __sk_buff *skb)
+{
+	__u32 nh;
+	__u8 b[2];
+
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		__u8 vihl, proto;
+
+		if (bpf_skb_load_bytes(skb, 0, &vihl, 1) || bpf_skb_load_bytes(skb, 9, &proto, 1))
+			return 0;
+		if (proto != IPPROTO_TCP)
+			return 0;
+		nh = (vihl & 0xf) * 4;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		__u8 next;
+
+		if (bpf_skb_load_bytes(skb, 6, &next, 1) || next != IPPROTO_TCP)
+			return 0;
+		nh = 40;
+	} else {
+		return 0;
+	}
+	/* byte 12: data offset in the upper nibble; byte 13: flags */
+	if (bpf_skb_load_bytes(skb, nh + 12, b, 2))
+		return 0;
+	if (b[1] & 0x04)
+		return 0;
+	__u32 l4 = nh + (b[0] >> 4) * 4;
+	return skb->len > l4 ? skb->len - l4 : 0;
+}
+
+static __always_inline struct sock_state *skb_sock_state(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+
+	if (!sk)
+		return 0;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return 0;
+	return bpf_sk_storage_get(&sock_states, sk, 0, 0);
+}
+
+SEC("cgroup_skb/egress")
+int egressd_egress(struct __sk_buff *skb)
+{
+	struct sock_state *ss = skb_sock_state(skb);
+
+	if (!ss || !(ss->rule_flags & RULE_F_REQUESTS) || !ss->held || ss->awaiting)
+		return 1;
+	if (!tcp_payload_len(skb))
+		return 1;
+	if (__sync_val_compare_and_swap(&ss->awaiting, 0, 1) != 0)
+		return 1;
+	ss->sent_ns = bpf_ktime_get_ns();
+	__u32 slot = ss->rule;
+	count(slot, COUNTER_IN_FLIGHT, 1);
+	count(slot, COUNTER_REQUESTS, 1);
+	/* Raced with release: undo, exactly once against release's exchange. */
+	if (!ss->held && __sync_lock_test_and_set(&ss->awaiting, 0)) {
+		count(slot, COUNTER_IN_FLIGHT, -1);
+		count(slot, COUNTER_ABORTED, 1);
+	}
+	return 1;
+}
+
+SEC("cgroup_skb/ingress")
+int egressd_ingress(struct __sk_buff *skb)
+{
+	struct sock_state *ss = skb_sock_state(skb);
+
+	if (!ss || !ss->awaiting)
+		return 1;
+	if (!tcp_payload_len(skb))
+		return 1;
+	if (!__sync_lock_test_and_set(&ss->awaiting, 0))
+		return 1;
+	__u64 lat = bpf_ktime_get_ns() - ss->sent_ns;
+	__u32 slot = ss->rule;
+	count(slot, COUNTER_IN_FLIGHT, -1);
+	count(slot, COUNTER_RESPONSES, 1);
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	if (r && r->gen == ss->gen)
+		record_latency(slot, ss->gen, r->flags, SAMPLE_REQUEST, lat);
+	return 1;
+}
+
+/* Recount: one record per TCP socket holding a slot, in the iterating
+ * process's network namespace. */
+struct seq_file;
+struct sock_common;
+struct bpf_iter_meta {
+	struct seq_file *seq;
+} __attribute__((preserve_access_index));
+struct bpf_iter__tcp {
+	struct bpf_iter_meta *meta;
+	struct sock_common *sk_common;
+} __attribute__((preserve_access_index));
+
+SEC("iter/tcp")
+int egressd_recount(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+
+	if (!skc)
+		return 0;
+	void *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0; /* TIME_WAIT and request sockets hold no slot */
+	struct sock_state *ss = bpf_sk_storage_get(&sock_states, tp, 0, 0);
+	if (!ss || !ss->held)
+		return 0;
+	struct iter_rec rec = {
+		.rule = ss->rule,
+		.gen = ss->gen,
+		.awaiting = ss->awaiting,
+	};
+	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
+	return 0;
+}

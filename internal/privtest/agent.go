@@ -1,0 +1,187 @@
+package privtest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runAgent dials and closes connections on command, one per line on stdin:
+// "dial ADDR TIMEOUT" answers "ok ID" or "err ERRNO"; "close ID" answers "ok".
+func runAgent([]string) error {
+	conns := map[int]net.Conn{}
+	next := 0
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		switch {
+		case len(f) == 3 && f[0] == "dial":
+			timeout, err := time.ParseDuration(f[2])
+			if err != nil {
+				return err
+			}
+			c, err := net.DialTimeout("tcp", f[1], timeout)
+			if err != nil {
+				fmt.Printf("err %d\n", Errno(err))
+				continue
+			}
+			conns[next] = c
+			fmt.Printf("ok %d\n", next)
+			next++
+		case len(f) == 2 && f[0] == "close":
+			id, _ := strconv.Atoi(f[1])
+			if c, ok := conns[id]; ok {
+				c.Close()
+				delete(conns, id)
+			}
+			fmt.Println("ok")
+		default:
+			return fmt.Errorf("agent: bad command %q", in.Text())
+		}
+	}
+	return in.Err()
+}
+
+// Errno extracts the errno of a failed dial, or -1 when there is none
+// (a timeout, for instance).
+func Errno(err error) int {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return int(en)
+	}
+	return -1
+}
+
+// runStorm dials ADDR in a loop for DURATION. Each admitted connection says
+// hello, holds for up to HOLD, says bye and waits for the server's ack
+// before closing, so the server only ever counts connections the client
+// still holds. It prints "admitted N refused M failed K".
+func runStorm(args []string) error {
+	if len(args) != 3 {
+		return fmt.Errorf("storm: want ADDR DURATION HOLD, got %q", args)
+	}
+	d, err := time.ParseDuration(args[1])
+	if err != nil {
+		return err
+	}
+	hold, err := time.ParseDuration(args[2])
+	if err != nil {
+		return err
+	}
+	var admitted, refused, failed atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 1)
+			for time.Now().Before(deadline) {
+				c, err := net.DialTimeout("tcp", args[0], time.Second)
+				if err != nil {
+					if errors.Is(err, syscall.EPERM) {
+						refused.Add(1)
+						time.Sleep(50 * time.Microsecond)
+					} else {
+						failed.Add(1)
+					}
+					continue
+				}
+				admitted.Add(1)
+				ok := func() bool {
+					if _, err := c.Write([]byte{'h'}); err != nil {
+						return false
+					}
+					time.Sleep(rand.N(hold + 1))
+					if _, err := c.Write([]byte{'b'}); err != nil {
+						return false
+					}
+					_, err := io.ReadFull(c, buf)
+					return err == nil
+				}()
+				if !ok {
+					failed.Add(1)
+				}
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Printf("admitted %d refused %d failed %d\n", admitted.Load(), refused.Load(), failed.Load())
+	return nil
+}
+
+// StormServer accepts the storm protocol and records the most connections
+// that were between hello and bye at once.
+type StormServer struct {
+	Addr   string
+	active atomic.Int64
+	max    atomic.Int64
+	total  atomic.Int64
+}
+
+// NewStormServer listens on loopback until the test ends.
+func NewStormServer(t testing.TB) *StormServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &StormServer{Addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				s.serve(c)
+			}()
+		}
+	}()
+	return s
+}
+
+func (s *StormServer) serve(c net.Conn) {
+	buf := make([]byte, 1)
+	if _, err := io.ReadFull(c, buf); err != nil || buf[0] != 'h' {
+		return
+	}
+	n := s.active.Add(1)
+	s.total.Add(1)
+	for {
+		m := s.max.Load()
+		if n <= m || s.max.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	_, err := io.ReadFull(c, buf)
+	s.active.Add(-1)
+	if err == nil && buf[0] == 'b' {
+		c.Write([]byte{'a'})
+	}
+}
+
+// Max is the most concurrent connections the server saw.
+func (s *StormServer) Max() int64 { return s.max.Load() }
+
+// Total is how many connections said hello.
+func (s *StormServer) Total() int64 { return s.total.Load() }

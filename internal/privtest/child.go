@@ -1,0 +1,125 @@
+package privtest
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+)
+
+const helperEnv = "EGRESSD_TEST_HELPER"
+
+// helpers are the roles a test binary can be re-run as.
+var helpers = map[string]func(args []string) error{
+	"agent": runAgent,
+	"storm": runStorm,
+}
+
+// Main runs the test binary as a helper when a test started it as one,
+// and as the tests otherwise. Call it from TestMain.
+func Main(m *testing.M) {
+	if name := os.Getenv(helperEnv); name != "" {
+		fn, ok := helpers[name]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "unknown helper %q\n", name)
+			os.Exit(2)
+		}
+		if err := fn(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// Child is a helper process started directly inside a cgroup, so every
+// socket it creates is counted there.
+type Child struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Scanner
+}
+
+// Spawn starts the test binary as the named helper inside cgroup dir. It is
+// killed when the test ends if it is still running.
+func Spawn(t testing.TB, dir, helper string, args ...string) *Child {
+	t.Helper()
+	cg, err := os.Open(dir)
+	if err != nil {
+		t.Fatalf("open cgroup: %v", err)
+	}
+	defer cg.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), helperEnv+"="+helper)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start helper: %v", err)
+	}
+	c := &Child{cmd: cmd, stdin: stdin, stdout: bufio.NewScanner(stdout)}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return c
+}
+
+// Call sends one command line and returns the reply line.
+func (c *Child) Call(t testing.TB, format string, args ...any) string {
+	t.Helper()
+	if _, err := fmt.Fprintf(c.stdin, format+"\n", args...); err != nil {
+		t.Fatalf("helper write: %v", err)
+	}
+	if !c.stdout.Scan() {
+		t.Fatalf("helper exited: %v", c.stdout.Err())
+	}
+	return c.stdout.Text()
+}
+
+// Line reads one line the helper printed by itself.
+func (c *Child) Line(t testing.TB) string {
+	t.Helper()
+	if !c.stdout.Scan() {
+		t.Fatalf("helper exited: %v", c.stdout.Err())
+	}
+	return c.stdout.Text()
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (c *Child) Kill(t testing.TB) {
+	t.Helper()
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatalf("kill helper: %v", err)
+	}
+	c.cmd.Wait()
+}
+
+// Wait closes the helper's input and waits for it to exit cleanly.
+func (c *Child) Wait(t testing.TB) {
+	t.Helper()
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+}
+
+// PID is the helper's process id.
+func (c *Child) PID() int { return c.cmd.Process.Pid }

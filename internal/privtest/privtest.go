@@ -1,0 +1,257 @@
+// Package privtest holds the helpers of tests that need root: cgroups,
+// bpffs pin directories, network namespaces and child processes that the
+// test creates itself and removes on every path.
+package privtest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/egressd/egressd/pkg/cgroups"
+)
+
+// RequireRoot skips the test, saying why, unless it runs as root on a
+// kernel with a cgroup v2 hierarchy and BTF.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root (loads BPF programs, creates cgroups and network namespaces)")
+	}
+	if _, err := cgroups.Mount(); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Skip("skipping: kernel has no BTF (/sys/kernel/btf/vmlinux)")
+	}
+}
+
+func suffix() string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Cgroup creates a cgroup below the cgroup2 root and removes it when the
+// test ends, killing whatever still runs in it.
+func Cgroup(t testing.TB, name string) string {
+	t.Helper()
+	root, err := cgroups.Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "egressd-test-"+name+"-"+suffix())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("create cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := removeCgroup(dir); err != nil {
+			t.Errorf("remove cgroup %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// SubCgroup creates a child of a cgroup made by Cgroup; it goes first.
+func SubCgroup(t testing.TB, parent, name string) string {
+	t.Helper()
+	dir := filepath.Join(parent, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("create cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := removeCgroup(dir); err != nil {
+			t.Errorf("remove cgroup %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+func removeCgroup(dir string) error {
+	// Killing needs cgroup.kill (5.14+); fall back to SIGKILL by pid.
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+		for _, pid := range procs(dir) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	var err error
+	for range 100 {
+		if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return err
+}
+
+func procs(dir string) []int {
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// Join moves the test process into dir until the test ends. Sockets it
+// creates meanwhile belong to dir; sockets created before stay where they
+// were (a socket's cgroup is fixed at creation).
+func Join(t testing.TB, dir string) {
+	t.Helper()
+	orig, err := cgroups.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+		t.Fatalf("join cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(filepath.Join(orig, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			t.Errorf("leave cgroup: %v", err)
+		}
+	})
+}
+
+// PinDir returns a fresh bpffs directory for the test's pins and removes
+// it, detaching anything pinned there, when the test ends.
+func PinDir(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join("/sys/fs/bpf", "egressd-test-"+suffix())
+	t.Cleanup(func() {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove pins: %v", err)
+		}
+	})
+	return dir
+}
+
+// NetNS is a network namespace the test created. It lives until the test
+// ends and its last socket closes.
+type NetNS struct {
+	handle netns.NsHandle
+}
+
+// NewNetNS creates a network namespace with loopback up.
+func NewNetNS(t testing.TB) *NetNS {
+	t.Helper()
+	var ns NetNS
+	err := onLockedThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return err
+		}
+		defer orig.Close()
+		h, err := netns.New()
+		if err != nil {
+			return err
+		}
+		ns.handle = h
+		if err := netns.Set(orig); err != nil {
+			return fmt.Errorf("back to original netns: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() { ns.handle.Close() })
+	h, err := netlink.NewHandleAt(ns.handle)
+	if err != nil {
+		t.Fatalf("netlink in netns: %v", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		t.Fatalf("loopback up: %v", err)
+	}
+	return &ns
+}
+
+// Do runs fn on an OS thread inside the namespace; sockets fn creates
+// belong to it.
+func (ns *NetNS) Do(fn func() error) error {
+	return onLockedThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return err
+		}
+		defer orig.Close()
+		if err := netns.Set(ns.handle); err != nil {
+			return err
+		}
+		fnErr := fn()
+		if err := netns.Set(orig); err != nil {
+			return errors.Join(fnErr, fmt.Errorf("back to original netns: %w", err))
+		}
+		return fnErr
+	})
+}
+
+// onLockedThread runs fn on a goroutine locked to its thread. If fn leaves
+// the thread in another namespace, the thread dies with the goroutine
+// instead of going back to the scheduler.
+func onLockedThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// Veth links two namespaces with a veth pair and addresses ("10.1.0.1/24").
+func Veth(t testing.TB, a *NetNS, addrA string, b *NetNS, addrB string) {
+	t.Helper()
+	name := "eg" + suffix()[:6]
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name + "a", Namespace: netlink.NsFd(a.handle)},
+		PeerName:      name + "b",
+		PeerNamespace: netlink.NsFd(b.handle),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	for _, end := range []struct {
+		ns   *NetNS
+		link string
+		addr string
+	}{{a, name + "a", addrA}, {b, name + "b", addrB}} {
+		h, err := netlink.NewHandleAt(end.ns.handle)
+		if err != nil {
+			t.Fatalf("netlink: %v", err)
+		}
+		l, err := h.LinkByName(end.link)
+		if err != nil {
+			h.Close()
+			t.Fatalf("veth %s: %v", end.link, err)
+		}
+		addr, err := netlink.ParseAddr(end.addr)
+		if err == nil {
+			err = h.AddrAdd(l, addr)
+		}
+		if err == nil {
+			err = h.LinkSetUp(l)
+		}
+		h.Close()
+		if err != nil {
+			t.Fatalf("configure %s: %v", end.link, err)
+		}
+	}
+}

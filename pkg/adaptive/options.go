@@ -1,0 +1,117 @@
+package adaptive
+
+import (
+	"fmt"
+	"math"
+)
+
+// Defaults for the zero value of each [Options] field. Every valid value of
+// every field is non-zero, so zero can mean "default" without hiding a choice.
+const (
+	DefaultMinimum        = 4
+	DefaultMaximum        = 200
+	DefaultInitial        = 20
+	DefaultMultiple       = 2.0
+	DefaultDecreaseFactor = 0.9
+)
+
+// Options bound and tune a [Controller]. The zero value is a complete
+// configuration: every zero-valued field takes its default.
+type Options struct {
+	// Minimum is the floor (default 4). It is a liveness guarantee: without
+	// one, a dependency that is slow for reasons unrelated to our concurrency
+	// drives the limit to zero and its recovery is never sampled.
+	Minimum int
+
+	// Maximum is the ceiling (default 200), and the one worth setting per
+	// destination: it bounds the damage when the measurement is wrong.
+	Maximum int
+
+	// Initial is where the limit starts and holds until there is a baseline
+	// to judge against (default 20).
+	Initial int
+
+	// Multiple is how many times the baseline latency counts as queueing
+	// (default 2.0).
+	Multiple float64
+
+	// DecreaseFactor multiplies the limit when a round shows queueing
+	// (default 0.9).
+	DecreaseFactor float64
+
+	// OnChange, if set, is called with the old and the new limit every time
+	// the limit moves, so that a daemon can push it into a kernel map and
+	// record a metric. It is called from [Controller.Sample] while the
+	// controller's lock is held, so calls arrive one at a time and in the
+	// order the changes happened: a stale limit never overwrites a newer one.
+	// It may call Limit, Baseline and Constrained; calling Sample deadlocks.
+	OnChange func(from, to int)
+}
+
+// withDefaults returns a copy of o with every zero-valued field set to its
+// default; a nil o is all defaults.
+func (o *Options) withDefaults() Options {
+	var d Options
+	if o != nil {
+		d = *o
+	}
+	d.Minimum = or(d.Minimum, DefaultMinimum)
+	d.Maximum = or(d.Maximum, DefaultMaximum)
+	d.Initial = or(d.Initial, DefaultInitial)
+	d.Multiple = or(d.Multiple, DefaultMultiple)
+	d.DecreaseFactor = or(d.DecreaseFactor, DefaultDecreaseFactor)
+	return d
+}
+
+// Validate reports every problem with o at once, as an [*OptionsError], so
+// that a policy file is fixed in one pass rather than one error per run. A nil
+// o is valid.
+func (o *Options) Validate() error {
+	var set Options
+	if o != nil {
+		set = *o
+	}
+	d := set.withDefaults()
+	minimum := describe("Minimum", set.Minimum, d.Minimum)
+	maximum := describe("Maximum", set.Maximum, d.Maximum)
+	initial := describe("Initial", set.Initial, d.Initial)
+
+	var problems []string
+	if d.Minimum < 1 {
+		problems = append(problems, minimum+" must be at least 1")
+	}
+	if d.Maximum < d.Minimum {
+		problems = append(problems, maximum+" must be at least "+minimum)
+	}
+	if d.Initial < d.Minimum || d.Initial > d.Maximum {
+		problems = append(problems, initial+" must lie between "+minimum+" and "+maximum)
+	}
+	if !(d.Multiple > 1) || math.IsInf(d.Multiple, 1) {
+		problems = append(problems, describe("Multiple", set.Multiple, d.Multiple)+" must be a finite number above 1")
+	}
+	if !(d.DecreaseFactor > 0 && d.DecreaseFactor < 1) {
+		problems = append(problems, describe("DecreaseFactor", set.DecreaseFactor, d.DecreaseFactor)+" must lie strictly between 0 and 1")
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return &OptionsError{Problems: problems}
+}
+
+// or returns v, or def when v is zero.
+func or[T int | float64](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// describe names a field and its effective value, and says when that value is
+// a default: "Initial 20 (default) must lie between ... Maximum 10" explains
+// itself, "Initial 20" does not when the caller never wrote 20.
+func describe[T int | float64](name string, set, effective T) string {
+	if set == 0 {
+		return fmt.Sprintf("%s %v (default)", name, effective)
+	}
+	return fmt.Sprintf("%s %v", name, effective)
+}

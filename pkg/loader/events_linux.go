@@ -1,0 +1,194 @@
+//go:build linux
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+)
+
+// ErrClosed is returned by a reader's Read after Close.
+var ErrClosed = errors.New("reader closed")
+
+// ErrDeadline is returned by a reader's Read when its deadline passes.
+var ErrDeadline = os.ErrDeadlineExceeded
+
+// RefusalReader reads refusal events in the order the kernel wrote them.
+// Events written while no reader runs wait in the pinned ring buffer, up to
+// its size; what does not fit is counted in Lost.
+type RefusalReader struct {
+	d  *Datapath
+	rd *ringbuf.Reader
+}
+
+// Refusals opens a reader of refusal events. Only one reader should run at
+// a time: each event is delivered once.
+func (d *Datapath) Refusals() (*RefusalReader, error) {
+	rd, err := ringbuf.NewReader(d.objs.Refusals)
+	if err != nil {
+		return nil, fmt.Errorf("refusal reader: %w", err)
+	}
+	return &RefusalReader{d: d, rd: rd}, nil
+}
+
+// SetDeadline makes Read return ErrDeadline once t has passed; the zero
+// time blocks.
+func (r *RefusalReader) SetDeadline(t time.Time) { r.rd.SetDeadline(t) }
+
+// Read blocks for the next refusal.
+func (r *RefusalReader) Read() (Refusal, error) {
+	rec, err := r.rd.Read()
+	if err != nil {
+		return Refusal{}, readError(err)
+	}
+	if len(rec.RawSample) < int(unsafe.Sizeof(egressdRefusal{})) {
+		return Refusal{}, fmt.Errorf("refusal record of %d bytes", len(rec.RawSample))
+	}
+	e := (*egressdRefusal)(unsafe.Pointer(&rec.RawSample[0]))
+	return Refusal{
+		Time:       monotonicToWall(e.TimeNs),
+		PID:        e.Pid,
+		Cgroup:     e.Cgroup,
+		Rule:       r.d.ruleName(e.Rule, e.Gen),
+		Dest:       netip.AddrPortFrom(netip.AddrFrom16(e.Addr).Unmap(), e.Port),
+		Shape:      Shape(e.Shape),
+		Shadow:     e.Shadow != 0,
+		RetryAfter: time.Duration(e.RetryAfterNs),
+	}, nil
+}
+
+// Close unblocks a pending Read.
+func (r *RefusalReader) Close() error { return r.rd.Close() }
+
+// SampleReader reads latency samples of rules with Samples set.
+type SampleReader struct {
+	d  *Datapath
+	rd *ringbuf.Reader
+}
+
+// Samples opens a reader of latency samples. Only one reader should run at
+// a time.
+func (d *Datapath) Samples() (*SampleReader, error) {
+	rd, err := ringbuf.NewReader(d.objs.Samples)
+	if err != nil {
+		return nil, fmt.Errorf("sample reader: %w", err)
+	}
+	return &SampleReader{d: d, rd: rd}, nil
+}
+
+// SetDeadline makes Read return ErrDeadline once t has passed.
+func (r *SampleReader) SetDeadline(t time.Time) { r.rd.SetDeadline(t) }
+
+// Read blocks for the next sample. A sample of a rule deleted since has an
+// empty Rule.
+func (r *SampleReader) Read() (Sample, error) {
+	rec, err := r.rd.Read()
+	if err != nil {
+		return Sample{}, readError(err)
+	}
+	if len(rec.RawSample) < int(unsafe.Sizeof(egressdSample{})) {
+		return Sample{}, fmt.Errorf("sample record of %d bytes", len(rec.RawSample))
+	}
+	s := (*egressdSample)(unsafe.Pointer(&rec.RawSample[0]))
+	return Sample{
+		Rule:    r.d.ruleName(s.Rule, s.Gen),
+		Kind:    SampleKind(s.Kind),
+		Latency: time.Duration(s.LatencyNs),
+	}, nil
+}
+
+// Close unblocks a pending Read.
+func (r *SampleReader) Close() error { return r.rd.Close() }
+
+func readError(err error) error {
+	if errors.Is(err, ringbuf.ErrClosed) {
+		return ErrClosed
+	}
+	return err
+}
+
+// monotonicToWall converts a bpf_ktime_get_ns() stamp to wall time.
+func monotonicToWall(ns uint64) time.Time {
+	var ts unix.Timespec
+	now := time.Now()
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return now
+	}
+	return now.Add(-time.Duration(uint64(ts.Nano()) - ns))
+}
+
+// Recount counts the sockets holding a slot of each rule, by walking the
+// kernel's TCP sockets, and sets that beside the kernel's counters. It sees
+// the sockets of the calling process's network namespace only, and it is
+// not an atomic snapshot: connections that open or close during the walk
+// show as drift that the next pass does not repeat.
+func (d *Datapath) Recount() (map[string]Recount, error) {
+	it, err := link.AttachIter(link.IterOptions{Program: d.objs.EgressdRecount})
+	if err != nil {
+		return nil, fmt.Errorf("attach recount: %w", err)
+	}
+	defer it.Close()
+	rd, err := it.Open()
+	if err != nil {
+		return nil, fmt.Errorf("open recount: %w", err)
+	}
+	defer rd.Close()
+	raw, err := io.ReadAll(rd)
+	if err != nil {
+		return nil, fmt.Errorf("read recount: %w", err)
+	}
+	size := int(unsafe.Sizeof(egressdIterRec{}))
+	if len(raw)%size != 0 {
+		return nil, fmt.Errorf("recount: %d bytes is not a whole number of records", len(raw))
+	}
+	type tally struct{ live, inFlight int64 }
+	counted := map[uint32]tally{}
+	for off := 0; off < len(raw); off += size {
+		rec := (*egressdIterRec)(unsafe.Pointer(&raw[off]))
+		t := counted[rec.Rule]
+		// A socket of a retired generation holds nothing of the rule
+		// now in its slot.
+		if d.slotGen(rec.Rule) != rec.Gen {
+			continue
+		}
+		t.live++
+		if rec.Awaiting != 0 {
+			t.inFlight++
+		}
+		counted[rec.Rule] = t
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]Recount{}
+	for i, s := range d.slots {
+		if !s.active {
+			continue
+		}
+		st, err := d.stats(uint32(i))
+		if err != nil {
+			return nil, err
+		}
+		t := counted[uint32(i)]
+		out[s.rule.Name] = Recount{Live: st.Live, Counted: t.live, InFlight: st.InFlight, CountedInFlight: t.inFlight}
+	}
+	return out, nil
+}
+
+func (d *Datapath) slotGen(idx uint32) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if int(idx) >= len(d.slots) {
+		return 0
+	}
+	return d.slots[idx].gen
+}

@@ -1,0 +1,159 @@
+//go:build linux
+
+package loader
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/privtest"
+	"github.com/egressd/egressd/pkg/cgroups"
+)
+
+func TestMain(m *testing.M) { privtest.Main(m) }
+
+// open loads a datapath attached to a fresh cgroup with its own pins.
+func open(t *testing.T) (*Datapath, string) {
+	t.Helper()
+	privtest.RequireRoot(t)
+	cg := privtest.Cgroup(t, "loader")
+	pins := privtest.PinDir(t)
+	d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 64, VerifierLog: true})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+	return d, cg
+}
+
+func put(t *testing.T, d *Datapath, r Rule) {
+	t.Helper()
+	if err := d.Put(r); err != nil {
+		t.Fatalf("put %s: %v", r.Name, err)
+	}
+}
+
+func stats(t *testing.T, d *Datapath, name string) Stats {
+	t.Helper()
+	s, err := d.Stats(name)
+	if err != nil {
+		t.Fatalf("stats %s: %v", name, err)
+	}
+	return s
+}
+
+// waitLive polls until the rule's live count is want: releases at TCP_CLOSE
+// happen in softirq context shortly after close() returns.
+func waitLive(t *testing.T, d *Datapath, name string, want int64) Stats {
+	t.Helper()
+	var s Stats
+	for range 200 {
+		if s = stats(t, d, name); s.Live == want {
+			return s
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("rule %s: live %d, want %d (%+v)", name, s.Live, want, s)
+	return s
+}
+
+// listen serves accept-and-drain on addr until the test ends.
+func listen(t *testing.T, network, addr string) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var conns []net.Conn
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// connect opens a TCP connection with plain syscalls, so that addresses
+// the net package rewrites (v4-mapped IPv6 on an AF_INET6 socket) reach
+// the kernel as written.
+func connect(ap netip.AddrPort) (io.Closer, error) {
+	var family int
+	var sa unix.Sockaddr
+	if ap.Addr().Is4() {
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	} else {
+		family, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return fdCloser(fd), nil
+}
+
+type fdCloser int
+
+func (fd fdCloser) Close() error { return unix.Close(int(fd)) }
+
+func dial(t *testing.T, ap netip.AddrPort) io.Closer {
+	t.Helper()
+	c, err := connect(ap)
+	if err != nil {
+		t.Fatalf("dial %s: %v", ap, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func dialRefused(t *testing.T, ap netip.AddrPort, want syscall.Errno) {
+	t.Helper()
+	c, err := connect(ap)
+	if err == nil {
+		c.Close()
+		t.Fatalf("dial %s: admitted, want %v", ap, want)
+	}
+	if !errors.Is(err, want) {
+		t.Fatalf("dial %s: %v, want %v", ap, err, want)
+	}
+}
+
+func scopeOf(t *testing.T, dir string) Scope {
+	t.Helper()
+	id, err := cgroups.ID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lvl, err := cgroups.Level(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Scope{CgroupID: id, Level: uint32(lvl)}
+}

@@ -1,0 +1,353 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Shape is how a rule limits connections. A rule has exactly one.
+type Shape uint8
+
+const (
+	// ShapeConcurrency bounds live connections. Adaptive rules are
+	// concurrency rules whose limit the daemon moves.
+	ShapeConcurrency Shape = iota
+	// ShapePerSecond is a token bucket of new connections per second.
+	ShapePerSecond
+	// ShapePerWindow is a sliding window of new connections.
+	ShapePerWindow
+)
+
+// shapeNames is indexed by Shape; a test checks it against SHAPE_LEN.
+var shapeNames = [...]string{"concurrency", "per_second", "per_window"}
+
+func (s Shape) String() string {
+	if int(s) < len(shapeNames) {
+		return shapeNames[s]
+	}
+	return fmt.Sprintf("shape(%d)", uint8(s))
+}
+
+// Limits the kernel enforces; user space validates against them so a rule
+// the kernel would mishandle is refused up front.
+const (
+	MaxNameLen  = 63
+	MaxSegments = 32
+	// MaxRate keeps the token arithmetic (elapsed ns × rate) inside 64 bits.
+	MaxRate         = 1_000_000
+	DefaultSegments = 8
+	minSegment      = time.Millisecond
+)
+
+// Errnos a rule may refuse with instead of EPERM. Each is one a connect()
+// caller already handles as "not now".
+var allowedErrnos = map[syscall.Errno]bool{
+	syscall.EPERM:        true,
+	syscall.EACCES:       true,
+	syscall.ECONNREFUSED: true,
+	syscall.EAGAIN:       true,
+	syscall.ENOBUFS:      true,
+	syscall.ETIMEDOUT:    true,
+	syscall.EHOSTUNREACH: true,
+	syscall.ENETUNREACH:  true,
+}
+
+// Scope limits a rule to the sockets of one cgroup and its descendants.
+// The zero Scope is host-wide: every socket below the attach cgroup.
+type Scope struct {
+	CgroupID uint64
+	// Level is the cgroup's depth below the cgroup2 root (1 for
+	// /system.slice). The kernel walks a socket's ancestors by level.
+	Level uint32
+}
+
+// HostWide reports whether the scope is the whole host.
+func (s Scope) HostWide() bool { return s.CgroupID == 0 }
+
+// Rule is one limit on connections from a scope to a destination.
+type Rule struct {
+	Name  string
+	Scope Scope
+	// Dest is the destination prefix; IPv4 prefixes also match the same
+	// addresses written as v4-mapped IPv6.
+	Dest netip.Prefix
+	// Port is the destination port; 0 means any port.
+	Port  uint16
+	Shape Shape
+	// Limit is live connections (concurrency), permits per second
+	// (per second), or permits per window (per window).
+	Limit uint32
+	// Burst is the per-second bucket size; 0 means one second of permits.
+	Burst uint32
+	// Window and Segments describe a per-window rule; Segments 0 means 8.
+	Window   time.Duration
+	Segments uint32
+	// Shadow counts what would be refused and refuses nothing.
+	Shadow bool
+	// Errno is what a refused connect() returns; 0 means EPERM.
+	Errno syscall.Errno
+	// Samples sends each latency sample to user space (adaptive rules).
+	Samples bool
+	// Requests tracks in-flight requests on the rule's connections.
+	Requests bool
+}
+
+// key identifies the traffic a rule matches; two rules may not share one.
+type ruleKey struct {
+	scope uint64
+	dest  netip.Prefix
+	port  uint16
+}
+
+func (r *Rule) key() ruleKey {
+	return ruleKey{scope: r.Scope.CgroupID, dest: mapped(r.Dest), port: r.Port}
+}
+
+// mapped writes an IPv4 prefix as the v4-mapped IPv6 prefix the kernel
+// stores, so 10.0.0.0/8 and ::ffff:10.0.0.0/104 are the same rule.
+func mapped(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4() {
+		return netip.PrefixFrom(netip.AddrFrom16(p.Addr().As16()), p.Bits()+96)
+	}
+	return p
+}
+
+// withDefaults returns the rule as the kernel will enforce it.
+func (r Rule) withDefaults() Rule {
+	if r.Dest.IsValid() {
+		r.Dest = r.Dest.Masked()
+	}
+	switch r.Shape {
+	case ShapePerSecond:
+		if r.Burst == 0 {
+			r.Burst = r.Limit
+		}
+	case ShapePerWindow:
+		if r.Segments == 0 {
+			r.Segments = DefaultSegments
+		}
+	}
+	if r.Errno == 0 {
+		r.Errno = syscall.EPERM
+	}
+	return r
+}
+
+// Validate reports every problem with the rule at once.
+func (r Rule) Validate() error {
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	switch {
+	case r.Name == "":
+		add("name is empty")
+	case len(r.Name) > MaxNameLen:
+		add("name is longer than %d bytes", MaxNameLen)
+	case strings.ContainsFunc(r.Name, func(c rune) bool { return c < 0x21 || c == 0x7f }):
+		add("name has spaces or control characters")
+	}
+	if !r.Dest.IsValid() {
+		add("destination is not a valid prefix")
+	}
+	if r.Scope.CgroupID != 0 && (r.Scope.Level == 0 || r.Scope.Level > 15) {
+		add("scope level %d is outside 1..15", r.Scope.Level)
+	}
+	if r.Limit == 0 {
+		add("limit must be at least 1")
+	}
+	switch r.Shape {
+	case ShapeConcurrency:
+		if r.Burst != 0 || r.Window != 0 || r.Segments != 0 {
+			add("concurrency rules take no burst, window or segments")
+		}
+	case ShapePerSecond:
+		if r.Limit > MaxRate {
+			add("rate %d is above %d per second", r.Limit, MaxRate)
+		}
+		if r.Burst > MaxRate {
+			add("burst %d is above %d", r.Burst, MaxRate)
+		}
+		if r.Window != 0 || r.Segments != 0 {
+			add("per-second rules take no window or segments")
+		}
+	case ShapePerWindow:
+		if r.Burst != 0 {
+			add("per-window rules take no burst")
+		}
+		segs := r.Segments
+		if segs == 0 {
+			segs = DefaultSegments
+		}
+		if segs > MaxSegments {
+			add("segments %d is above %d", segs, MaxSegments)
+		}
+		switch {
+		case r.Window <= 0:
+			add("window must be positive")
+		case r.Window/time.Duration(segs) < minSegment:
+			add("window %v in %d segments makes segments shorter than %v", r.Window, segs, minSegment)
+		}
+	default:
+		add("unknown shape %d", r.Shape)
+	}
+	if r.Errno != 0 && !allowedErrnos[r.Errno] {
+		add("errno %q is not one a refusal may use", r.Errno.Error())
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return &RuleError{Rule: r.Name, Problems: problems}
+}
+
+// Errors. Each sentinel is matched by errors.Is; typed errors carry detail.
+var (
+	// ErrNotSupported means the kernel lacks a feature the datapath needs.
+	ErrNotSupported = errors.New("not supported by this kernel")
+	// ErrInvalidRule matches a *RuleError.
+	ErrInvalidRule = errors.New("invalid rule")
+	// ErrUnknownRule means no rule has the given name.
+	ErrUnknownRule = errors.New("unknown rule")
+	// ErrConflict means another rule already matches the same traffic.
+	ErrConflict = errors.New("rule conflict")
+	// ErrFull means every rule slot is taken.
+	ErrFull = errors.New("rule table full")
+)
+
+// RuleError lists every problem found in one rule.
+type RuleError struct {
+	Rule     string
+	Problems []string
+}
+
+func (e *RuleError) Error() string {
+	name := e.Rule
+	if name == "" {
+		name = "(unnamed)"
+	}
+	return fmt.Sprintf("rule %s: %s", name, strings.Join(e.Problems, "; "))
+}
+
+// Is matches ErrInvalidRule.
+func (e *RuleError) Is(target error) bool { return target == ErrInvalidRule }
+
+// Histogram is a latency distribution in power-of-two microsecond buckets.
+type Histogram struct {
+	Count uint64
+	Sum   time.Duration
+	// Buckets[i] counts samples in [UpperBound(i-1), UpperBound(i)); the
+	// last bucket is unbounded.
+	Buckets [HistogramBuckets]uint64
+}
+
+// HistogramBuckets is the number of buckets in a Histogram.
+const HistogramBuckets = 28
+
+// UpperBound returns the exclusive upper bound of bucket i: 2^i µs, and
+// the largest Duration for the last bucket.
+func UpperBound(i int) time.Duration {
+	if i >= HistogramBuckets-1 {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Duration(1<<i) * time.Microsecond
+}
+
+// Stats are a rule's counters since it was created.
+type Stats struct {
+	// Live is connections holding a slot now.
+	Live          int64
+	Admitted      uint64
+	Refused       uint64
+	ShadowRefused uint64
+	Released      uint64
+	Established   uint64
+	// ConnectFailed counts slots released before reaching ESTABLISHED.
+	ConnectFailed uint64
+	// Untracked counts connections admitted without socket state because
+	// the kernel could not allocate it; they hold no slot.
+	Untracked uint64
+	Requests  uint64
+	Responses uint64
+	// Aborted counts requests cut short by the connection's end.
+	Aborted        uint64
+	InFlight       int64
+	ConnectLatency Histogram
+	RequestLatency Histogram
+}
+
+// RuleStatus is a rule with its current counters.
+type RuleStatus struct {
+	Rule
+	Stats Stats
+}
+
+// Lost counts events the kernel dropped because a ring buffer was full.
+type Lost struct {
+	Refusals uint64
+	Samples  uint64
+}
+
+// Refusal is one connect() the datapath refused (or, in shadow mode, would
+// have refused).
+type Refusal struct {
+	Time   time.Time
+	PID    uint32
+	Cgroup uint64
+	// Rule is empty when the rule was deleted before the event was read.
+	Rule   string
+	Dest   netip.AddrPort
+	Shape  Shape
+	Shadow bool
+	// RetryAfter is when a permit is expected back; 0 when the shape has
+	// no such hint (concurrency).
+	RetryAfter time.Duration
+}
+
+// SampleKind says what a latency sample measured.
+type SampleKind uint8
+
+const (
+	// SampleConnect is connect() to ESTABLISHED.
+	SampleConnect SampleKind = iota
+	// SampleRequest is a request's first outbound payload to the next
+	// inbound payload.
+	SampleRequest
+)
+
+// sampleKindNames is indexed by SampleKind; a test checks it against SAMPLE_LEN.
+var sampleKindNames = [...]string{"connect", "request"}
+
+func (k SampleKind) String() string {
+	if int(k) < len(sampleKindNames) {
+		return sampleKindNames[k]
+	}
+	return fmt.Sprintf("sample_kind(%d)", uint8(k))
+}
+
+// Sample is one latency measurement of a rule with Samples set.
+type Sample struct {
+	Rule    string
+	Kind    SampleKind
+	Latency time.Duration
+}
+
+// Recount compares the kernel's live and in-flight counts of a rule with a
+// count of the sockets themselves.
+type Recount struct {
+	Live            int64
+	Counted         int64
+	InFlight        int64
+	CountedInFlight int64
+}
+
+// Drift is how far the kernel's live count is from the sockets counted.
+func (r Recount) Drift() int64 { return r.Live - r.Counted }
+
+// ProgramStats is the kernel's run count and run time of one program,
+// recorded while kernel.bpf_stats_enabled is on.
+type ProgramStats struct {
+	Runs    uint64
+	Runtime time.Duration
+}

@@ -1,0 +1,206 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/egressd/egressd/pkg/verdict"
+)
+
+var (
+	// ErrRateLimited is matched by every *RateLimitedError. A callback may
+	// also return it bare (or wrapped) for a refusal without a hint.
+	ErrRateLimited = errors.New("rate limited")
+	// ErrAttemptsExhausted is matched by a *StopError whose Reason is
+	// StopAttemptsExhausted.
+	ErrAttemptsExhausted = errors.New("attempts exhausted")
+	// ErrBudgetExhausted is matched by a *StopError whose Reason is StopBudget.
+	ErrBudgetExhausted = errors.New("retry budget exhausted")
+	// ErrBreakerOpen is matched by a *StopError whose Reason is StopBreakerOpen.
+	ErrBreakerOpen = errors.New("breaker open")
+	// ErrAttemptTimeout is matched by a *AttemptTimeoutError.
+	ErrAttemptTimeout = errors.New("attempt timeout")
+	// ErrNotAdmitted is matched by a *NotAdmittedError.
+	ErrNotAdmitted = errors.New("not admitted")
+)
+
+// RateLimitedError is a refusal by something in this process - a limiter, a
+// concurrency bound, a lock, a load shedder - before the call left it. The
+// executor turns it into verdict.Refused, ahead of every classifier rule.
+type RateLimitedError struct {
+	// Limiter names what refused, e.g. a limiter or kernel rule name.
+	Limiter string
+	// RetryAfter is the limiter's hint, honoured verbatim (capped by the
+	// policy's MaxDelay and deadline). Zero or negative means no hint: the
+	// retry takes the throttled backoff curve.
+	RetryAfter time.Duration
+	// Err is the underlying cause, if any (e.g. the EPERM a kernel refusal
+	// surfaced as).
+	Err error
+}
+
+func (e *RateLimitedError) Error() string {
+	s := "rate limited"
+	if e.Limiter != "" {
+		s += " by " + strconv.Quote(e.Limiter)
+	}
+	if e.RetryAfter > 0 {
+		s += " (retry after " + e.RetryAfter.String() + ")"
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is matches ErrRateLimited.
+func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
+
+// Unwrap returns the cause.
+func (e *RateLimitedError) Unwrap() error { return e.Err }
+
+// Verdict returns the refusal's verdict: Throttled, SelfImposed, with the
+// hint when one was given.
+func (e *RateLimitedError) Verdict() verdict.Verdict {
+	if e.RetryAfter > 0 {
+		return verdict.Refused(e.RetryAfter)
+	}
+	return verdict.Refused(verdict.NoRetryAfter)
+}
+
+// IsRateLimited reports whether err is, or wraps, a refusal by this process.
+func IsRateLimited(err error) bool { return errors.Is(err, ErrRateLimited) }
+
+// AsRateLimited returns the *RateLimitedError in err's chain, if any.
+func AsRateLimited(err error) (*RateLimitedError, bool) {
+	var rl *RateLimitedError
+	ok := errors.As(err, &rl)
+	return rl, ok
+}
+
+// AttemptTimeoutError is an attempt cut short by the policy's AttemptTimeout.
+// It is classified Transient by the executor, before any classifier rule.
+type AttemptTimeoutError struct {
+	Timeout time.Duration
+	Err     error // what the callback returned
+}
+
+func (e *AttemptTimeoutError) Error() string {
+	s := "attempt timeout (" + e.Timeout.String() + ")"
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is matches ErrAttemptTimeout.
+func (e *AttemptTimeoutError) Is(target error) bool { return target == ErrAttemptTimeout }
+
+// Unwrap returns what the callback returned.
+func (e *AttemptTimeoutError) Unwrap() error { return e.Err }
+
+// NotAdmittedError is the error recorded for an attempt the Admit hook
+// refused; the callback was not called.
+type NotAdmittedError struct {
+	Verdict verdict.Verdict
+}
+
+func (e *NotAdmittedError) Error() string { return "not admitted: " + e.Verdict.String() }
+
+// Is matches ErrNotAdmitted.
+func (e *NotAdmittedError) Is(target error) bool { return target == ErrNotAdmitted }
+
+// StopError is the error Run and Try return when a call does not succeed.
+// It says why the executor stopped, after how many attempts, and wraps the
+// last attempt's error (or the context's, when no attempt ran).
+//
+// errors.Is matches the reason's sentinel: ErrAttemptsExhausted,
+// ErrBudgetExhausted, ErrBreakerOpen, context.DeadlineExceeded for
+// StopDeadline and context.Canceled for StopCancelled. StopPermanent has no
+// sentinel of its own; match the wrapped cause.
+type StopError struct {
+	Reason   StopReason
+	Attempts int
+	Err      error
+}
+
+func (e *StopError) Error() string {
+	s := e.Reason.String() + " (" + strconv.Itoa(e.Attempts) + " attempt"
+	if e.Attempts != 1 {
+		s += "s"
+	}
+	s += ")"
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is matches the sentinel for the stop reason.
+func (e *StopError) Is(target error) bool {
+	switch e.Reason {
+	case StopAttemptsExhausted:
+		return target == ErrAttemptsExhausted
+	case StopBudget:
+		return target == ErrBudgetExhausted
+	case StopBreakerOpen:
+		return target == ErrBreakerOpen
+	case StopDeadline:
+		return target == context.DeadlineExceeded
+	case StopCancelled:
+		return target == context.Canceled
+	}
+	return false
+}
+
+// Unwrap returns the last attempt's error.
+func (e *StopError) Unwrap() error { return e.Err }
+
+// AsStop returns the *StopError in err's chain, if any.
+func AsStop(err error) (*StopError, bool) {
+	var se *StopError
+	ok := errors.As(err, &se)
+	return se, ok
+}
+
+// StopReason says why the executor stopped making attempts.
+type StopReason uint8
+
+const (
+	// StopSuccess: an attempt came to verdict.OK.
+	StopSuccess StopReason = iota
+	// StopAttemptsExhausted: the last allowed attempt failed retryably.
+	StopAttemptsExhausted
+	// StopDeadline: the policy's or the caller's deadline passed, or the
+	// next delay would have run past it.
+	StopDeadline
+	// StopBudget: the retry budget refused the retry.
+	StopBudget
+	// StopBreakerOpen: the circuit breaker refused the attempt.
+	StopBreakerOpen
+	// StopPermanent: an attempt came to verdict.Permanent.
+	StopPermanent
+	// StopCancelled: the caller's context was cancelled.
+	StopCancelled
+
+	stopReasonLen // sentinel; keep last.
+)
+
+var stopReasonNames = [stopReasonLen]string{
+	StopSuccess:           "success",
+	StopAttemptsExhausted: "attempts exhausted",
+	StopDeadline:          "deadline",
+	StopBudget:            "retry budget exhausted",
+	StopBreakerOpen:       "breaker open",
+	StopPermanent:         "permanent",
+	StopCancelled:         "cancelled",
+}
+
+func (r StopReason) String() string {
+	if r < stopReasonLen {
+		return stopReasonNames[r]
+	}
+	return "StopReason(" + strconv.Itoa(int(r)) + ")"
+}

@@ -1,0 +1,58 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
+)
+
+// A refusal by a limiter in this process is Throttled and SelfImposed: it
+// takes the throttled curve, honours the limiter's hint, and costs neither
+// the retry budget nor the breaker anything.
+func ExampleTry() {
+	p := sdk.Defaults()
+	p.MaxAttempts = 1 // show one attempt; a real policy would retry after 2s
+
+	r := sdk.Try(context.Background(), p, func(ctx context.Context) (string, error) {
+		return "", &sdk.RateLimitedError{Limiter: "payments", RetryAfter: 2 * time.Second}
+	})
+
+	refused := r.Attempts[0]
+	fmt.Println(refused.Kind(), refused.SelfImposed())
+	fmt.Println(r.Stop)
+	rl, _ := sdk.AsRateLimited(r.Err)
+	fmt.Println(rl.Limiter, rl.RetryAfter)
+	fmt.Println(errors.Is(r.Err, sdk.ErrAttemptsExhausted))
+	// Output:
+	// Throttled true
+	// attempts exhausted
+	// payments 2s
+	// true
+}
+
+// Admit guards each attempt with a decision rather than an error; here it
+// sheds work nobody is waiting for.
+func ExamplePolicy_admit() {
+	overloaded := true
+	p := sdk.Defaults()
+	p.MaxAttempts = 1
+	p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
+		if next.Criticality < sdk.Critical && overloaded {
+			return verdict.Refused(time.Second)
+		}
+		return verdict.Verdict{} // OK: go ahead
+	}
+	call := func(ctx context.Context) (string, error) { return "done", nil }
+
+	v, err := sdk.Run(context.Background(), p, call)
+	fmt.Println(v, err)
+	_, err = sdk.Run(sdk.WithCriticality(context.Background(), sdk.Sheddable), p, call)
+	fmt.Println(err)
+	// Output:
+	// done <nil>
+	// attempts exhausted (1 attempt): not admitted: Throttled(self-imposed, retry after 1s)
+}

@@ -1,0 +1,171 @@
+package verdict
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// The verdict is live across every attempt, so its size is paid by every
+// call; the self-imposed bit and the RetryAfter hint must cost nothing.
+func TestVerdictCarriesOriginAndPushbackForFree(t *testing.T) {
+	if got := unsafe.Sizeof(Verdict{}); got != 16 {
+		t.Errorf("unsafe.Sizeof(Verdict{}) = %d, want 16", got)
+	}
+	if got := unsafe.Sizeof(Attempt{}); got != 24 {
+		t.Errorf("unsafe.Sizeof(Attempt{}) = %d, want 24", got)
+	}
+}
+
+func TestKindNamesCoverEveryKind(t *testing.T) {
+	if len(kindNames) != int(kindLen) {
+		t.Fatalf("len(kindNames) = %d, want kindLen = %d", len(kindNames), kindLen)
+	}
+	seen := map[string]Kind{}
+	for k := Kind(0); k < kindLen; k++ {
+		name := k.String()
+		if name == "" || strings.HasPrefix(name, "Kind(") {
+			t.Errorf("Kind(%d) has no name", k)
+		}
+		if prev, dup := seen[name]; dup {
+			t.Errorf("Kind(%d) and Kind(%d) share the name %q", prev, k, name)
+		}
+		seen[name] = k
+		// The kind must fit under the self-imposed bit.
+		if uint8(k)&selfImposedBit != 0 {
+			t.Errorf("Kind(%d) collides with the self-imposed bit", k)
+		}
+	}
+	if got, want := kindLen.String(), "Kind(4)"; got != want {
+		t.Errorf("kindLen.String() = %q, want %q", got, want)
+	}
+}
+
+func TestZeroValueIsOKAndReachedTheDependency(t *testing.T) {
+	var v Verdict
+	if v.Kind() != OK {
+		t.Errorf("zero Kind = %v, want OK", v.Kind())
+	}
+	if v.SelfImposed() {
+		t.Error("zero verdict claims to be self-imposed")
+	}
+	if d, ok := v.RetryAfter(); ok {
+		t.Errorf("zero verdict has RetryAfter %v", d)
+	}
+	if v != New(OK) {
+		t.Error("Verdict{} != New(OK)")
+	}
+}
+
+func TestConstructors(t *testing.T) {
+	tests := []struct {
+		name        string
+		v           Verdict
+		kind        Kind
+		selfImposed bool
+		retryAfter  time.Duration
+		hasHint     bool
+		str         string
+	}{
+		{"ok", New(OK), OK, false, 0, false, "OK"},
+		{"transient", New(Transient), Transient, false, 0, false, "Transient"},
+		{"throttled", New(Throttled), Throttled, false, 0, false, "Throttled"},
+		{"permanent", New(Permanent), Permanent, false, 0, false, "Permanent"},
+		{"throttled with hint", New(Throttled).WithRetryAfter(2 * time.Second), Throttled, false, 2 * time.Second, true, "Throttled(retry after 2s)"},
+		{"transient retry now", New(Transient).WithRetryAfter(0), Transient, false, 0, true, "Transient(retry after 0s)"},
+		{"refused with hint", Refused(200 * time.Millisecond), Throttled, true, 200 * time.Millisecond, true, "Throttled(self-imposed, retry after 200ms)"},
+		{"refused retry now", Refused(0), Throttled, true, 0, true, "Throttled(self-imposed, retry after 0s)"},
+		{"refused no hint", Refused(NoRetryAfter), Throttled, true, 0, false, "Throttled(self-imposed)"},
+		{"refused negative", Refused(-time.Hour), Throttled, true, 0, false, "Throttled(self-imposed)"},
+		{"hint cleared", Refused(time.Second).WithRetryAfter(NoRetryAfter), Throttled, true, 0, false, "Throttled(self-imposed)"},
+		{"hint saturates", New(Throttled).WithRetryAfter(math.MaxInt64), Throttled, false, maxRetryAfter, true, "Throttled(retry after " + maxRetryAfter.String() + ")"},
+		{"largest exact hint", New(Throttled).WithRetryAfter(maxRetryAfter - 1), Throttled, false, maxRetryAfter - 1, true, "Throttled(retry after " + (maxRetryAfter - 1).String() + ")"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.v.Kind(); got != tt.kind {
+				t.Errorf("Kind() = %v, want %v", got, tt.kind)
+			}
+			if got := tt.v.SelfImposed(); got != tt.selfImposed {
+				t.Errorf("SelfImposed() = %v, want %v", got, tt.selfImposed)
+			}
+			d, ok := tt.v.RetryAfter()
+			if d != tt.retryAfter || ok != tt.hasHint {
+				t.Errorf("RetryAfter() = %v, %v; want %v, %v", d, ok, tt.retryAfter, tt.hasHint)
+			}
+			if got := tt.v.String(); got != tt.str {
+				t.Errorf("String() = %q, want %q", got, tt.str)
+			}
+		})
+	}
+}
+
+func TestRetryNowIsNotNothingSaid(t *testing.T) {
+	if Refused(0) == Refused(NoRetryAfter) {
+		t.Error("Refused(0) == Refused(NoRetryAfter): retry now is indistinguishable from no hint")
+	}
+	if New(Throttled).WithRetryAfter(0) == New(Throttled) {
+		t.Error("a zero RetryAfter is indistinguishable from none")
+	}
+}
+
+func TestNewRejectsInvalidKind(t *testing.T) {
+	for _, k := range []Kind{kindLen, selfImposedBit | Throttled, math.MaxUint8} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("New(%d) did not panic", k)
+				}
+			}()
+			New(k)
+		}()
+	}
+}
+
+func TestAttemptPacksKindAndOrigin(t *testing.T) {
+	tests := []struct {
+		name     string
+		v        Verdict
+		duration time.Duration
+		delay    time.Duration
+		wantDur  time.Duration
+		wantDel  time.Duration
+	}{
+		{"ok", New(OK), 15 * time.Millisecond, 0, 15 * time.Millisecond, 0},
+		{"transient", New(Transient), time.Second, 100 * time.Millisecond, time.Second, 100 * time.Millisecond},
+		{"server 429", New(Throttled).WithRetryAfter(3 * time.Second), 40 * time.Millisecond, 3 * time.Second, 40 * time.Millisecond, 3 * time.Second},
+		{"refusal", Refused(50 * time.Millisecond), 0, 50 * time.Millisecond, 0, 50 * time.Millisecond},
+		{"refusal no hint", Refused(NoRetryAfter), time.Microsecond, time.Second, time.Microsecond, time.Second},
+		{"permanent", New(Permanent), time.Hour, 0, time.Hour, 0},
+		{"negative clamps", New(Transient), -time.Second, -time.Second, 0, 0},
+		{"longest", New(Transient), MaxAttemptDuration, 0, MaxAttemptDuration, 0},
+		{"saturates", Refused(time.Second), math.MaxInt64, 0, MaxAttemptDuration, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := NewAttempt(tt.v, tt.duration, tt.delay)
+			if got := a.Verdict(); got != tt.v {
+				t.Errorf("Verdict() = %v, want %v", got, tt.v)
+			}
+			if a.Kind() != tt.v.Kind() || a.SelfImposed() != tt.v.SelfImposed() {
+				t.Errorf("Kind(), SelfImposed() = %v, %v; want %v, %v", a.Kind(), a.SelfImposed(), tt.v.Kind(), tt.v.SelfImposed())
+			}
+			if got := a.Duration(); got != tt.wantDur {
+				t.Errorf("Duration() = %v, want %v", got, tt.wantDur)
+			}
+			if got := a.Delay(); got != tt.wantDel {
+				t.Errorf("Delay() = %v, want %v", got, tt.wantDel)
+			}
+		})
+	}
+}
+
+func TestAttemptString(t *testing.T) {
+	a := NewAttempt(Refused(50*time.Millisecond), 2*time.Millisecond, 50*time.Millisecond)
+	want := "Throttled(self-imposed, retry after 50ms) in 2ms, then 50ms"
+	if got := a.String(); got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+}
