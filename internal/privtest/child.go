@@ -18,9 +18,18 @@ var helpers = map[string]func(args []string) error{
 	"storm": runStorm,
 }
 
+// Role is an extra helper a test package can be re-run as.
+type Role struct {
+	Name string
+	Run  func(args []string) error
+}
+
 // Main runs the test binary as a helper when a test started it as one,
 // and as the tests otherwise. Call it from TestMain.
-func Main(m *testing.M) {
+func Main(m *testing.M, roles ...Role) {
+	for _, r := range roles {
+		helpers[r.Name] = r.Run
+	}
 	if name := os.Getenv(helperEnv); name != "" {
 		fn, ok := helpers[name]
 		if !ok {

@@ -48,3 +48,67 @@ func TestConcurrencyLimit(t *testing.T) {
 		})
 	}
 }
+
+// Most specific wins: a deeper scope over host-wide, a port over any
+// port, a longer prefix over a shorter one.
+func TestPrecedence(t *testing.T) {
+	d, cg := open(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	other := listen(t, "tcp4", "0.0.0.0:0")
+	child := privtest.SubCgroup(t, cg, "child")
+	sibling := privtest.SubCgroup(t, cg, "sibling")
+	scope := scopeOf(t, child)
+
+	host := func(name, prefix string, port uint16, limit uint32) Rule {
+		return Rule{Name: name, Dest: netip.MustParsePrefix(prefix), Port: port, Limit: limit}
+	}
+	put(t, d, host("wide", "127.0.0.0/8", 0, 1))
+	put(t, d, host("narrow", "127.0.0.1/32", 0, 2))
+	put(t, d, host("port", "127.0.0.0/8", srv.Port(), 3))
+	scoped := host("scoped", "127.0.0.0/8", 0, 4)
+	scoped.Scope = scope
+	put(t, d, scoped)
+
+	// From the sibling cgroup the scoped rule does not apply.
+	privtest.Join(t, sibling)
+	tests := []struct {
+		target netip.AddrPort
+		rule   string
+		limit  int
+	}{
+		{srv, "port", 3}, // port beats a longer prefix
+		{netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), other.Port()), "narrow", 2}, // /32 beats /8
+		{netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), other.Port()), "wide", 1},   // only /8 matches
+	}
+	for _, tt := range tests {
+		fillAndRefuse(t, d, tt.target, tt.rule, tt.limit)
+	}
+
+	// From the child cgroup the scoped rule beats every host-wide one.
+	privtest.Join(t, child)
+	fillAndRefuse(t, d, srv, "scoped", 4)
+}
+
+// fillAndRefuse opens limit connections, checks the next is refused and
+// that the named rule counted them, then closes them.
+func fillAndRefuse(t *testing.T, d *Datapath, target netip.AddrPort, rule string, limit int) {
+	t.Helper()
+	before := stats(t, d, rule)
+	var held []io.Closer
+	for range limit {
+		c, err := connect(target)
+		if err != nil {
+			t.Fatalf("%s: dial %d of %d: %v", rule, len(held)+1, limit, err)
+		}
+		held = append(held, c)
+	}
+	dialRefused(t, target, syscall.EPERM)
+	after := stats(t, d, rule)
+	if after.Admitted-before.Admitted != uint64(limit) || after.Refused-before.Refused != 1 {
+		t.Fatalf("%s to %s: admitted %d refused %d, want %d and 1", rule, target, after.Admitted-before.Admitted, after.Refused-before.Refused, limit)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	waitLive(t, d, rule, 0)
+}

@@ -4,9 +4,12 @@ package loader
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -17,7 +20,29 @@ import (
 	"github.com/egressd/egressd/pkg/cgroups"
 )
 
-func TestMain(m *testing.M) { privtest.Main(m) }
+func TestMain(m *testing.M) {
+	privtest.Main(m, privtest.Role{Name: "datapath", Run: runDatapath})
+}
+
+// runDatapath is a daemon stand-in: it opens the datapath pinned at
+// args[1] on cgroup args[0], applies a concurrency limit of args[3] to
+// args[2], says "ready" and waits to be killed.
+func runDatapath(args []string) error {
+	limit, err := strconv.Atoi(args[3])
+	if err != nil {
+		return err
+	}
+	d, err := Open(&Config{Cgroup: args[0], PinDir: args[1], MaxRules: 64})
+	if err != nil {
+		return err
+	}
+	if err := d.Put(Rule{Name: "restart", Dest: netip.MustParsePrefix(args[2]), Limit: uint32(limit)}); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	_, err = io.Copy(io.Discard, os.Stdin)
+	return err
+}
 
 // open loads a datapath attached to a fresh cgroup with its own pins.
 func open(t *testing.T) (*Datapath, string) {

@@ -1,0 +1,104 @@
+//go:build linux
+
+package loader
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/privtest"
+)
+
+// TestInFlightRequests follows an HTTP/1.1 keep-alive client through
+// requests that each take the server 50ms.
+func TestInFlightRequests(t *testing.T) {
+	d, cg := open(t)
+	const work = 50 * time.Millisecond
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(work)
+		io.WriteString(w, "done")
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	dest := netip.MustParseAddrPort(ln.Addr().String())
+	put(t, d, Rule{Name: "http", Dest: netip.PrefixFrom(dest.Addr(), 32), Port: dest.Port(), Limit: 10, Requests: true, Samples: true})
+	samples, err := d.Samples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { samples.Close() })
+
+	privtest.Join(t, cg)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	t.Cleanup(client.CloseIdleConnections)
+	const requests = 20
+	for i := range requests {
+		done := make(chan error, 1)
+		go func() {
+			resp, err := client.Get("http://" + dest.String() + "/")
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+		time.Sleep(work / 2)
+		during := stats(t, d, "http")
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		after := stats(t, d, "http")
+		if during.InFlight != 1 || after.InFlight != 0 || after.Requests != uint64(i+1) || after.Responses != uint64(i+1) {
+			t.Fatalf("request %d: in flight %d during and %d after; requests %d responses %d", i, during.InFlight, after.InFlight, after.Requests, after.Responses)
+		}
+	}
+
+	var requestSamples, connectSamples []time.Duration
+	samples.SetDeadline(time.Now().Add(time.Second))
+	for len(requestSamples) < requests || len(connectSamples) < 1 {
+		s, err := samples.Read()
+		if err != nil {
+			t.Fatalf("after %d request and %d connect samples: %v", len(requestSamples), len(connectSamples), err)
+		}
+		if s.Rule != "http" {
+			t.Fatalf("sample of rule %q", s.Rule)
+		}
+		switch s.Kind {
+		case SampleRequest:
+			requestSamples = append(requestSamples, s.Latency)
+		case SampleConnect:
+			connectSamples = append(connectSamples, s.Latency)
+		}
+	}
+	t.Logf("request samples %v; connect %v", requestSamples, connectSamples)
+	for _, l := range requestSamples {
+		if l < work || l > work+10*time.Millisecond {
+			t.Errorf("request sample %v, want ≈%v", l, work)
+		}
+	}
+	s := stats(t, d, "http")
+	if s.Admitted != 1 || s.RequestLatency.Count != requests || s.ConnectLatency.Count != 1 {
+		t.Fatalf("one keep-alive connection, %d requests: %+v", requests, s)
+	}
+	lost, err := d.Lost()
+	if err != nil || lost != (Lost{}) {
+		t.Fatalf("lost %+v, %v", lost, err)
+	}
+
+	// Closing mid-request counts an abort and leaves nothing in flight.
+	go client.Get("http://" + dest.String() + "/")
+	time.Sleep(work / 2)
+	srv.Close()
+	s = waitLive(t, d, "http", 0)
+	if s.InFlight != 0 || s.Aborted != 1 || s.Requests != requests+1 {
+		t.Fatalf("in flight after close: %+v", s)
+	}
+}

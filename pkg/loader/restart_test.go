@@ -1,0 +1,110 @@
+//go:build linux
+
+package loader
+
+import (
+	"errors"
+	"io"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/egressd/egressd/internal/privtest"
+)
+
+// TestRestartAdoptsPins kills the process that loaded the datapath and
+// checks that enforcement never stopped and that a new loader carries on
+// with the same counts.
+func TestRestartAdoptsPins(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg := privtest.Cgroup(t, "restart")
+	pins := privtest.PinDir(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	const limit = 2
+
+	daemon := privtest.Spawn(t, cg, "datapath", cg, pins, "127.0.0.1/32", "2")
+	if line := daemon.Line(t); line != "ready" {
+		t.Fatalf("datapath helper: %q", line)
+	}
+	privtest.Join(t, cg)
+	var held []io.Closer
+	for range limit {
+		held = append(held, dial(t, srv))
+	}
+	daemon.Kill(t)
+
+	// Nobody holds the programs but their pins: still enforced.
+	dialRefused(t, srv, syscall.EPERM)
+
+	d, err := Open(&Config{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+	if !d.Adopted() || d.MaxRules() != 64 {
+		t.Fatalf("adopted %v with %d rules, want the pinned table of 64", d.Adopted(), d.MaxRules())
+	}
+	r, err := d.Rule("restart")
+	if err != nil || r.Limit != limit || r.Dest != netip.MustParsePrefix("127.0.0.1/32") {
+		t.Fatalf("adopted rule %+v, %v", r, err)
+	}
+	s := stats(t, d, "restart")
+	if s.Live != limit || s.Admitted != limit || s.Refused != 1 {
+		t.Fatalf("adopted counts %+v", s)
+	}
+
+	// The adopted datapath changes the limit in place: counts stay.
+	r.Limit = limit + 1
+	put(t, d, r)
+	held = append(held, dial(t, srv))
+	dialRefused(t, srv, syscall.EPERM)
+	for _, c := range held {
+		c.Close()
+	}
+	s = waitLive(t, d, "restart", 0)
+	if s.Admitted != limit+1 || s.Refused != 2 {
+		t.Fatalf("counts after the change %+v", s)
+	}
+	checkRecount(t, d, "restart", 0)
+
+	// A second restart, in process this time, also adopts.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d2, err := Open(&Config{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stats(t, d2, "restart"); got.Admitted != s.Admitted || got.Refused != s.Refused {
+		t.Fatalf("second adoption %+v, want %+v", got, s)
+	}
+	for range limit + 1 {
+		held = append(held, dial(t, srv))
+	}
+	dialRefused(t, srv, syscall.EPERM)
+
+	// Uninstall ends enforcement and leaves nothing pinned.
+	if err := d2.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	dial(t, srv)
+	if _, err := os.Stat(pins); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("pins left after uninstall: %v", err)
+	}
+}
+
+// A datapath pinned on one cgroup is not silently moved to another.
+func TestAdoptRefusesOtherCgroup(t *testing.T) {
+	d, _ := open(t)
+	other := privtest.Cgroup(t, "other")
+	_, err := Open(&Config{Cgroup: other, PinDir: d.PinDir()})
+	if err == nil {
+		t.Fatal("adopted a datapath pinned on another cgroup")
+	}
+	t.Logf("refused: %v", err)
+}

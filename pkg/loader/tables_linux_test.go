@@ -1,0 +1,36 @@
+//go:build linux
+
+package loader
+
+import (
+	"testing"
+	"unsafe"
+)
+
+// The Go tables indexed by kernel enums must cover each enum exactly: the
+// C sources end every enum in a _LEN sentinel.
+func TestTablesMatchKernelEnums(t *testing.T) {
+	tests := []struct {
+		name string
+		got  int
+		want int
+	}{
+		{"shapeNames", len(shapeNames), int(egressdShapeSHAPE_LEN)},
+		{"sampleKindNames", len(sampleKindNames), int(egressdSampleKindSAMPLE_LEN)},
+		{"Histogram.Buckets", HistogramBuckets, len(egressdHist{}.Buckets)},
+		{"counters", len(egressdCounters{}.V), int(egressdCounterCOUNTER_LEN)},
+		{"MaxSegments", MaxSegments, len(egressdRuleState{}.SegmentCount)},
+		{"ruleKeyFixedBits", ruleKeyFixedBits, int(unsafe.Sizeof(egressdRuleKey{}.Port)+unsafe.Sizeof(egressdRuleKey{}.Scope)) * 8},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s: %d entries, kernel has %d", tt.name, tt.got, tt.want)
+		}
+	}
+	if ShapeConcurrency != Shape(egressdShapeSHAPE_CONCURRENCY) || ShapePerSecond != Shape(egressdShapeSHAPE_PER_SECOND) || ShapePerWindow != Shape(egressdShapeSHAPE_PER_WINDOW) {
+		t.Error("Shape constants differ from the kernel's enum shape")
+	}
+	if SampleConnect != SampleKind(egressdSampleKindSAMPLE_CONNECT) || SampleRequest != SampleKind(egressdSampleKindSAMPLE_REQUEST) {
+		t.Error("SampleKind constants differ from the kernel's enum sample_kind")
+	}
+}

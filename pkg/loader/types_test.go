@@ -1,0 +1,80 @@
+package loader
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestRuleValidate(t *testing.T) {
+	dest := netip.MustParsePrefix("10.0.0.0/8")
+	tests := []struct {
+		name string
+		rule Rule
+		want []string // substrings, one per problem
+	}{
+		{"concurrency", Rule{Name: "a", Dest: dest, Limit: 1}, nil},
+		{"per second", Rule{Name: "a", Dest: dest, Shape: ShapePerSecond, Limit: 10, Burst: 20}, nil},
+		{"per window", Rule{Name: "a", Dest: dest, Shape: ShapePerWindow, Limit: 10, Window: time.Second}, nil},
+		{"errno", Rule{Name: "a", Dest: dest, Limit: 1, Errno: syscall.ECONNREFUSED}, nil},
+		{"everything wrong", Rule{Name: "has space", Shape: ShapePerWindow, Burst: 3, Window: time.Millisecond, Segments: 40, Errno: syscall.ENOENT},
+			[]string{"spaces", "destination", "limit", "burst", "segments 40", "shorter than", "errno"}},
+		{"empty name", Rule{Dest: dest, Limit: 1}, []string{"name is empty"}},
+		{"long name", Rule{Name: strings.Repeat("n", 64), Dest: dest, Limit: 1}, []string{"longer than 63"}},
+		{"rate too high", Rule{Name: "a", Dest: dest, Shape: ShapePerSecond, Limit: MaxRate + 1}, []string{"rate"}},
+		{"concurrency with window", Rule{Name: "a", Dest: dest, Limit: 1, Window: time.Second}, []string{"no burst, window"}},
+		{"scope level", Rule{Name: "a", Dest: dest, Limit: 1, Scope: Scope{CgroupID: 7}}, []string{"scope level 0"}},
+		{"unknown shape", Rule{Name: "a", Dest: dest, Limit: 1, Shape: 9}, []string{"unknown shape"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.rule.Validate()
+			var re *RuleError
+			if len(tt.want) == 0 && err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			if len(tt.want) > 0 && (!errors.As(err, &re) || !errors.Is(err, ErrInvalidRule)) {
+				t.Fatalf("Validate: %v, want a *RuleError", err)
+			}
+			if re != nil && len(re.Problems) != len(tt.want) {
+				t.Fatalf("problems %q, want %d matching %q", re.Problems, len(tt.want), tt.want)
+			}
+			for i, w := range tt.want {
+				if !strings.Contains(re.Problems[i], w) {
+					t.Errorf("problem %d %q does not mention %q", i, re.Problems[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	r := Rule{Dest: netip.MustParsePrefix("10.1.2.3/8"), Shape: ShapePerSecond, Limit: 50}.withDefaults()
+	if r.Burst != 50 || r.Errno != syscall.EPERM || r.Dest != netip.MustParsePrefix("10.0.0.0/8") {
+		t.Fatalf("per second defaults: %+v", r)
+	}
+	w := Rule{Shape: ShapePerWindow, Limit: 5, Window: time.Second, Dest: netip.MustParsePrefix("::/0")}.withDefaults()
+	if w.Segments != DefaultSegments {
+		t.Fatalf("per window defaults: %+v", w)
+	}
+}
+
+func TestIPv4MatchesMapped(t *testing.T) {
+	a := Rule{Dest: netip.MustParsePrefix("10.0.0.0/8")}
+	b := Rule{Dest: netip.MustParsePrefix("::ffff:10.0.0.0/104")}
+	if a.key() != b.key() {
+		t.Fatalf("keys differ: %+v %+v", a.key(), b.key())
+	}
+}
+
+func TestHistogramBounds(t *testing.T) {
+	if UpperBound(0) != time.Microsecond || UpperBound(10) != 1024*time.Microsecond {
+		t.Fatalf("bounds: %v %v", UpperBound(0), UpperBound(10))
+	}
+	if UpperBound(HistogramBuckets-1) < 100*time.Hour {
+		t.Fatalf("last bucket is not unbounded: %v", UpperBound(HistogramBuckets-1))
+	}
+}
