@@ -127,6 +127,13 @@ type Datapath struct {
 	free    []uint32 // least recently freed first
 	nextGen uint32
 	ncpu    int
+
+	// What the kernel's lookup hints hold, so changes write only the
+	// difference.
+	hintScopes map[uint64]uint32
+	hintPorts  [65536 / 64]uint64
+	// trackingRequests counts active rules that track requests.
+	trackingRequests int
 }
 
 func (d *Datapath) mapsDir() string  { return filepath.Join(d.cfg.PinDir, "maps") }
@@ -165,11 +172,15 @@ func Open(cfg *Config) (*Datapath, error) {
 		d.closeFDs()
 		return nil, err
 	}
+	if err := d.syncLookupHints(true); err != nil {
+		d.closeFDs()
+		return nil, err
+	}
 	if err := d.attachAll(connPrograms); err != nil {
 		d.closeFDs()
 		return nil, err
 	}
-	if err := d.syncRequestPrograms(); err != nil {
+	if err := d.syncRequestPrograms(true); err != nil {
 		d.closeFDs()
 		return nil, err
 	}
@@ -294,10 +305,15 @@ func (d *Datapath) adoptLink(l link.Link, p program) error {
 	return nil
 }
 
-func (d *Datapath) detach(progs []program) error {
+// detach unpins and closes programs' links; pinned ones this process has
+// not opened are found through their pins when adopting.
+func (d *Datapath) detach(progs []program, adopting bool) error {
 	var errs []error
 	for _, p := range slices.Backward(progs) {
 		l, ok := d.links[p.name]
+		if !ok && !adopting {
+			continue
+		}
 		if !ok {
 			// Not ours yet, but a previous run may have pinned it.
 			var err error
@@ -318,13 +334,11 @@ func (d *Datapath) detach(progs []program) error {
 
 // syncRequestPrograms attaches the per-packet programs only while some
 // rule tracks requests: they run for every packet below the cgroup.
-func (d *Datapath) syncRequestPrograms() error {
-	for _, s := range d.slots {
-		if s.active && s.rule.Requests {
-			return d.attachAll(requestPrograms)
-		}
+func (d *Datapath) syncRequestPrograms(adopting bool) error {
+	if d.trackingRequests > 0 {
+		return d.attachAll(requestPrograms)
 	}
-	return d.detach(requestPrograms)
+	return d.detach(requestPrograms, adopting)
 }
 
 // adoptRules rebuilds the slot table from the pinned maps.
@@ -348,11 +362,19 @@ func (d *Datapath) adoptRules() error {
 		}
 		r := ruleFromKernel(&kr, &meta)
 		d.slots[i] = slot{rule: r, gen: kr.Gen, epoch: kr.Epoch, active: true}
+		d.trackingRequests += tracks(d.slots[i])
 		d.byName[r.Name] = idx
 		d.byKey[r.key()] = idx
 	}
 	d.nextGen++
 	return nil
+}
+
+func tracks(s slot) int {
+	if s.active && s.rule.Requests {
+		return 1
+	}
+	return 0
 }
 
 func ruleFromKernel(kr *egressdRule, meta *egressdRuleMeta) Rule {
@@ -464,11 +486,11 @@ func (d *Datapath) PutMany(rules []Rule) error {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	plan, err := d.plan(rules)
+	plan, taken, err := d.plan(rules)
 	if err != nil {
 		return err
 	}
-	return d.apply(plan)
+	return d.apply(plan, taken)
 }
 
 // change is one slot write.
@@ -480,11 +502,10 @@ type change struct {
 }
 
 // plan works out the slot writes for rules against the current table,
-// checking conflicts and capacity, without touching the kernel.
-func (d *Datapath) plan(rules []Rule) ([]change, error) {
-	var changes []change
+// checking conflicts and capacity, without touching the kernel. New rules
+// take free slots from the head of the queue; taken says how many.
+func (d *Datapath) plan(rules []Rule) (changes []change, taken int, err error) {
 	keys := map[ruleKey]string{}
-	free := slices.Clone(d.free)
 	gen := d.nextGen
 	var errs []error
 	for _, r := range rules {
@@ -513,16 +534,16 @@ func (d *Datapath) plan(rules []Rule) ([]change, error) {
 			// Its slot is reusable only after this plan is applied.
 			changes = append(changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
 		}
-		if len(free) == 0 {
+		if taken == len(d.free) {
 			errs = append(errs, fmt.Errorf("rule %s: %w (%d rules)", r.Name, ErrFull, d.cfg.MaxRules))
 			continue
 		}
-		idx := free[0]
-		free = free[1:]
+		idx := d.free[taken]
+		taken++
 		changes = append(changes, change{idx: idx, old: d.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true})
 		gen++
 	}
-	return changes, errors.Join(errs...)
+	return changes, taken, errors.Join(errs...)
 }
 
 // Delete removes a rule. Its connections stay open; their slots are given
@@ -535,13 +556,13 @@ func (d *Datapath) Delete(name string) error {
 		return fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
 	}
 	old := d.slots[idx]
-	return d.apply([]change{{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}}})
+	return d.apply([]change{{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}}}, 0)
 }
 
 // apply writes changes in the order that keeps every connect() consistent:
 // keys that stop matching go first; new slots are zeroed and filled before
-// their keys make them reachable.
-func (d *Datapath) apply(changes []change) error {
+// their keys make them reachable. The first taken free slots are used.
+func (d *Datapath) apply(changes []change, taken int) error {
 	var (
 		delKeys   []egressdRuleKey
 		putKeys   []egressdRuleKey
@@ -592,22 +613,21 @@ func (d *Datapath) apply(changes []change) error {
 			return fmt.Errorf("write rule metadata: %w", err)
 		}
 	}
-	if _, err := d.objs.Rules.BatchUpdate(ruleIdx, ruleVals, nil); err != nil {
+	if err := batchUpdate(d.objs.Rules, ruleIdx, ruleVals); err != nil {
 		return fmt.Errorf("write rules: %w", err)
 	}
 
 	// The user-space table follows the kernel's.
+	d.free = d.free[taken:]
 	for _, c := range changes {
 		if c.old.active {
 			delete(d.byName, c.old.rule.Name)
 			delete(d.byKey, c.old.rule.key())
 		}
-		if !c.old.active && c.new.active {
-			d.free = slices.DeleteFunc(d.free, func(i uint32) bool { return i == c.idx })
-		}
 		if c.old.active && !c.new.active {
 			d.free = append(d.free, c.idx)
 		}
+		d.trackingRequests += tracks(c.new) - tracks(c.old)
 		d.slots[c.idx] = c.new
 		if c.create {
 			d.nextGen = max(d.nextGen, c.new.gen+1)
@@ -620,20 +640,34 @@ func (d *Datapath) apply(changes []change) error {
 		}
 	}
 
-	if err := d.syncLookupHints(); err != nil {
-		return err
-	}
-	for i := range putKeys {
-		if err := d.objs.RuleKeys.Update(&putKeys[i], putSlots[i], ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write rule key: %w", err)
+	// A change of limits alone leaves the hints as they are.
+	if len(delKeys) > 0 || len(putKeys) > 0 {
+		if err := d.syncLookupHints(false); err != nil {
+			return err
 		}
 	}
-	return d.syncRequestPrograms()
+	if len(putKeys) > 0 {
+		if _, err := d.objs.RuleKeys.BatchUpdate(putKeys, putSlots, nil); err != nil {
+			return fmt.Errorf("write rule keys: %w", err)
+		}
+	}
+	return d.syncRequestPrograms(false)
+}
+
+// batchUpdate writes one entry with a plain update, the path the adaptive
+// loop takes on every move, and more in one batch.
+func batchUpdate[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	if len(keys) == 1 {
+		return m.Update(&keys[0], &vals[0], ebpf.UpdateAny)
+	}
+	_, err := m.BatchUpdate(keys, vals, nil)
+	return err
 }
 
 // syncLookupHints rewrites what lets connect() skip lookups that cannot
 // match: the key classes in use, the scope cgroups and the ports named.
-func (d *Datapath) syncLookupHints() error {
+// full rewrites everything, dropping whatever a previous run left.
+func (d *Datapath) syncLookupHints(full bool) error {
 	var cfg egressdDatapathConfig
 	scopes := map[uint64]uint32{}
 	var ports [65536 / 64]uint64
@@ -673,30 +707,43 @@ func (d *Datapath) syncLookupHints() error {
 	if err := d.objs.Config.Update(uint32(0), &widened, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
+	if full {
+		d.hintScopes = map[uint64]uint32{}
+		var id uint64
+		var class uint32
+		for it := d.objs.Scopes.Iterate(); it.Next(&id, &class); {
+			d.hintScopes[id] = class
+		}
+		for i := range d.hintPorts {
+			d.hintPorts[i] = ^ports[i] // differs everywhere: all written
+		}
+	}
 	for id, class := range scopes {
+		if d.hintScopes[id] == class {
+			continue
+		}
 		if err := d.objs.Scopes.Update(id, class, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("write scope: %w", err)
 		}
+		d.hintScopes[id] = class
 	}
-	var id uint64
-	var class uint32
-	var stale []uint64
-	for it := d.objs.Scopes.Iterate(); it.Next(&id, &class); {
-		if _, ok := scopes[id]; !ok {
-			stale = append(stale, id)
+	for i, bits := range ports {
+		if d.hintPorts[i] == bits {
+			continue
 		}
+		if err := d.objs.Ports.Update(uint32(i), bits, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write ports: %w", err)
+		}
+		d.hintPorts[i] = bits
 	}
-	for _, id := range stale {
+	for id := range d.hintScopes {
+		if _, ok := scopes[id]; ok {
+			continue
+		}
 		if err := d.objs.Scopes.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete scope: %w", err)
 		}
-	}
-	idx := make([]uint32, len(ports))
-	for i := range idx {
-		idx[i] = uint32(i)
-	}
-	if _, err := d.objs.Ports.BatchUpdate(idx, ports[:], nil); err != nil {
-		return fmt.Errorf("write ports: %w", err)
+		delete(d.hintScopes, id)
 	}
 	if err := d.objs.Config.Update(uint32(0), &cfg, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write config: %w", err)
@@ -888,7 +935,7 @@ func (d *Datapath) Close() error {
 func (d *Datapath) Uninstall() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	errs := []error{d.detach(requestPrograms), d.detach(connPrograms), d.closeFDs()}
+	errs := []error{d.detach(requestPrograms, false), d.detach(connPrograms, false), d.closeFDs()}
 	errs = append(errs, os.RemoveAll(d.cfg.PinDir))
 	return errors.Join(errs...)
 }

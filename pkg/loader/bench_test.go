@@ -1,0 +1,208 @@
+//go:build linux
+
+package loader
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/privtest"
+)
+
+// moveSelf moves the test process into a cgroup (benchmarks switch back
+// and forth; Join restores the original at the end).
+func moveSelf(b *testing.B, dir string) {
+	b.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// sinkServer accepts and closes connections until the benchmark ends.
+func sinkServer(b *testing.B) netip.AddrPort {
+	b.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	b.Cleanup(func() { ln.Close(); <-done })
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// connectClose opens and closes one loopback connection.
+func connectClose(b *testing.B, target netip.AddrPort) {
+	c, err := connect(target)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.Close()
+}
+
+// BenchmarkKernelCost reports the BPF programs' own run time per
+// connection (kernel.bpf_stats_enabled), summed over every program that
+// ran for it, for the datapath's common cases.
+func BenchmarkKernelCost(b *testing.B) {
+	privtest.RequireRoot(b)
+	cases := []struct {
+		name string
+		rule *Rule
+	}{
+		{"no-rules", nil},
+		{"no-match", &Rule{Name: "other", Dest: netip.MustParsePrefix("10.0.0.0/8"), Limit: 1000}},
+		{"concurrency", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Limit: 1000}},
+		{"per-second", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Shape: ShapePerSecond, Limit: MaxRate}},
+		{"per-window", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Shape: ShapePerWindow, Limit: 1 << 30, Window: time.Second}},
+		{"concurrency+requests", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Limit: 1000, Requests: true}},
+	}
+	srv := sinkServer(b)
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			cg := privtest.Cgroup(b, "bench")
+			d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { d.Uninstall() })
+			if tc.rule != nil {
+				if err := d.Put(*tc.rule); err != nil {
+					b.Fatal(err)
+				}
+			}
+			stats, err := EnableStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer stats.Close()
+			privtest.Join(b, cg)
+			before, err := d.ProgramStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				connectClose(b, srv)
+			}
+			b.StopTimer()
+			after, err := d.ProgramStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var total time.Duration
+			for name, a := range after {
+				per := (a.Runtime - before[name].Runtime) / time.Duration(b.N)
+				b.ReportMetric(float64(per), name+"-ns/conn")
+				b.ReportMetric(float64(a.Runs-before[name].Runs)/float64(b.N), name+"-runs/conn")
+				total += a.Runtime - before[name].Runtime
+			}
+			b.ReportMetric(float64(total)/float64(b.N), "kernel-ns/conn")
+		})
+	}
+}
+
+// BenchmarkConnectOverhead times connect()+close() on loopback from a
+// cgroup with the datapath attached (a concurrency rule matching) and from
+// one without, alternating rounds in one run, and reports their ratio.
+func BenchmarkConnectOverhead(b *testing.B) {
+	privtest.RequireRoot(b)
+	srv := sinkServer(b)
+	plain := privtest.Cgroup(b, "plain")
+	limited := privtest.Cgroup(b, "limited")
+	d, err := Open(&Config{Cgroup: limited, PinDir: privtest.PinDir(b), MaxRules: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Uninstall() })
+	if err := d.Put(Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Limit: 1000}); err != nil {
+		b.Fatal(err)
+	}
+	privtest.Join(b, plain)
+	const round = 200
+	var without, with []time.Duration
+	for b.Loop() {
+		for _, side := range []struct {
+			dir string
+			out *[]time.Duration
+		}{{plain, &without}, {limited, &with}} {
+			moveSelf(b, side.dir)
+			start := time.Now()
+			for range round {
+				connectClose(b, srv)
+			}
+			*side.out = append(*side.out, time.Since(start)/round)
+		}
+	}
+	median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	b.ReportMetric(float64(median(without)), "plain-ns/conn")
+	b.ReportMetric(float64(median(with)), "attached-ns/conn")
+	b.ReportMetric(float64(median(with))/float64(median(without)), "ratio")
+}
+
+// BenchmarkRuleUpdate changes an existing rule's limit, what the adaptive
+// loop does on every move, and reports the median and 99th percentile.
+func BenchmarkRuleUpdate(b *testing.B) {
+	privtest.RequireRoot(b)
+	d, err := Open(&Config{Cgroup: privtest.Cgroup(b, "update"), PinDir: privtest.PinDir(b), MaxRules: 1024})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Uninstall() })
+	if err := d.PutMany(manyRules(1000)); err != nil {
+		b.Fatal(err)
+	}
+	r, err := d.Rule("r500")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var took []time.Duration
+	for i := 0; b.Loop(); i++ {
+		r.Limit = uint32(1 + i%200)
+		start := time.Now()
+		if err := d.Put(r); err != nil {
+			b.Fatal(err)
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2]), "p50-ns")
+	b.ReportMetric(float64(took[len(took)*99/100]), "p99-ns")
+}
+
+// BenchmarkLoad10kRules loads 10,000 rules in one batch into an empty
+// datapath.
+func BenchmarkLoad10kRules(b *testing.B) {
+	privtest.RequireRoot(b)
+	rules := manyRules(10_000)
+	for b.Loop() {
+		b.StopTimer()
+		d, err := Open(&Config{Cgroup: privtest.Cgroup(b, "load"), PinDir: privtest.PinDir(b), MaxRules: 10_000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := d.PutMany(rules); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := d.Uninstall(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
