@@ -709,14 +709,17 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	}
 	case BPF_SOCK_OPS_STATE_CB:
-		if (skops->args[1] != BPF_TCP_CLOSE)
-			return 1;
 		sk = skops->sk;
 		if (!sk)
 			return 1;
 		ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-		if (ss)
+		if (ss && skops->args[1] == BPF_TCP_CLOSE)
 			release(ss);
+		/* Released (usually by close() already): the socket's later
+		 * state changes need not call us. */
+		if (!ss || !ss->held)
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags &
+							 ~BPF_SOCK_OPS_STATE_CB_FLAG);
 		return 1;
 	}
 	return 1;

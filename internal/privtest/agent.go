@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -15,10 +16,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // runAgent dials and closes connections on command, one per line on stdin:
-// "dial ADDR TIMEOUT" answers "ok ID" or "err ERRNO"; "close ID" answers "ok".
+// "dial ADDR TIMEOUT" answers "ok ID" or "err ERRNO"; "close ID" answers
+// "ok"; "loop ADDR N" connects and closes N times with bare syscalls and
+// answers "ok NS", the mean time of one connect()+close().
 func runAgent([]string) error {
 	conns := map[int]net.Conn{}
 	next := 0
@@ -39,6 +44,12 @@ func runAgent([]string) error {
 			conns[next] = c
 			fmt.Printf("ok %d\n", next)
 			next++
+		case len(f) == 3 && f[0] == "loop":
+			per, err := connectLoop(f[1], f[2])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("ok %d\n", per.Nanoseconds())
 		case len(f) == 2 && f[0] == "close":
 			id, _ := strconv.Atoi(f[1])
 			if c, ok := conns[id]; ok {
@@ -185,3 +196,28 @@ func (s *StormServer) Max() int64 { return s.max.Load() }
 
 // Total is how many connections said hello.
 func (s *StormServer) Total() int64 { return s.total.Load() }
+
+func connectLoop(addr, count string) (time.Duration, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil {
+		return 0, err
+	}
+	sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	start := time.Now()
+	for range n {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return 0, err
+		}
+		if err := unix.Connect(fd, sa); err != nil {
+			unix.Close(fd)
+			return 0, fmt.Errorf("connect %s: %w", addr, err)
+		}
+		unix.Close(fd)
+	}
+	return time.Since(start) / time.Duration(n), nil
+}

@@ -3,26 +3,15 @@
 package loader
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/egressd/egressd/internal/privtest"
 )
-
-// moveSelf moves the test process into a cgroup (benchmarks switch back
-// and forth; Join restores the original at the end).
-func moveSelf(b *testing.B, dir string) {
-	b.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-		b.Fatal(err)
-	}
-}
 
 // sinkServer accepts and closes connections until the benchmark ends.
 func sinkServer(b *testing.B) netip.AddrPort {
@@ -117,8 +106,9 @@ func BenchmarkKernelCost(b *testing.B) {
 }
 
 // BenchmarkConnectOverhead times connect()+close() on loopback from a
-// cgroup with the datapath attached (a concurrency rule matching) and from
-// one without, alternating rounds in one run, and reports their ratio.
+// process in a cgroup with the datapath attached (a concurrency rule
+// matching) and from one in a cgroup without, alternating rounds in one
+// run, and reports the ratio of their medians.
 func BenchmarkConnectOverhead(b *testing.B) {
 	privtest.RequireRoot(b)
 	srv := sinkServer(b)
@@ -132,26 +122,26 @@ func BenchmarkConnectOverhead(b *testing.B) {
 	if err := d.Put(Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Limit: 1000}); err != nil {
 		b.Fatal(err)
 	}
-	privtest.Join(b, plain)
-	const round = 200
-	var without, with []time.Duration
+	without := privtest.Spawn(b, plain, "agent")
+	with := privtest.Spawn(b, limited, "agent")
+	const round = 500
+	var plainNs, attachedNs []float64
 	for b.Loop() {
 		for _, side := range []struct {
-			dir string
-			out *[]time.Duration
-		}{{plain, &without}, {limited, &with}} {
-			moveSelf(b, side.dir)
-			start := time.Now()
-			for range round {
-				connectClose(b, srv)
+			agent *privtest.Child
+			out   *[]float64
+		}{{without, &plainNs}, {with, &attachedNs}} {
+			var ns float64
+			if _, err := fmt.Sscanf(side.agent.Call(b, "loop %s %d", srv, round), "ok %g", &ns); err != nil {
+				b.Fatal(err)
 			}
-			*side.out = append(*side.out, time.Since(start)/round)
+			*side.out = append(*side.out, ns)
 		}
 	}
-	median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	b.ReportMetric(float64(median(without)), "plain-ns/conn")
-	b.ReportMetric(float64(median(with)), "attached-ns/conn")
-	b.ReportMetric(float64(median(with))/float64(median(without)), "ratio")
+	median := func(d []float64) float64 { slices.Sort(d); return d[len(d)/2] }
+	b.ReportMetric(median(plainNs), "plain-ns/conn")
+	b.ReportMetric(median(attachedNs), "attached-ns/conn")
+	b.ReportMetric(median(attachedNs)/median(plainNs), "ratio")
 }
 
 // BenchmarkRuleUpdate changes an existing rule's limit, what the adaptive
