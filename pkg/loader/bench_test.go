@@ -16,23 +16,7 @@ import (
 // sinkServer accepts and closes connections until the benchmark ends.
 func sinkServer(b *testing.B) netip.AddrPort {
 	b.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	b.Cleanup(func() { ln.Close(); <-done })
-	return netip.MustParseAddrPort(ln.Addr().String())
+	return serve(b, "tcp4", "127.0.0.1:0", func(c net.Conn) { c.Close() })
 }
 
 // connectClose opens and closes one loopback connection.

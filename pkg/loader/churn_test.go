@@ -20,29 +20,13 @@ import (
 // resetServer accepts, reads one byte and resets the connection.
 func resetServer(t *testing.T) netip.AddrPort {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				// Read first: a reset racing the client's connect()
-				// wake-up would fail the connect itself.
-				c.Read(make([]byte, 1))
-				c.(*net.TCPConn).SetLinger(0)
-				c.Close()
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return netip.MustParseAddrPort(ln.Addr().String())
+	return serve(t, "tcp4", "127.0.0.1:0", func(c net.Conn) {
+		// Read first: a reset racing the client's connect() wake-up
+		// would fail the connect itself.
+		c.Read(make([]byte, 1))
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
 }
 
 // closedPort returns a loopback port nobody listens on.

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -93,33 +94,45 @@ func waitLive(t *testing.T, d *Datapath, name string, want int64) Stats {
 	return s
 }
 
-// listen serves accept-and-drain on addr until the test ends.
-func listen(t *testing.T, network, addr string) netip.AddrPort {
+// serve accepts on addr until the test ends, handing each connection to
+// handle; connections still open at the end are closed.
+func serve(t testing.TB, network, addr string, handle func(net.Conn)) netip.AddrPort {
 	t.Helper()
 	ln, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
+	var mu sync.Mutex
 	var conns []net.Conn
-	go func() {
-		defer close(done)
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
 			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() { handle(c) })
 		}
-	}()
+	})
 	t.Cleanup(func() {
 		ln.Close()
-		<-done
+		mu.Lock()
 		for _, c := range conns {
 			c.Close()
 		}
+		mu.Unlock()
+		wg.Wait()
 	})
 	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// listen accepts and holds connections until the test ends.
+func listen(t testing.TB, network, addr string) netip.AddrPort {
+	t.Helper()
+	return serve(t, network, addr, func(c net.Conn) { io.Copy(io.Discard, c) })
 }
 
 // connect opens a TCP connection with plain syscalls, so that addresses
