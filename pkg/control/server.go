@@ -1,0 +1,349 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Prefix is the path under which routes are served: route "status" is
+// /v1/status.
+const Prefix = "/v1/"
+
+// HandlerFunc answers one route. It writes a response and returns nil, or
+// returns an error and writes nothing: the server turns the error into a
+// JSON error response (see Error and the sentinels for the status).
+type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// Route is one entry of the route table.
+type Route struct {
+	// Method is the one HTTP method the route answers; others get 405.
+	Method string
+	// Write marks a route that changes state; only peers with write access
+	// may call it.
+	Write bool
+	// Stream marks a long-lived response (NDJSON from a StreamWriter): its
+	// request context is cancelled when the server shuts down, so that
+	// Shutdown does not wait for it forever.
+	Stream bool
+	// Handler answers the route.
+	Handler HandlerFunc
+}
+
+// Config is what a Server serves and where.
+type Config struct {
+	// Socket is the socket's path; empty means DefaultSocket.
+	Socket string
+	// Mode is the socket's permission bits; 0 means DefaultMode (0660).
+	Mode fs.FileMode
+	// Group, a name or numeric gid, owns the socket, and its members have
+	// write access. Empty: no group; only root and the daemon's uid write.
+	Group string
+	// Routes maps route names (served at Prefix+name) to routes.
+	Routes map[string]Route
+	// Logger receives handler failures and panics (Error) and one line
+	// per request (Debug). Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server serves the control API. Make it with NewServer.
+type Server struct {
+	socket string
+	mode   fs.FileMode
+	group  string
+	routes map[string]Route
+	policy accessPolicy
+	log    *slog.Logger
+	hs     *http.Server
+
+	streams     context.Context // cancelled when the server stops
+	stopStreams context.CancelFunc
+}
+
+var methods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// NewServer checks cfg, reporting every problem at once, and resolves the
+// group. It does not create the socket; Listen does.
+func NewServer(cfg Config) (*Server, error) {
+	var problems []string
+	if cfg.Mode&^fs.ModePerm != 0 {
+		problems = append(problems, fmt.Sprintf("mode %v has more than permission bits", cfg.Mode))
+	}
+	policy := accessPolicy{self: uint32(os.Geteuid())}
+	if cfg.Group != "" {
+		g, err := lookupGroup(cfg.Group)
+		if err != nil {
+			problems = append(problems, err.Error())
+		}
+		policy.group, policy.hasGroup = g, err == nil
+	}
+	if len(cfg.Routes) == 0 {
+		problems = append(problems, "no routes")
+	}
+	names := make([]string, 0, len(cfg.Routes))
+	for name := range cfg.Routes {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	routes := make(map[string]Route, len(cfg.Routes))
+	for _, name := range names {
+		rt := cfg.Routes[name]
+		if msg := checkRouteName(name); msg != "" {
+			problems = append(problems, fmt.Sprintf("route %q: %s", name, msg))
+		}
+		if !slices.Contains(methods, rt.Method) {
+			problems = append(problems, fmt.Sprintf("route %q: method %q is not one of %s", name, rt.Method, strings.Join(methods, ", ")))
+		}
+		if rt.Handler == nil {
+			problems = append(problems, fmt.Sprintf("route %q: no handler", name))
+		}
+		routes[name] = rt
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("control server: %s", strings.Join(problems, "; "))
+	}
+
+	s := &Server{
+		socket: cfg.Socket,
+		mode:   cfg.Mode,
+		group:  cfg.Group,
+		routes: routes,
+		policy: policy,
+		log:    cfg.Logger,
+	}
+	if s.socket == "" {
+		s.socket = DefaultSocket
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.streams, s.stopStreams = context.WithCancel(context.Background())
+	s.hs = &http.Server{
+		Handler:           s,
+		ConnContext:       connContext,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// No WriteTimeout: streams are long-lived by design.
+	}
+	s.hs.RegisterOnShutdown(s.stopStreams)
+	return s, nil
+}
+
+// checkRouteName returns what is wrong with a route name, or "".
+func checkRouteName(name string) string {
+	switch {
+	case name == "":
+		return "empty name"
+	case strings.HasPrefix(name, "/"), strings.HasSuffix(name, "/"), strings.Contains(name, "//"):
+		return "name must not start or end with / or contain //"
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-_./", c)) {
+			return fmt.Sprintf("name has %q; use letters, digits and - _ . /", c)
+		}
+	}
+	return ""
+}
+
+// connContext records the connection's peer credentials for every request
+// on it.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	p, err := peerOf(c)
+	if err != nil {
+		return withPeerError(ctx, err)
+	}
+	return context.WithValue(ctx, peerKey{}, &peerInfo{peer: p})
+}
+
+// Listen creates the socket the server was configured with; see the
+// package-level Listen.
+func (s *Server) Listen() (net.Listener, error) {
+	return Listen(s.socket, &ListenOptions{Mode: s.mode, Group: s.group})
+}
+
+// Serve answers connections on ln until Shutdown or Close, and then returns
+// nil. ln should come from Listen: on any other kind of listener no peer
+// has credentials and every request is refused.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.hs.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting connections, ends streams (their contexts are
+// cancelled), waits for the other requests in flight to finish or for ctx,
+// and closes the listener, which removes the socket.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.stopStreams()
+	return s.hs.Shutdown(ctx)
+}
+
+// Close stops the server at once, cutting requests in flight.
+func (s *Server) Close() error {
+	s.stopStreams()
+	return s.hs.Close()
+}
+
+// browserHeaders are set by browsers (and only sensibly by them); any of
+// them on a request means a web page may be driving it.
+var browserHeaders = []string{"Origin", "Referer", "Sec-Fetch-Site"}
+
+// ServeHTTP routes a request. The peer comes from the request's context
+// (set from the connection by Serve, or by WithPeer in tests).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rw := &responseWriter{ResponseWriter: w}
+	name, err := s.serve(rw, r)
+	if err != nil {
+		s.fail(rw, r, name, err)
+	}
+	if s.log.Enabled(r.Context(), slog.LevelDebug) {
+		p, _ := PeerFrom(r.Context())
+		s.log.Debug("control request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "peer", p.String())
+	}
+}
+
+// serve does the routing and checks, then calls the handler. It returns
+// the route's name, for logs, and the error to answer with.
+func (s *Server) serve(w *responseWriter, r *http.Request) (string, error) {
+	for _, h := range browserHeaders {
+		if r.Header.Get(h) != "" {
+			return "", Errorf(CodeForbidden, "request has a %s header: the control API does not answer browsers", h)
+		}
+	}
+	pi := peerInfoFrom(r.Context())
+	switch {
+	case pi == nil:
+		return "", Errorf(CodeForbidden, "peer credentials unavailable: not a control socket connection")
+	case pi.err != nil:
+		return "", Errorf(CodeForbidden, "peer credentials unavailable: %v", pi.err)
+	}
+	name, ok := strings.CutPrefix(r.URL.Path, Prefix)
+	if !ok {
+		return "", Errorf(CodeNotFound, "no route at %q: the control API is under %s", r.URL.Path, Prefix)
+	}
+	route, ok := s.routes[name]
+	if !ok {
+		return name, Errorf(CodeNotFound, "unknown route %q", r.URL.Path)
+	}
+	if r.Method != route.Method {
+		w.Header().Set("Allow", route.Method)
+		e := Errorf(CodeInvalid, "method %s not allowed on %s (use %s)", r.Method, r.URL.Path, route.Method)
+		e.status = http.StatusMethodNotAllowed
+		return name, e
+	}
+	access := permit(pi.peer, s.policy)
+	if route.Write && access < AccessWrite {
+		return name, Errorf(CodeForbidden, "%s changes egressd's state and needs %s; you are uid %d gid %d",
+			r.URL.Path, s.writers(), pi.peer.UID, pi.peer.GID)
+	}
+	ctx := context.WithValue(r.Context(), accessKey{}, access)
+	if route.Stream {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(s.streams, cancel)
+		defer stop()
+	}
+	return name, s.call(route.Handler, w, r.WithContext(ctx), name)
+}
+
+// writers says who has write access, for a 403's message.
+func (s *Server) writers() string {
+	who := "root"
+	if s.policy.self != 0 {
+		who += fmt.Sprintf(" or uid %d", s.policy.self)
+	}
+	if s.policy.hasGroup {
+		who += fmt.Sprintf(" or membership of group %s", s.group)
+	}
+	return who
+}
+
+// call runs a handler, turning a panic into an error. http.ErrAbortHandler
+// passes through: it is how a handler asks net/http to cut the connection.
+func (s *Server) call(h HandlerFunc, w http.ResponseWriter, r *http.Request, name string) (err error) {
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		if v == http.ErrAbortHandler {
+			panic(v)
+		}
+		s.log.Error("control handler panic", "route", name, "panic", v, "stack", string(debug.Stack()))
+		err = &Error{Code: CodeInternal, Message: fmt.Sprintf("internal error in %s: panic: %v", r.URL.Path, v)}
+	}()
+	return h(w, r)
+}
+
+// fail answers with err. If the handler already started its response (a
+// stream), a status can no longer be sent: the connection is cut instead,
+// so the client sees a broken stream and not a clean end.
+func (s *Server) fail(w *responseWriter, r *http.Request, name string, err error) {
+	status, body := classify(err)
+	if errors.Is(err, context.Canceled) || r.Context().Err() != nil {
+		// The client left (^C on events --follow), or a stream was ended
+		// by Shutdown: nobody to tell, nothing wrong.
+		s.log.Debug("control request ended", "route", name, "err", err)
+		if w.wrote {
+			return
+		}
+	} else if status >= 500 {
+		s.log.Error("control request failed", "route", name, "method", r.Method, "status", status, "err", err)
+	}
+	if w.wrote {
+		if status < 500 {
+			s.log.Error("control stream failed", "route", name, "err", err)
+		}
+		panic(http.ErrAbortHandler)
+	}
+	if err := WriteJSON(w, status, body); err != nil {
+		s.log.Debug("control: write error response", "err", err)
+	}
+}
+
+// responseWriter notes whether the response has started (and its status,
+// for the log). Unwrap and FlushError keep http.ResponseController working.
+type responseWriter struct {
+	http.ResponseWriter
+	wrote  bool
+	status int
+}
+
+func (w *responseWriter) WriteHeader(code int) {
+	if !w.wrote && code >= 200 {
+		w.wrote, w.status = true, code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.wrote, w.status = true, http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *responseWriter) FlushError() error {
+	if !w.wrote {
+		w.wrote, w.status = true, http.StatusOK
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *responseWriter) Flush() { w.FlushError() }
+
+func (w *responseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
