@@ -1,0 +1,312 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"path"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/loader"
+	"go.yaml.in/yaml/v3"
+)
+
+// Validate reports every problem with p at once, as an [*Error] whose
+// problems have no line numbers. It is for policies built in code — a rule
+// from the CLI merged into the running set — and applies the same checks as
+// [Parse].
+func (p *Policy) Validate() error {
+	if problems := check(p.Rules, nil); len(problems) > 0 {
+		return &Error{Problems: problems}
+	}
+	return nil
+}
+
+// where remembers where a parsed rule's fields were written, so that a
+// problem found by checking the rule points at the line to fix. The zero
+// where, for a rule built in code, knows nothing.
+type where struct {
+	rule *yaml.Node
+	// nodes are value nodes by path: "port", "perSecond.burst".
+	nodes map[string]*yaml.Node
+	// bad are paths whose value was refused while decoding; checking them
+	// again would report one mistake twice.
+	bad map[string]bool
+}
+
+func newWhere(rule *yaml.Node) *where {
+	return &where{rule: rule, nodes: map[string]*yaml.Node{}, bad: map[string]bool{}}
+}
+
+// at returns the position of path, or of the nearest enclosing field that
+// was written, or of the rule.
+func (w *where) at(path string) (line, column int) {
+	for {
+		if n := w.nodes[path]; n != nil {
+			return n.Line, n.Column
+		}
+		i := strings.LastIndexByte(path, '.')
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	if w.rule != nil {
+		return w.rule.Line, w.rule.Column
+	}
+	return 0, 0
+}
+
+// label names a rule in problems: by its name, or by its place when it has
+// none.
+func label(name string, i int) string {
+	if name != "" {
+		return name
+	}
+	return fmt.Sprintf("#%d", i+1)
+}
+
+// check finds every problem with rules: each rule's own, names used twice,
+// and rules that would match the same traffic. wheres, if not nil, locates
+// each rule's fields.
+func check(rules []Rule, wheres []*where) []Problem {
+	var problems []Problem
+	locate := func(i int) *where {
+		if wheres == nil {
+			return &where{}
+		}
+		return wheres[i]
+	}
+	ruleAt := func(i int) string {
+		if w := locate(i); w.rule != nil {
+			return fmt.Sprintf("the rule at line %d", w.rule.Line)
+		}
+		return fmt.Sprintf("rule #%d", i+1)
+	}
+	byName := map[string]int{}
+	byKey := map[matchKey]int{}
+	for i, r := range rules {
+		c := checker{w: locate(i), rule: label(r.Name, i), problems: &problems}
+		c.check(r)
+		if r.Name != "" {
+			if j, ok := byName[r.Name]; ok {
+				c.add("name", "name %s is already used by %s", r.Name, ruleAt(j))
+			} else {
+				byName[r.Name] = i
+			}
+		}
+		// A rule whose match was partly refused would match the wrong
+		// traffic here and claim conflicts it does not have.
+		refused := slices.ContainsFunc([]string{"destination", "port", "unit", "cgroup"}, func(p string) bool { return c.w.bad[p] })
+		if r.Destination != (Destination{}) && !refused {
+			k := r.matchKey()
+			if j, ok := byKey[k]; ok {
+				c.add("destination", "same scope, destination and port as rule %s; the kernel takes one rule for the same traffic", label(rules[j].Name, j))
+			} else {
+				byKey[k] = i
+			}
+		}
+	}
+	return problems
+}
+
+// matchKey is the traffic a rule matches. Two rules may not share one: the
+// kernel looks a connection up by it and finds one rule.
+type matchKey struct {
+	scope  Scope
+	prefix netip.Prefix
+	host   string
+	port   uint16
+}
+
+// matchKey writes IPv4 prefixes v4-mapped, as the kernel stores them, and
+// host names in the form resolvers treat alike.
+func (r Rule) matchKey() matchKey {
+	k := matchKey{scope: r.Scope, port: r.Port}
+	if p, ok := r.Destination.Prefix(); ok {
+		if p.Addr().Is4() {
+			p = netip.PrefixFrom(netip.AddrFrom16(p.Addr().As16()), p.Bits()+96)
+		}
+		k.prefix = p
+	} else {
+		k.host = strings.ToLower(strings.TrimSuffix(r.Destination.host, "."))
+	}
+	return k
+}
+
+// checker collects the problems of one rule.
+type checker struct {
+	w        *where
+	rule     string
+	problems *[]Problem
+}
+
+// add records a problem with the field at path, unless decoding already
+// refused that field.
+func (c checker) add(path, format string, args ...any) {
+	if c.w.bad[path] {
+		return
+	}
+	line, column := c.w.at(path)
+	*c.problems = append(*c.problems, Problem{Line: line, Column: column, Rule: c.rule, Msg: fmt.Sprintf(format, args...)})
+}
+
+// count checks a limit that must be positive and at most most.
+func (c checker) count(path string, v, most int) {
+	switch {
+	case v < 1:
+		c.add(path, "%s must be at least 1", path)
+	case v > most:
+		c.add(path, "%s %d is above %d, the kernel's largest", path, v, most)
+	}
+}
+
+// minSegment is the shortest sliding-window segment the kernel keeps; the
+// loader refuses shorter ones.
+const minSegment = time.Millisecond
+
+func (c checker) check(r Rule) {
+	_, isHost := r.Destination.Host()
+	switch {
+	case r.Name == "":
+		c.add("name", "name is missing")
+	case !utf8.ValidString(r.Name):
+		c.add("name", "name is not valid UTF-8")
+	case len(r.Name) > loader.MaxNameLen:
+		c.add("name", "name is longer than %d bytes", loader.MaxNameLen)
+	case strings.ContainsFunc(r.Name, func(ch rune) bool { return ch == ' ' || !unicode.IsPrint(ch) }):
+		c.add("name", "name has whitespace or unprintable characters")
+	case strings.Contains(r.Name, "#"):
+		c.add("name", "name has '#', which kernel rule names use to add an address")
+	case isHost && len(r.Name) > maxHostName:
+		c.add("name", "name is longer than %d bytes, the most for a host name destination (its kernel rules add an address)", maxHostName)
+	}
+	if r.Destination == (Destination{}) {
+		c.add("destination", "destination is missing")
+	}
+	if r.Scope.Unit != "" && r.Scope.Cgroup != "" {
+		c.add("cgroup", "unit and cgroup are both given; a rule has one scope")
+	}
+	if r.Scope.Unit != "" {
+		if msg := unitProblem(r.Scope.Unit); msg != "" {
+			c.add("unit", "unit %q %s", r.Scope.Unit, msg)
+		}
+	}
+	if r.Scope.Cgroup != "" {
+		if msg := cgroupProblem(r.Scope.Cgroup); msg != "" {
+			c.add("cgroup", "cgroup %q %s", r.Scope.Cgroup, msg)
+		}
+	}
+	switch l := r.Limit.(type) {
+	case nil:
+		c.add("limit", "no limit: give one of concurrency, perSecond, perWindow or adaptive")
+	case Concurrency:
+		c.count("concurrency", int(l), math.MaxUint32)
+	case PerSecond:
+		c.count("perSecond.permits", l.Permits, loader.MaxRate)
+		if l.Burst != 0 {
+			c.count("perSecond.burst", l.Burst, loader.MaxRate)
+		}
+	case PerWindow:
+		c.count("perWindow.permits", l.Permits, math.MaxUint32)
+		segments := l.Segments
+		if segments == 0 {
+			segments = loader.DefaultSegments
+		}
+		segmentsOK := 1 <= segments && segments <= loader.MaxSegments
+		if !segmentsOK {
+			c.add("perWindow.segments", "perWindow.segments %d is outside 1..%d", segments, loader.MaxSegments)
+		}
+		switch {
+		case l.Window <= 0:
+			c.add("perWindow.window", "perWindow.window must be positive")
+		case segmentsOK && !c.w.bad["perWindow.segments"] && l.Window/time.Duration(segments) < minSegment:
+			c.add("perWindow.window", "perWindow.window %v in %d segments makes segments shorter than %v", l.Window, segments, minSegment)
+		}
+	case Adaptive:
+		opts := l.Options()
+		if err := opts.Validate(); err != nil {
+			problems := []string{err.Error()}
+			if oe, ok := errors.AsType[*adaptive.OptionsError](err); ok {
+				problems = oe.Problems
+			}
+			for _, p := range problems {
+				c.add("adaptive", "adaptive: %s", p)
+			}
+		}
+		if l.Maximum > math.MaxUint32 {
+			c.add("adaptive.maximum", "adaptive.maximum %d is above %d, the kernel's largest", l.Maximum, uint32(math.MaxUint32))
+		}
+		if l.Samples != loader.SampleConnect && l.Samples != loader.SampleRequest {
+			c.add("adaptive.samples", "adaptive.samples must be connect or request")
+		}
+	}
+	if r.Errno != "" && errnos[r.Errno] == 0 {
+		c.add("errno", "errno %q is not one a refusal may use: %s", r.Errno, strings.Join(errnoNames(), ", "))
+	}
+}
+
+// errnoNames lists the errnos a rule may name, sorted.
+func errnoNames() []string {
+	names := make([]string, 0, len(errnos))
+	for name := range errnos {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// unitSuffixes are the systemd unit types that own a cgroup, and so can
+// own connections.
+var unitSuffixes = []string{".service", ".socket", ".scope", ".slice", ".mount", ".swap"}
+
+// unitProblem says what is wrong with a systemd unit name, following
+// systemd's unit_name_is_valid, or returns "".
+func unitProblem(u string) string {
+	i := slices.IndexFunc(unitSuffixes, func(s string) bool { return strings.HasSuffix(u, s) })
+	if i < 0 {
+		return "does not end in a unit type that owns a cgroup (" + strings.Join(unitSuffixes, ", ") + ")"
+	}
+	stem := strings.TrimSuffix(u, unitSuffixes[i])
+	prefix, instance, templated := strings.Cut(stem, "@")
+	switch {
+	case len(u) > 255:
+		return "is longer than 255 bytes"
+	case prefix == "":
+		return "has no name before its type"
+	case strings.ContainsFunc(stem, func(c rune) bool {
+		return !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.ContainsRune(":-_.\\@", c))
+	}):
+		return "has characters systemd does not allow in unit names"
+	case templated && instance == "":
+		return "is a template; name an instance of it"
+	case u == "-.slice":
+		return "is the root slice; leave the scope out for the whole host"
+	}
+	return ""
+}
+
+// cgroupProblem says what is wrong with a cgroup path, or returns "". The
+// depth limit is the kernel's: it finds a socket's rule by walking the
+// socket's cgroup ancestors up to level 15.
+func cgroupProblem(p string) string {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return "must start with / (a path inside the cgroup2 hierarchy)"
+	case p == "/":
+		return "is the whole host; leave the scope out instead"
+	case path.Clean(p) != p:
+		return "is not a clean path; write " + path.Clean(p)
+	case !utf8.ValidString(p) || strings.ContainsFunc(p, unicode.IsControl):
+		return "has control characters or invalid UTF-8"
+	case strings.Count(p, "/") > 15:
+		return "is deeper than 15 levels, the most the kernel follows"
+	}
+	return ""
+}

@@ -1,0 +1,102 @@
+package policy
+
+import (
+	"bytes"
+	"fmt"
+	"time"
+
+	"github.com/egressd/egressd/pkg/loader"
+	"go.yaml.in/yaml/v3"
+)
+
+// Format writes p, a valid policy, as a file that [Parse] reads back as p,
+// for the
+// daemon's state file and for showing rules to an operator: a rule shown by
+// the CLI can be pasted into a policy file as it is. Fields at their
+// defaults are left out, so the file keeps following the defaults.
+func Format(p *Policy) ([]byte, error) {
+	file := fileYAML{Rules: make([]ruleYAML, len(p.Rules))}
+	for i, r := range p.Rules {
+		file.Rules[i] = formatRule(r)
+	}
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(file); err != nil {
+		return nil, fmt.Errorf("encode policy: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encode policy: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// The *YAML types give the file's layout; limits are written in flow style,
+// one line each, as the examples in the docs are.
+type (
+	fileYAML struct {
+		Rules []ruleYAML `yaml:"rules"`
+	}
+	ruleYAML struct {
+		Name        string         `yaml:"name"`
+		Destination string         `yaml:"destination"`
+		Port        uint16         `yaml:"port,omitempty"`
+		Unit        string         `yaml:"unit,omitempty"`
+		Cgroup      string         `yaml:"cgroup,omitempty"`
+		Concurrency int            `yaml:"concurrency,omitempty"`
+		PerSecond   *perSecondYAML `yaml:"perSecond,omitempty,flow"`
+		PerWindow   *perWindowYAML `yaml:"perWindow,omitempty,flow"`
+		Adaptive    *adaptiveYAML  `yaml:"adaptive,omitempty,flow"`
+		Shadow      bool           `yaml:"shadow,omitempty"`
+		Errno       string         `yaml:"errno,omitempty"`
+	}
+	perSecondYAML struct {
+		Permits int `yaml:"permits"`
+		Burst   int `yaml:"burst,omitempty"`
+	}
+	perWindowYAML struct {
+		Permits  int           `yaml:"permits"`
+		Window   time.Duration `yaml:"window"`
+		Segments int           `yaml:"segments,omitempty"`
+	}
+	adaptiveYAML struct {
+		Minimum        int     `yaml:"minimum,omitempty"`
+		Maximum        int     `yaml:"maximum,omitempty"`
+		Initial        int     `yaml:"initial,omitempty"`
+		Multiple       float64 `yaml:"multiple,omitempty"`
+		DecreaseFactor float64 `yaml:"decreaseFactor,omitempty"`
+		Samples        string  `yaml:"samples,omitempty"`
+	}
+)
+
+func formatRule(r Rule) ruleYAML {
+	y := ruleYAML{
+		Name:        r.Name,
+		Destination: r.Destination.String(),
+		Port:        r.Port,
+		Unit:        r.Scope.Unit,
+		Cgroup:      r.Scope.Cgroup,
+		Shadow:      r.Shadow,
+		Errno:       r.Errno,
+	}
+	switch l := r.Limit.(type) {
+	case Concurrency:
+		y.Concurrency = int(l)
+	case PerSecond:
+		y.PerSecond = &perSecondYAML{Permits: l.Permits, Burst: l.Burst}
+	case PerWindow:
+		y.PerWindow = &perWindowYAML{Permits: l.Permits, Window: l.Window, Segments: l.Segments}
+	case Adaptive:
+		y.Adaptive = &adaptiveYAML{
+			Minimum:        l.Minimum,
+			Maximum:        l.Maximum,
+			Initial:        l.Initial,
+			Multiple:       l.Multiple,
+			DecreaseFactor: l.DecreaseFactor,
+		}
+		if l.Samples != loader.SampleConnect {
+			y.Adaptive.Samples = l.Samples.String()
+		}
+	}
+	return y
+}

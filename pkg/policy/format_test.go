@@ -1,0 +1,94 @@
+package policy
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+func TestFormat(t *testing.T) {
+	p, err := Parse([]byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Format(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example as written, less its comment, and with the window
+	// spelt as Go spells durations.
+	const want = `rules:
+  - name: payments
+    destination: 10.20.0.0/16
+    port: 443
+    unit: payments.service
+    concurrency: 50
+  - name: email
+    destination: smtp.example.com
+    port: 25
+    perSecond: {permits: 10, burst: 20}
+  - name: search
+    destination: 127.0.0.1
+    port: 9200
+    perWindow: {permits: 1000, window: 1m0s, segments: 8}
+  - name: api
+    destination: 2001:db8::/32
+    adaptive: {minimum: 4, maximum: 200}
+    shadow: true
+`
+	if string(got) != want {
+		t.Errorf("Format\n got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestFormatRoundTrip(t *testing.T) {
+	tests := []struct {
+		name  string
+		rules []Rule
+	}{
+		{name: "empty"},
+		{
+			name: "every shape and field",
+			rules: []Rule{
+				{Name: "a", Destination: mustDest(t, "10.0.0.0/8"), Port: 1, Scope: Scope{Unit: "a@1.service"}, Limit: Concurrency(1), Shadow: true, Errno: "EAGAIN"},
+				{Name: "b", Destination: mustDest(t, "db.internal."), Scope: Scope{Cgroup: "/x.slice/y"}, Limit: PerSecond{Permits: 3}},
+				{Name: "c", Destination: mustDest(t, "::1"), Limit: PerWindow{Permits: 9, Window: 1500 * time.Microsecond, Segments: 1}},
+				{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, Samples: loader.SampleRequest}},
+				{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2}},
+			},
+		},
+		{
+			// Strings YAML would read as something else unless quoted.
+			name: "strings that look like other things",
+			rules: []Rule{
+				{Name: "123", Destination: mustDest(t, "10.0.0.1"), Limit: Concurrency(1)},
+				{Name: "true", Destination: mustDest(t, "10.0.0.2"), Limit: Concurrency(1)},
+				{Name: "null", Destination: mustDest(t, "10.0.0.3"), Limit: Concurrency(1)},
+				{Name: "-x:y&z*!|>'\"%@`", Destination: mustDest(t, "10.0.0.4"), Limit: Concurrency(1)},
+				{Name: "ünïcødé", Destination: mustDest(t, "10.0.0.5"), Limit: Concurrency(1)},
+				{Name: "f", Destination: mustDest(t, "10.0.0.6"), Scope: Scope{Cgroup: "/a: b/#c/ d"}, Limit: Concurrency(1)},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &Policy{Rules: tt.rules}
+			if err := p.Validate(); err != nil {
+				t.Fatalf("test policy is invalid: %v", err)
+			}
+			data, err := Format(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Parse(data)
+			if err != nil {
+				t.Fatalf("Parse(Format(p)): %v\n%s", err, data)
+			}
+			if !reflect.DeepEqual(got, p) {
+				t.Errorf("Parse(Format(p))\n got %+v\nwant %+v\n%s", got, p, data)
+			}
+		})
+	}
+}

@@ -1,0 +1,440 @@
+package policy
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/egressd/egressd/pkg/loader"
+	"go.yaml.in/yaml/v3"
+)
+
+// Load reads and parses the policy file at path. Its problems name the file.
+func Load(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	p, err := Parse(data)
+	if e, ok := errors.AsType[*Error](err); ok {
+		e.File = path
+	}
+	return p, err
+}
+
+// Parse reads a policy file. It returns every problem at once, as an
+// [*Error] sorted by position; a policy it returns passes [Policy.Validate].
+func Parse(data []byte) (*Policy, error) {
+	var d decoder
+	rules, wheres := d.document(data)
+	problems := append(d.problems, check(rules, wheres)...)
+	if len(problems) > 0 {
+		slices.SortStableFunc(problems, func(a, b Problem) int {
+			return cmp.Or(cmp.Compare(a.Line, b.Line), cmp.Compare(a.Column, b.Column))
+		})
+		return nil, &Error{Problems: problems}
+	}
+	return &Policy{Rules: rules}, nil
+}
+
+// decoder turns YAML nodes into rules, collecting the problems of form —
+// unknown fields, wrong types, two limits — that leave no value to check.
+type decoder struct {
+	problems []Problem
+}
+
+const (
+	strTag   = "!!str"
+	intTag   = "!!int"
+	floatTag = "!!float"
+	boolTag  = "!!bool"
+	nullTag  = "!!null"
+)
+
+func (d *decoder) document(data []byte) ([]Rule, []*where) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if !errors.Is(err, io.EOF) {
+			d.syntax(err)
+		}
+		return nil, nil
+	}
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case err == nil:
+		d.problems = append(d.problems, Problem{Line: next.Line, Column: next.Column, Msg: "a policy is one YAML document; this is a second"})
+	case !errors.Is(err, io.EOF):
+		d.syntax(err)
+	}
+
+	// An empty document holds a null, as does one that is only "~".
+	if len(doc.Content) == 0 || doc.Content[0].ShortTag() == nullTag {
+		return nil, nil
+	}
+	root := doc.Content[0]
+	var rules []Rule
+	var wheres []*where
+	top := fields{d: d, w: newWhere(nil)}
+	top.mapping(root, "", "a policy", []string{"rules"}, func(_ string, _, v *yaml.Node) {
+		if v.ShortTag() == nullTag {
+			return
+		}
+		if v.Kind != yaml.SequenceNode {
+			top.problem(v, "rules", "rules must be a list")
+			return
+		}
+		for i, n := range v.Content {
+			r, w := d.rule(n, i)
+			rules = append(rules, r)
+			wheres = append(wheres, w)
+		}
+	})
+	return rules, wheres
+}
+
+// syntax records a YAML syntax error, with its line when the parser gave
+// one ("yaml: line 3: mapping values are not allowed in this context").
+func (d *decoder) syntax(err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	var p Problem
+	if _, scanErr := fmt.Sscanf(msg, "line %d:", &p.Line); scanErr == nil {
+		_, msg, _ = strings.Cut(msg, ": ")
+	}
+	p.Msg = "YAML: " + msg
+	d.problems = append(d.problems, p)
+}
+
+// limitKeys are the fields that give a rule its limit; a rule has one.
+var limitKeys = []string{"concurrency", "perSecond", "perWindow", "adaptive"}
+
+func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
+	w := newWhere(n)
+	var name string
+	if n.Kind == yaml.MappingNode {
+		for j := 0; j+1 < len(n.Content); j += 2 {
+			if k, v := n.Content[j], n.Content[j+1]; k.Kind == yaml.ScalarNode && k.Value == "name" && v.Kind == yaml.ScalarNode && v.ShortTag() == strTag {
+				name = v.Value
+				break
+			}
+		}
+	}
+	f := fields{d: d, rule: label(name, i), w: w}
+	var r Rule
+	keys := append([]string{"name", "destination", "port", "unit", "cgroup", "shadow", "errno"}, limitKeys...)
+	limitKey := ""
+	isMapping := f.mapping(n, "", "a rule", keys, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "name":
+			r.Name, _ = f.str(key, v)
+		case "destination":
+			if s, ok := f.str(key, v); ok {
+				dest, err := ParseDestination(s)
+				if err != nil {
+					f.problem(v, key, "%v", err)
+				}
+				r.Destination = dest
+			}
+		case "port":
+			if x, ok := f.integer(key, v); ok {
+				if x < 1 || x > math.MaxUint16 {
+					f.problem(v, key, "port %d is outside 1..65535; leave it out for any port", x)
+				} else {
+					r.Port = uint16(x)
+				}
+			}
+		case "unit":
+			r.Scope.Unit, _ = f.nonEmpty(key, v, "; leave it out for the whole host")
+		case "cgroup":
+			r.Scope.Cgroup, _ = f.nonEmpty(key, v, "; leave it out for the whole host")
+		case "shadow":
+			r.Shadow, _ = f.boolean(key, v)
+		case "errno":
+			r.Errno, _ = f.nonEmpty(key, v, "; leave it out for EPERM")
+		default:
+			if limitKey != "" {
+				f.problem(k, "", "%s and %s are both given; a rule has one limit", limitKey, key)
+				return
+			}
+			limitKey = key
+			r.Limit = f.limit(key, v)
+		}
+	})
+	if !isMapping {
+		// Said once; "name is missing" and the rest would only repeat it.
+		for _, path := range []string{"name", "destination", "limit"} {
+			w.bad[path] = true
+		}
+	}
+	if slices.ContainsFunc(limitKeys, func(k string) bool { return w.bad[k] }) {
+		w.bad["limit"] = true // "no limit" would repeat why
+	}
+	return r, w
+}
+
+// limit decodes the value of one of limitKeys; nil means it was refused.
+func (f fields) limit(key string, v *yaml.Node) Limit {
+	switch key {
+	case "concurrency":
+		if x, ok := f.integer(key, v); ok {
+			return Concurrency(x)
+		}
+	case "perSecond":
+		var l PerSecond
+		if f.mapping(v, key+".", "perSecond", []string{"permits", "burst"}, func(k string, _, v *yaml.Node) {
+			switch k {
+			case "permits":
+				l.Permits, _ = f.integer(key+".permits", v)
+			case "burst":
+				l.Burst, _ = f.defaulted(key+".burst", v)
+			}
+		}) {
+			return l
+		}
+	case "perWindow":
+		var l PerWindow
+		if f.mapping(v, key+".", "perWindow", []string{"permits", "window", "segments"}, func(k string, _, v *yaml.Node) {
+			switch k {
+			case "permits":
+				l.Permits, _ = f.integer(key+".permits", v)
+			case "window":
+				l.Window, _ = f.duration(key+".window", v)
+			case "segments":
+				l.Segments, _ = f.defaulted(key+".segments", v)
+			}
+		}) {
+			return l
+		}
+	case "adaptive":
+		var l Adaptive
+		keys := []string{"minimum", "maximum", "initial", "multiple", "decreaseFactor", "samples"}
+		if f.mapping(v, key+".", "adaptive", keys, func(k string, _, v *yaml.Node) {
+			path := key + "." + k
+			ok := true
+			switch k {
+			case "minimum":
+				l.Minimum, ok = f.defaulted(path, v)
+			case "maximum":
+				l.Maximum, ok = f.defaulted(path, v)
+			case "initial":
+				l.Initial, ok = f.defaulted(path, v)
+			case "multiple":
+				l.Multiple, ok = f.defaultedNumber(path, v)
+			case "decreaseFactor":
+				l.DecreaseFactor, ok = f.defaultedNumber(path, v)
+			case "samples":
+				l.Samples, _ = f.samples(path, v)
+			}
+			// The options are checked together; with one refused,
+			// the others would be judged against its default.
+			if !ok {
+				f.w.bad[key] = true
+			}
+		}) {
+			return l
+		}
+	}
+	return nil
+}
+
+// fields decodes the fields of one rule (or of the top level, with no
+// rule), recording where each was written and what was refused.
+type fields struct {
+	d    *decoder
+	rule string
+	w    *where
+}
+
+// problem records a problem at n and marks path refused, so that checking
+// does not report it again.
+func (f fields) problem(n *yaml.Node, path, format string, args ...any) {
+	f.d.problems = append(f.d.problems, Problem{Line: n.Line, Column: n.Column, Rule: f.rule, Msg: fmt.Sprintf(format, args...)})
+	if path != "" {
+		f.w.bad[path] = true
+	}
+}
+
+// mapping calls set for each field of the mapping n whose key is in keys,
+// and reports unknown and repeated fields. prefix is put before keys to
+// make paths; what names the mapping in a problem when n is not one.
+// It reports whether n was a mapping.
+func (f fields) mapping(n *yaml.Node, prefix, what string, keys []string, set func(key string, k, v *yaml.Node)) bool {
+	if f.alias(n, strings.TrimSuffix(prefix, ".")) {
+		return false
+	}
+	if n.Kind != yaml.MappingNode {
+		f.problem(n, strings.TrimSuffix(prefix, "."), "%s must be a mapping of %s", what, strings.Join(keys, ", "))
+		return false
+	}
+	seen := map[string]*yaml.Node{}
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		k, v := n.Content[j], n.Content[j+1]
+		if f.alias(k, "") {
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			f.problem(k, "", "field names must be strings")
+			continue
+		}
+		key := k.Value
+		if !slices.Contains(keys, key) {
+			f.problem(k, "", "unknown field %q%s", prefix+key, suggest(key, keys))
+			continue
+		}
+		if first, ok := seen[key]; ok {
+			f.problem(k, "", "%s is given twice; the first is at line %d", prefix+key, first.Line)
+			continue
+		}
+		seen[key] = k
+		f.w.nodes[prefix+key] = v
+		if f.alias(v, prefix+key) {
+			continue
+		}
+		set(key, k, v)
+	}
+	return true
+}
+
+// alias refuses an alias node, reporting whether n was one. Following
+// aliases would let a small file stand for a huge one (a mapping of
+// thousands of bad fields, aliased thousands of times, is millions of
+// problems), and a policy has too little repetition to need them.
+func (f fields) alias(n *yaml.Node, path string) bool {
+	if n.Kind != yaml.AliasNode {
+		return false
+	}
+	f.problem(n, path, "aliases (*%s) are not supported; write the value out", n.Value)
+	return true
+}
+
+// suggest names the known field a mistyped key probably meant: one within
+// two edits of it, ignoring case and the '_' or '-' of other naming styles.
+func suggest(key string, keys []string) string {
+	fold := func(s string) string { return strings.ToLower(strings.NewReplacer("_", "", "-", "").Replace(s)) }
+	best, bestDist := "", 3
+	for _, k := range keys {
+		if d := editDistance(fold(key), fold(k)); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return " (did you mean " + best + "?)"
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := range len(a) {
+		cur := make([]int, len(b)+1)
+		cur[0] = i + 1
+		for j := range len(b) {
+			cost := 1
+			if a[i] == b[j] {
+				cost = 0
+			}
+			cur[j+1] = min(prev[j]+cost, prev[j+1]+1, cur[j]+1)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+func (f fields) str(path string, v *yaml.Node) (string, bool) {
+	if v.ShortTag() != strTag {
+		f.problem(v, path, "%s must be a string", path)
+		return "", false
+	}
+	return v.Value, true
+}
+
+// nonEmpty reads an optional string field: written empty, it would read
+// as left out, and so silently mean something else ("whole host").
+func (f fields) nonEmpty(path string, v *yaml.Node, hint string) (string, bool) {
+	s, ok := f.str(path, v)
+	if ok && s == "" {
+		f.problem(v, path, "%s is empty%s", path, hint)
+		return "", false
+	}
+	return s, ok
+}
+
+func (f fields) integer(path string, v *yaml.Node) (int, bool) {
+	if v.ShortTag() != intTag {
+		f.problem(v, path, "%s must be a whole number", path)
+		return 0, false
+	}
+	var x int
+	if err := v.Decode(&x); err != nil {
+		f.problem(v, path, "%s %s is not a whole number in range", path, v.Value)
+		return 0, false
+	}
+	return x, true
+}
+
+// defaulted reads a number whose zero means "the default" in a Rule, so
+// that a 0 written in the file is refused rather than read as a default.
+func (f fields) defaulted(path string, v *yaml.Node) (int, bool) {
+	x, ok := f.integer(path, v)
+	if ok && x == 0 {
+		f.problem(v, path, "%s 0 is not allowed; leave it out for the default", path)
+		return 0, false
+	}
+	return x, ok
+}
+
+func (f fields) defaultedNumber(path string, v *yaml.Node) (float64, bool) {
+	var x float64
+	if t := v.ShortTag(); t != intTag && t != floatTag || v.Decode(&x) != nil {
+		f.problem(v, path, "%s must be a number", path)
+		return 0, false
+	}
+	if x == 0 {
+		f.problem(v, path, "%s 0 is not allowed; leave it out for the default", path)
+		return 0, false
+	}
+	return x, true
+}
+
+func (f fields) boolean(path string, v *yaml.Node) (bool, bool) {
+	var b bool
+	if v.ShortTag() != boolTag || v.Decode(&b) != nil {
+		f.problem(v, path, "%s must be true or false", path)
+		return false, false
+	}
+	return b, true
+}
+
+func (f fields) duration(path string, v *yaml.Node) (time.Duration, bool) {
+	d, err := time.ParseDuration(v.Value)
+	if v.ShortTag() != strTag || err != nil {
+		f.problem(v, path, "%s must be a duration such as 30s or 1m", path)
+		return 0, false
+	}
+	return d, true
+}
+
+func (f fields) samples(path string, v *yaml.Node) (loader.SampleKind, bool) {
+	s, ok := f.str(path, v)
+	if !ok {
+		return 0, false
+	}
+	for _, k := range []loader.SampleKind{loader.SampleConnect, loader.SampleRequest} {
+		if s == k.String() {
+			return k, true
+		}
+	}
+	f.problem(v, path, "%s must be connect or request", path)
+	return 0, false
+}

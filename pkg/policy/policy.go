@@ -1,0 +1,213 @@
+package policy
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+// Policy is a set of rules, in the order the file gives them. The zero
+// Policy is valid and limits nothing.
+type Policy struct {
+	Rules []Rule
+}
+
+// Rule is one limit on the connections a scope opens to a destination.
+// Rules are comparable with ==, which is how a reload tells a changed rule
+// from an unchanged one whose counts it must keep.
+type Rule struct {
+	// Name identifies the rule in the CLI, metrics and refusal events:
+	// at most 63 bytes (40 for a host name destination, see
+	// [Rule.LoaderRules]), no whitespace, no '#'.
+	Name        string
+	Destination Destination
+	// Port is the destination port; 0 means any port.
+	Port  uint16
+	Scope Scope
+	// Limit is the rule's one shape: [Concurrency], [PerSecond],
+	// [PerWindow] or [Adaptive].
+	Limit Limit
+	// Shadow counts what would be refused and refuses nothing, so that a
+	// limit can be tried against real traffic before it bites.
+	Shadow bool
+	// Errno is what a refused connect() returns, by name ("ECONNREFUSED");
+	// empty means EPERM.
+	Errno string
+}
+
+// Scope says whose connections a rule limits. The zero Scope is the whole
+// host. A systemd unit is the usual way to name a service; a cgroup path
+// reaches what systemd does not manage (containers, hand-made cgroups).
+type Scope struct {
+	// Unit is a systemd unit that owns a cgroup: a .service, .socket,
+	// .scope, .slice, .mount or .swap.
+	Unit string
+	// Cgroup is a path inside the cgroup2 hierarchy, such as
+	// "/system.slice/payments.service".
+	Cgroup string
+}
+
+// HostWide reports whether the scope is the whole host.
+func (s Scope) HostWide() bool { return s == Scope{} }
+
+// Limit is a rule's shape. Exactly one per rule; the set is closed because
+// the kernel enforces exactly these.
+type Limit interface {
+	// kernel sets the shape's fields of a kernel rule.
+	kernel(r *loader.Rule)
+}
+
+// Concurrency bounds the connections open at once.
+type Concurrency int
+
+// PerSecond is a token bucket of new connections: Permits per second, up to
+// Burst at once. Burst 0 means one second's worth (Permits).
+type PerSecond struct {
+	Permits int
+	Burst   int
+}
+
+// PerWindow bounds new connections in any sliding Window, tracked in
+// Segments parts (0 means 8): more segments slide more smoothly and cost
+// more kernel memory.
+type PerWindow struct {
+	Permits  int
+	Window   time.Duration
+	Segments int
+}
+
+// Adaptive is a concurrency limit the daemon moves by watching latency (see
+// package adaptive). Zero fields take adaptive's defaults.
+type Adaptive struct {
+	Minimum        int
+	Maximum        int
+	Initial        int
+	Multiple       float64
+	DecreaseFactor float64
+	// Samples is the latency the daemon judges by: connection setup (the
+	// default, cheap, and all a non-request protocol has) or request
+	// latency, which tracks every packet of the rule's connections but
+	// sees a dependency queueing behind open connections.
+	Samples loader.SampleKind
+}
+
+// Options returns the controller options for a, with zero fields left for
+// package adaptive to default.
+func (a Adaptive) Options() adaptive.Options {
+	return adaptive.Options{
+		Minimum:        a.Minimum,
+		Maximum:        a.Maximum,
+		Initial:        a.Initial,
+		Multiple:       a.Multiple,
+		DecreaseFactor: a.DecreaseFactor,
+	}
+}
+
+// Destination is where a rule's connections go: a prefix (a single address
+// is a /32 or /128) or a host name the daemon resolves and re-resolves. The
+// zero Destination is no destination.
+type Destination struct {
+	prefix netip.Prefix
+	host   string
+}
+
+// ParseDestination reads an IP address, a CIDR prefix or a host name. A
+// prefix with bits set past its length (10.20.1.0/16) is refused rather than
+// masked: it is more often a typo for a narrower prefix than a way of
+// writing a wider one.
+func ParseDestination(s string) (Destination, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return Destination{}, fmt.Errorf("destination %q is not a valid CIDR: %s", s, netipDetail(err))
+		}
+		if m := p.Masked(); m != p {
+			return Destination{}, fmt.Errorf("destination %s has bits set past /%d; write %s", s, p.Bits(), m)
+		}
+		return Destination{prefix: p}, nil
+	}
+	if host, port, err := net.SplitHostPort(s); err == nil && allDigits(port) {
+		return Destination{}, fmt.Errorf("destination %q has a port; write destination: %s and port: %s", s, host, port)
+	}
+	if strings.Contains(s, ":") || numericLastLabel(s) {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return Destination{}, fmt.Errorf("destination %q is not a valid IP address: %s", s, netipDetail(err))
+		}
+		if a.Zone() != "" {
+			return Destination{}, fmt.Errorf("destination %s has a zone; rules match addresses without one", s)
+		}
+		return Destination{prefix: netip.PrefixFrom(a, a.BitLen())}, nil
+	}
+	if !validHost(s) {
+		return Destination{}, fmt.Errorf("destination %q is not an IP address, CIDR or host name", s)
+	}
+	return Destination{host: s}, nil
+}
+
+// Prefix returns the destination prefix, if the destination is one.
+func (d Destination) Prefix() (netip.Prefix, bool) { return d.prefix, d.prefix.IsValid() }
+
+// Host returns the host name, if the destination is one.
+func (d Destination) Host() (string, bool) { return d.host, d.host != "" }
+
+// String returns the destination as [ParseDestination] reads it; a single
+// address is written without its prefix length.
+func (d Destination) String() string {
+	switch {
+	case d.host != "":
+		return d.host
+	case d.prefix.IsSingleIP():
+		return d.prefix.Addr().String()
+	case d.prefix.IsValid():
+		return d.prefix.String()
+	}
+	return ""
+}
+
+// netipDetail drops the `netip.ParseAddr("…"): ` that net/netip puts before
+// its reason, since the caller has already quoted the input.
+func netipDetail(err error) string {
+	msg := err.Error()
+	if _, reason, ok := strings.Cut(msg, "): "); ok {
+		return reason
+	}
+	return msg
+}
+
+// numericLastLabel reports whether s ends in an all-digit label. No top-level
+// domain is all digits, so such a string is a mistyped IPv4 address and
+// deserves that error rather than "bad host name".
+func numericLastLabel(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	return allDigits(s[strings.LastIndexByte(s, '.')+1:])
+}
+
+func allDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
+
+// validHost reports whether s is a DNS name a resolver will take: labels of
+// 1 to 63 letters, digits, hyphens (not at either end) and underscores (which
+// container runtimes put in service names), 253 bytes in all, an optional
+// final dot.
+func validHost(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range []byte(label) {
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
