@@ -122,13 +122,13 @@ struct rule {
 	__u64 segment_ns;
 };
 
-/* What user space needs to rebuild its view of a rule after a restart; the
- * programs never read it. */
+/* What user space needs, with the rule's keys in rule_keys, to rebuild its
+ * view of a rule after a restart; the programs never read it. */
 struct rule_meta {
 	__u8 name[64];
-	struct rule_key key;
+	__u64 scope;
 	__u32 scope_level;
-	__u32 _pad;
+	__u32 port;
 };
 
 struct rule_state {

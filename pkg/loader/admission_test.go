@@ -31,7 +31,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	const limit = 3
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			put(t, d, Rule{Name: tt.name, Dest: tt.dest, Port: tt.target.Port(), Shape: ShapeConcurrency, Limit: limit})
+			put(t, d, Rule{Name: tt.name, Dests: []netip.Prefix{tt.dest}, Port: tt.target.Port(), Shape: ShapeConcurrency, Limit: limit})
 			var held []io.Closer
 			for range limit {
 				held = append(held, dial(t, tt.target))
@@ -60,7 +60,7 @@ func TestPrecedence(t *testing.T) {
 	scope := scopeOf(t, child)
 
 	host := func(name, prefix string, port uint16, limit uint32) Rule {
-		return Rule{Name: name, Dest: netip.MustParsePrefix(prefix), Port: port, Limit: limit}
+		return Rule{Name: name, Dests: []netip.Prefix{netip.MustParsePrefix(prefix)}, Port: port, Limit: limit}
 	}
 	put(t, d, host("wide", "127.0.0.0/8", 0, 1))
 	put(t, d, host("narrow", "127.0.0.1/32", 0, 2))

@@ -38,11 +38,11 @@ func BenchmarkKernelCost(b *testing.B) {
 		rule *Rule
 	}{
 		{"no-rules", nil},
-		{"no-match", &Rule{Name: "other", Dest: netip.MustParsePrefix("10.0.0.0/8"), Limit: 1000}},
-		{"concurrency", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Limit: 1000}},
-		{"per-second", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Shape: ShapePerSecond, Limit: MaxRate}},
-		{"per-window", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Shape: ShapePerWindow, Limit: 1 << 30, Window: time.Second}},
-		{"concurrency+requests", &Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Limit: 1000, Requests: true}},
+		{"no-match", &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1000}},
+		{"concurrency", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000}},
+		{"per-second", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapePerSecond, Limit: MaxRate}},
+		{"per-window", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapePerWindow, Limit: 1 << 30, Window: time.Second}},
+		{"concurrency+requests", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000, Requests: true}},
 	}
 	srv := sinkServer(b)
 	for _, tc := range cases {
@@ -103,7 +103,7 @@ func BenchmarkConnectOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { d.Uninstall() })
-	if err := d.Put(Rule{Name: "c", Dest: netip.MustParsePrefix("127.0.0.1/32"), Limit: 1000}); err != nil {
+	if err := d.Put(Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000}); err != nil {
 		b.Fatal(err)
 	}
 	without := privtest.Spawn(b, plain, "agent")

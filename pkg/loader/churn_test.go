@@ -71,8 +71,8 @@ func TestChurnLeavesNothing(t *testing.T) {
 	unroutable := netip.MustParseAddrPort("10.202.0.1:80")
 
 	const localLimit = 8
-	put(t, d, Rule{Name: "local", Dest: netip.MustParsePrefix("127.0.0.0/8"), Limit: localLimit})
-	put(t, d, Rule{Name: "netns", Dest: netip.MustParsePrefix("10.200.0.0/14"), Limit: 1000})
+	put(t, d, Rule{Name: "local", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Limit: localLimit})
+	put(t, d, Rule{Name: "netns", Dests: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/14")}, Limit: 1000})
 	privtest.Join(t, cg)
 
 	connects := 0

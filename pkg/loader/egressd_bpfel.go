@@ -102,9 +102,9 @@ type egressdRuleKey struct {
 type egressdRuleMeta struct {
 	_          structs.HostLayout
 	Name       [64]uint8
-	Key        egressdRuleKey
+	Scope      uint64
 	ScopeLevel uint32
-	Pad        uint32
+	Port       uint32
 }
 
 type egressdRuleState struct {

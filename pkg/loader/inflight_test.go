@@ -29,7 +29,7 @@ func TestInFlightRequests(t *testing.T) {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	dest := netip.MustParseAddrPort(ln.Addr().String())
-	put(t, d, Rule{Name: "http", Dest: netip.PrefixFrom(dest.Addr(), 32), Port: dest.Port(), Limit: 10, Requests: true, Samples: true})
+	put(t, d, Rule{Name: "http", Dests: []netip.Prefix{netip.PrefixFrom(dest.Addr(), 32)}, Port: dest.Port(), Limit: 10, Requests: true, Samples: true})
 	samples, err := d.Samples()
 	if err != nil {
 		t.Fatal(err)

@@ -364,9 +364,29 @@ func (d *Datapath) adoptRules() error {
 		d.slots[i] = slot{rule: r, gen: kr.Gen, epoch: kr.Epoch, active: true}
 		d.trackingRequests += tracks(d.slots[i])
 		d.byName[r.Name] = idx
-		d.byKey[r.key()] = idx
 	}
 	d.nextGen++
+
+	// A rule's destinations are its keys in the trie.
+	var key egressdRuleKey
+	var idx uint32
+	it := d.objs.RuleKeys.Iterate()
+	for it.Next(&key, &idx) {
+		if int(idx) >= n || !d.slots[idx].active {
+			continue
+		}
+		addr := netip.AddrFrom16(key.Addr)
+		bits := int(key.Prefixlen) - ruleKeyFixedBits
+		if addr.Is4In6() && bits >= 96 {
+			addr, bits = addr.Unmap(), bits-96
+		}
+		r := &d.slots[idx].rule
+		r.Dests = append(r.Dests, netip.PrefixFrom(addr, bits))
+		d.byKey[ruleKey{scope: key.Scope, dest: mapped(r.Dests[len(r.Dests)-1]), port: uint16(key.Port)}] = idx
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read rule keys: %w", err)
+	}
 	return nil
 }
 
@@ -382,16 +402,10 @@ func ruleFromKernel(kr *egressdRule, meta *egressdRuleMeta) Rule {
 	if i := slices.Index(name, 0); i >= 0 {
 		name = name[:i]
 	}
-	addr := netip.AddrFrom16(meta.Key.Addr)
-	bits := int(meta.Key.Prefixlen) - ruleKeyFixedBits
-	if addr.Is4In6() && bits >= 96 {
-		addr, bits = addr.Unmap(), bits-96
-	}
 	r := Rule{
 		Name:     string(name),
-		Dest:     netip.PrefixFrom(addr, bits),
-		Port:     uint16(meta.Key.Port),
-		Scope:    Scope{CgroupID: meta.Key.Scope, Level: meta.ScopeLevel},
+		Port:     uint16(meta.Port),
+		Scope:    Scope{CgroupID: meta.Scope, Level: meta.ScopeLevel},
 		Shape:    Shape(kr.Shape),
 		Limit:    kr.Limit,
 		Shadow:   kr.Flags&flagShadow != 0,
@@ -437,8 +451,7 @@ func (r *Rule) kernel(gen, epoch uint32) egressdRule {
 	return kr
 }
 
-func (r *Rule) kernelKey() egressdRuleKey {
-	k := r.key()
+func (k ruleKey) kernel() egressdRuleKey {
 	return egressdRuleKey{
 		Prefixlen: uint32(ruleKeyFixedBits + k.dest.Bits()),
 		Port:      uint32(k.port),
@@ -448,7 +461,7 @@ func (r *Rule) kernelKey() egressdRuleKey {
 }
 
 func (r *Rule) kernelMeta() egressdRuleMeta {
-	m := egressdRuleMeta{Key: r.kernelKey(), ScopeLevel: r.Scope.Level}
+	m := egressdRuleMeta{Scope: r.Scope.CgroupID, ScopeLevel: r.Scope.Level, Port: uint32(r.Port)}
 	copy(m.Name[:], r.Name)
 	return m
 }
@@ -459,9 +472,9 @@ func restartsState(old, new *Rule) bool {
 	return old.Shape != new.Shape || old.Segments != new.Segments || old.Window != new.Window
 }
 
-// Put creates a rule, or changes the rule of that name. A change that keeps
-// the rule's scope, destination and port keeps its counts; one that moves
-// it starts it afresh.
+// Put creates a rule, or changes the rule of that name in place: its counts
+// carry on whatever changes, and connections it admitted before give their
+// slots back to it.
 func (d *Datapath) Put(r Rule) error {
 	return d.PutMany([]Rule{r})
 }
@@ -469,6 +482,47 @@ func (d *Datapath) Put(r Rule) error {
 // PutMany applies many rules with batched map writes. Every rule is
 // checked before anything is written; on a problem nothing changes.
 func (d *Datapath) PutMany(rules []Rule) error {
+	if err := validateAll(rules); err != nil {
+		return err
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	plan, taken, err := d.plan(rules, nil)
+	if err != nil {
+		return err
+	}
+	return d.apply(plan, taken)
+}
+
+// Sync makes rules the whole rule set: rules of other names are deleted,
+// the rest put, all checked first and written together, so that a policy
+// reload either applies whole or changes nothing.
+func (d *Datapath) Sync(rules []Rule) error {
+	if err := validateAll(rules); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	keep := map[string]bool{}
+	for _, r := range rules {
+		keep[r.Name] = true
+	}
+	var gone []uint32
+	for name, idx := range d.byName {
+		if !keep[name] {
+			gone = append(gone, idx)
+		}
+	}
+	slices.Sort(gone)
+	plan, taken, err := d.plan(rules, gone)
+	if err != nil {
+		return err
+	}
+	return d.apply(plan, taken)
+}
+
+func validateAll(rules []Rule) error {
 	var errs []error
 	seen := map[string]bool{}
 	for i, r := range rules {
@@ -480,17 +534,7 @@ func (d *Datapath) PutMany(rules []Rule) error {
 		}
 		seen[r.Name] = true
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	plan, taken, err := d.plan(rules)
-	if err != nil {
-		return err
-	}
-	return d.apply(plan, taken)
+	return errors.Join(errs...)
 }
 
 // change is one slot write.
@@ -501,38 +545,53 @@ type change struct {
 	create bool // start the slot's counts afresh
 }
 
-// plan works out the slot writes for rules against the current table,
-// checking conflicts and capacity, without touching the kernel. New rules
-// take free slots from the head of the queue; taken says how many.
-func (d *Datapath) plan(rules []Rule) (changes []change, taken int, err error) {
-	keys := map[ruleKey]string{}
+// plan works out the slot writes that put rules and delete the slots in
+// gone, checking conflicts and capacity, without touching the kernel. New
+// rules take free slots from the head of the queue; taken says how many.
+func (d *Datapath) plan(rules []Rule, gone []uint32) (changes []change, taken int, err error) {
+	inBatch := map[string]bool{}
+	for _, r := range rules {
+		inBatch[r.Name] = true
+	}
+	for _, idx := range gone {
+		old := d.slots[idx]
+		inBatch[old.rule.Name] = true
+		changes = append(changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
+	}
+	claimed := map[ruleKey]string{}
 	gen := d.nextGen
 	var errs []error
 	for _, r := range rules {
 		r = r.withDefaults()
-		k := r.key()
-		if other, ok := keys[k]; ok {
-			errs = append(errs, fmt.Errorf("rule %s: %w: same scope, destination and port as %s", r.Name, ErrConflict, other))
-			continue
+		conflict := false
+		for _, k := range r.keys() {
+			other, ok := claimed[k]
+			if !ok {
+				// A key held by a rule outside the batch stays held; one
+				// held by a rule in the batch is free unless it claims
+				// it again, which the claimed check catches.
+				if idx, held := d.byKey[k]; held && !inBatch[d.slots[idx].rule.Name] {
+					other, ok = d.slots[idx].rule.Name, true
+				}
+			}
+			if ok && other != r.Name {
+				errs = append(errs, fmt.Errorf("rule %s: %w: %v (port %d) is already rule %s's", r.Name, ErrConflict, k.dest, k.port, other))
+				conflict = true
+				break
+			}
+			claimed[k] = r.Name
 		}
-		keys[k] = r.Name
-		if idx, ok := d.byKey[k]; ok && d.slots[idx].rule.Name != r.Name && !slices.ContainsFunc(rules, func(o Rule) bool { return o.Name == d.slots[idx].rule.Name }) {
-			errs = append(errs, fmt.Errorf("rule %s: %w: same scope, destination and port as %s", r.Name, ErrConflict, d.slots[idx].rule.Name))
+		if conflict {
 			continue
 		}
 		if idx, ok := d.byName[r.Name]; ok {
 			old := d.slots[idx]
-			if old.rule.key() == k {
-				next := slot{rule: r, gen: old.gen, epoch: old.epoch, active: true}
-				if restartsState(&old.rule, &r) {
-					next.epoch++
-				}
-				changes = append(changes, change{idx: idx, old: old, new: next})
-				continue
+			next := slot{rule: r, gen: old.gen, epoch: old.epoch, active: true}
+			if restartsState(&old.rule, &r) {
+				next.epoch++
 			}
-			// Moved: retire the old slot and start a new one.
-			// Its slot is reusable only after this plan is applied.
-			changes = append(changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
+			changes = append(changes, change{idx: idx, old: old, new: next})
+			continue
 		}
 		if taken == len(d.free) {
 			errs = append(errs, fmt.Errorf("rule %s: %w (%d rules)", r.Name, ErrFull, d.cfg.MaxRules))
@@ -544,6 +603,14 @@ func (d *Datapath) plan(rules []Rule) (changes []change, taken int, err error) {
 		gen++
 	}
 	return changes, taken, errors.Join(errs...)
+}
+
+// keysOf returns the keys of an active slot.
+func keysOf(s slot) []ruleKey {
+	if !s.active {
+		return nil
+	}
+	return s.rule.keys()
 }
 
 // Delete removes a rule. Its connections stay open; their slots are given
@@ -571,11 +638,25 @@ func (d *Datapath) apply(changes []change, taken int) error {
 		ruleVals  []egressdRule
 		fresh     []uint32
 		freshHist []uint32
+		metaIdx   []uint32
 		metaVals  []egressdRuleMeta
 	)
 	for _, c := range changes {
-		if c.old.active && (!c.new.active || c.create) {
-			delKeys = append(delKeys, c.old.rule.kernelKey())
+		oldKeys, newKeys := keysOf(c.old), keysOf(c.new)
+		for _, k := range oldKeys {
+			if !slices.Contains(newKeys, k) {
+				delKeys = append(delKeys, k.kernel())
+			}
+		}
+		for _, k := range newKeys {
+			if !slices.Contains(oldKeys, k) {
+				putKeys = append(putKeys, k.kernel())
+				putSlots = append(putSlots, c.idx)
+			}
+		}
+		if c.create || (c.new.active && c.new.rule.kernelMeta() != c.old.rule.kernelMeta()) {
+			metaIdx = append(metaIdx, c.idx)
+			metaVals = append(metaVals, c.new.rule.kernelMeta())
 		}
 		ruleIdx = append(ruleIdx, c.idx)
 		if c.new.active {
@@ -588,9 +669,6 @@ func (d *Datapath) apply(changes []change, taken int) error {
 		if c.create {
 			fresh = append(fresh, c.idx)
 			freshHist = append(freshHist, c.idx*uint32(egressdSampleKindSAMPLE_LEN), c.idx*uint32(egressdSampleKindSAMPLE_LEN)+1)
-			metaVals = append(metaVals, c.new.rule.kernelMeta())
-			putKeys = append(putKeys, c.new.rule.kernelKey())
-			putSlots = append(putSlots, c.idx)
 		}
 	}
 
@@ -609,7 +687,9 @@ func (d *Datapath) apply(changes []change, taken int) error {
 		if _, err := d.objs.Latency.BatchUpdate(freshHist, make([]egressdHist, len(freshHist)), nil); err != nil {
 			return fmt.Errorf("reset latency: %w", err)
 		}
-		if _, err := d.objs.RuleMetas.BatchUpdate(fresh, metaVals, nil); err != nil {
+	}
+	if len(metaIdx) > 0 {
+		if err := batchUpdate(d.objs.RuleMetas, metaIdx, metaVals); err != nil {
 			return fmt.Errorf("write rule metadata: %w", err)
 		}
 	}
@@ -622,7 +702,9 @@ func (d *Datapath) apply(changes []change, taken int) error {
 	for _, c := range changes {
 		if c.old.active {
 			delete(d.byName, c.old.rule.Name)
-			delete(d.byKey, c.old.rule.key())
+			for _, k := range c.old.rule.keys() {
+				delete(d.byKey, k)
+			}
 		}
 		if c.old.active && !c.new.active {
 			d.free = append(d.free, c.idx)
@@ -636,7 +718,9 @@ func (d *Datapath) apply(changes []change, taken int) error {
 	for _, c := range changes {
 		if c.new.active {
 			d.byName[c.new.rule.Name] = c.idx
-			d.byKey[c.new.rule.key()] = c.idx
+			for _, k := range c.new.rule.keys() {
+				d.byKey[k] = c.idx
+			}
 		}
 	}
 

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) {
 
 // runDatapath is a daemon stand-in: it opens the datapath pinned at
 // args[1] on cgroup args[0], applies a concurrency limit of args[3] to
-// args[2], says "ready" and waits to be killed.
+// the prefixes args[2] (comma-separated), says "ready" and waits to be killed.
 func runDatapath(args []string) error {
 	limit, err := strconv.Atoi(args[3])
 	if err != nil {
@@ -37,7 +38,11 @@ func runDatapath(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := d.Put(Rule{Name: "restart", Dest: netip.MustParsePrefix(args[2]), Limit: uint32(limit)}); err != nil {
+	var dests []netip.Prefix
+	for _, p := range strings.Split(args[2], ",") {
+		dests = append(dests, netip.MustParsePrefix(p))
+	}
+	if err := d.Put(Rule{Name: "restart", Dests: dests, Limit: uint32(limit)}); err != nil {
 		return err
 	}
 	fmt.Println("ready")

@@ -36,7 +36,7 @@ func TestTokenBucket(t *testing.T) {
 	// A burst of a second's worth rides out scheduling stalls shorter than
 	// a second without losing tokens to the cap.
 	const rate, burst = 200, 200
-	put(t, d, Rule{Name: "bucket", Dest: netip.PrefixFrom(srv.Addr(), 32), Port: srv.Port(), Shape: ShapePerSecond, Limit: rate, Burst: burst})
+	put(t, d, Rule{Name: "bucket", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Shape: ShapePerSecond, Limit: rate, Burst: burst})
 
 	const period = 2 * time.Second
 	admitted := 0
@@ -70,7 +70,7 @@ func TestSlidingWindow(t *testing.T) {
 	privtest.Join(t, cg)
 	const permits, segments, window = 10, 4, 1600 * time.Millisecond
 	const seg = window / segments
-	put(t, d, Rule{Name: "window", Dest: netip.PrefixFrom(srv.Addr(), 32), Port: srv.Port(), Shape: ShapePerWindow, Limit: permits, Window: window, Segments: segments})
+	put(t, d, Rule{Name: "window", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Shape: ShapePerWindow, Limit: permits, Window: window, Segments: segments})
 	events, err := d.Refusals()
 	if err != nil {
 		t.Fatal(err)

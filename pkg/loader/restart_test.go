@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -23,7 +24,7 @@ func TestRestartAdoptsPins(t *testing.T) {
 	srv := listen(t, "tcp4", "127.0.0.1:0")
 	const limit = 2
 
-	daemon := privtest.Spawn(t, cg, "datapath", cg, pins, "127.0.0.1/32", "2")
+	daemon := privtest.Spawn(t, cg, "datapath", cg, pins, "127.0.0.1/32,::1/128", "2")
 	if line := daemon.Line(t); line != "ready" {
 		t.Fatalf("datapath helper: %q", line)
 	}
@@ -50,7 +51,7 @@ func TestRestartAdoptsPins(t *testing.T) {
 		t.Fatalf("adopted %v with %d rules, want the pinned table of 64", d.Adopted(), d.MaxRules())
 	}
 	r, err := d.Rule("restart")
-	if err != nil || r.Limit != limit || r.Dest != netip.MustParsePrefix("127.0.0.1/32") {
+	if err != nil || r.Limit != limit || !slices.ContainsFunc(r.Dests, func(p netip.Prefix) bool { return p == netip.MustParsePrefix("127.0.0.1/32") }) || len(r.Dests) != 2 {
 		t.Fatalf("adopted rule %+v, %v", r, err)
 	}
 	s := stats(t, d, "restart")

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestShadowRefusesNothing(t *testing.T) {
 	d, cg := open(t)
 	srv := listen(t, "tcp4", "127.0.0.1:0")
 	privtest.Join(t, cg)
-	put(t, d, Rule{Name: "shadow", Dest: netip.PrefixFrom(srv.Addr(), 32), Limit: 1, Shadow: true})
+	put(t, d, Rule{Name: "shadow", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Limit: 1, Shadow: true})
 	events, err := d.Refusals()
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +49,7 @@ func TestRefusalErrnoAndEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	privtest.Join(t, cg)
-	put(t, d, Rule{Name: "busy", Dest: netip.PrefixFrom(srv.Addr(), 32), Port: srv.Port(), Limit: 1, Errno: syscall.EAGAIN})
+	put(t, d, Rule{Name: "busy", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1, Errno: syscall.EAGAIN})
 	events, err := d.Refusals()
 	if err != nil {
 		t.Fatal(err)
@@ -85,12 +86,12 @@ func TestSlotReuseKeepsCountsApart(t *testing.T) {
 	srv := listen(t, "tcp4", "127.0.0.1:0")
 	privtest.Join(t, cg)
 
-	put(t, d, Rule{Name: "old", Dest: netip.PrefixFrom(srv.Addr(), 32), Limit: 5})
+	put(t, d, Rule{Name: "old", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Limit: 5})
 	var held []io.Closer
 	for range 3 {
 		held = append(held, dial(t, srv))
 	}
-	if err := d.Put(Rule{Name: "extra", Dest: netip.MustParsePrefix("10.0.0.0/8"), Limit: 1}); !errors.Is(err, ErrFull) {
+	if err := d.Put(Rule{Name: "extra", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1}); !errors.Is(err, ErrFull) {
 		t.Fatalf("put into a full table: %v, want ErrFull", err)
 	}
 	if err := d.Delete("old"); err != nil {
@@ -99,7 +100,7 @@ func TestSlotReuseKeepsCountsApart(t *testing.T) {
 	if err := d.Delete("old"); !errors.Is(err, ErrUnknownRule) {
 		t.Fatalf("second delete: %v", err)
 	}
-	put(t, d, Rule{Name: "new", Dest: netip.PrefixFrom(srv.Addr(), 32), Limit: 1})
+	put(t, d, Rule{Name: "new", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Limit: 1})
 	dial(t, srv)
 	for _, c := range held {
 		c.Close()
@@ -115,42 +116,62 @@ func TestSlotReuseKeepsCountsApart(t *testing.T) {
 
 func TestRuleChanges(t *testing.T) {
 	d, cg := open(t)
-	srv := listen(t, "tcp4", "127.0.0.1:0")
+	srv := listen(t, "tcp4", "0.0.0.0:0")
 	privtest.Join(t, cg)
-	r := Rule{Name: "r", Dest: netip.PrefixFrom(srv.Addr(), 32), Limit: 2}
+	at := func(addr string) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(addr), srv.Port()) }
+	r := Rule{Name: "r", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 2}
 	put(t, d, r)
-	dial(t, srv)
+	dial(t, at("127.0.0.1"))
 
-	// Same traffic, new limit and even a new shape: counts carry on.
+	// New limit and even a new shape: counts carry on.
 	r.Shape, r.Limit = ShapePerSecond, 1
 	put(t, d, r)
 	if s := stats(t, d, "r"); s.Live != 1 || s.Admitted != 1 {
 		t.Fatalf("after a shape change %+v", s)
 	}
-	dial(t, srv)
-	dialRefused(t, srv, syscall.EPERM)
+	dial(t, at("127.0.0.1"))
+	dialRefused(t, at("127.0.0.1"), syscall.EPERM)
 
-	// Moved to other traffic: a new rule, counted from zero.
-	r.Dest = netip.MustParsePrefix("127.0.0.2/32")
+	// New destinations, as when a host name resolves anew: the rule keeps
+	// its counts, the old address is free, and the new ones share one
+	// budget.
+	r.Shape, r.Limit = ShapeConcurrency, 3
+	r.Dests = []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32"), netip.MustParsePrefix("127.0.0.3/32")}
 	put(t, d, r)
-	if s := stats(t, d, "r"); s.Admitted != 0 || s.Live != 0 {
-		t.Fatalf("after a move %+v", s)
+	if s := stats(t, d, "r"); s.Live != 2 || s.Admitted != 2 {
+		t.Fatalf("after new destinations %+v", s)
 	}
-	dial(t, srv) // no longer limited
+	dial(t, at("127.0.0.1"))
+	dial(t, at("127.0.0.2"))
+	dialRefused(t, at("127.0.0.3"), syscall.EPERM)
+	got, err := d.Rule("r")
+	if err != nil || len(got.Dests) != 2 {
+		t.Fatalf("rule %+v, %v", got, err)
+	}
 
-	// Two rules may not match the same traffic.
-	err := d.Put(Rule{Name: "twin", Dest: netip.MustParsePrefix("::ffff:127.0.0.2/128"), Limit: 1})
+	// Two rules may not match the same traffic, however it is spelt.
+	err = d.Put(Rule{Name: "twin", Dests: []netip.Prefix{netip.MustParsePrefix("::ffff:127.0.0.3/128")}, Limit: 1})
 	if !errors.Is(err, ErrConflict) {
 		t.Fatalf("twin: %v, want ErrConflict", err)
 	}
 	// Nothing of a bad batch is applied.
-	err = d.PutMany([]Rule{{Name: "fine", Dest: netip.MustParsePrefix("10.0.0.0/8"), Limit: 1}, {Name: "bad"}})
+	err = d.PutMany([]Rule{{Name: "fine", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1}, {Name: "bad"}})
 	if !errors.Is(err, ErrInvalidRule) {
 		t.Fatalf("bad batch: %v", err)
 	}
 	if _, err := d.Rule("fine"); !errors.Is(err, ErrUnknownRule) {
 		t.Fatalf("half of a bad batch applied: %v", err)
 	}
+	// A destination can move from one rule to another in one batch.
+	err = d.PutMany([]Rule{
+		{Name: "r", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, Limit: 3},
+		{Name: "taker", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.3/32")}, Limit: 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial(t, at("127.0.0.3"))
+	dialRefused(t, at("127.0.0.3"), syscall.EPERM)
 }
 
 // The per-packet programs are attached only while some rule tracks
@@ -165,11 +186,11 @@ func TestRequestProgramsFollowRules(t *testing.T) {
 		_, ok := st["egress"]
 		return ok
 	}
-	put(t, d, Rule{Name: "plain", Dest: netip.MustParsePrefix("10.0.0.0/8"), Limit: 1})
+	put(t, d, Rule{Name: "plain", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1})
 	if attached() {
 		t.Fatal("request programs attached without a rule tracking requests")
 	}
-	put(t, d, Rule{Name: "tracked", Dest: netip.MustParsePrefix("10.1.0.0/16"), Limit: 1, Requests: true})
+	put(t, d, Rule{Name: "tracked", Dests: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, Limit: 1, Requests: true})
 	if !attached() {
 		t.Fatal("request programs not attached")
 	}
@@ -202,7 +223,39 @@ func manyRules(n int) []Rule {
 	rules := make([]Rule, n)
 	for i := range rules {
 		addr := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
-		rules[i] = Rule{Name: fmt.Sprintf("r%d", i), Dest: netip.PrefixFrom(addr, 32), Port: uint16(1 + i%1000), Limit: 100}
+		rules[i] = Rule{Name: fmt.Sprintf("r%d", i), Dests: []netip.Prefix{netip.PrefixFrom(addr, 32)}, Port: uint16(1 + i%1000), Limit: 100}
 	}
 	return rules
+}
+
+// Sync replaces the whole rule set at once, or changes nothing.
+func TestSync(t *testing.T) {
+	d, _ := open(t)
+	prefix := func(s string) []netip.Prefix { return []netip.Prefix{netip.MustParsePrefix(s)} }
+	if err := d.Sync([]Rule{{Name: "a", Dests: prefix("10.0.0.0/8"), Limit: 1}, {Name: "b", Dests: prefix("10.1.0.0/16"), Limit: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	// b takes a's destination as a leaves: legal in one sync.
+	if err := d.Sync([]Rule{{Name: "b", Dests: prefix("10.0.0.0/8"), Limit: 3}, {Name: "c", Dests: prefix("10.2.0.0/16"), Limit: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		var out []string
+		for _, r := range d.Rules() {
+			out = append(out, fmt.Sprintf("%s=%d", r.Name, r.Limit))
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := names(); !slices.Equal(got, []string{"b=3", "c=4"}) {
+		t.Fatalf("after sync: %v", got)
+	}
+	// A conflict anywhere leaves everything as it was.
+	err := d.Sync([]Rule{{Name: "d", Dests: prefix("10.5.0.0/16"), Limit: 1}, {Name: "e", Dests: prefix("10.5.0.0/16"), Limit: 1}})
+	if !errors.Is(err, ErrConflict) {
+		t.Fatalf("conflicting sync: %v", err)
+	}
+	if got := names(); !slices.Equal(got, []string{"b=3", "c=4"}) {
+		t.Fatalf("after a refused sync: %v", got)
+	}
 }

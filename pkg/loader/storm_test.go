@@ -18,7 +18,7 @@ func TestStormNeverOverAdmits(t *testing.T) {
 	srv := privtest.NewStormServer(t)
 	const limit, procs = 5, 8
 	dest := netip.MustParseAddrPort(srv.Addr)
-	put(t, d, Rule{Name: "storm", Dest: netip.PrefixFrom(dest.Addr(), 32), Port: dest.Port(), Limit: limit})
+	put(t, d, Rule{Name: "storm", Dests: []netip.Prefix{netip.PrefixFrom(dest.Addr(), 32)}, Port: dest.Port(), Limit: limit})
 
 	var children []*privtest.Child
 	for range procs {

@@ -72,9 +72,10 @@ func (s Scope) HostWide() bool { return s.CgroupID == 0 }
 type Rule struct {
 	Name  string
 	Scope Scope
-	// Dest is the destination prefix; IPv4 prefixes also match the same
-	// addresses written as v4-mapped IPv6.
-	Dest netip.Prefix
+	// Dests are the destination prefixes, one budget for all of them: a
+	// host name's addresses share its limit. IPv4 prefixes also match the
+	// same addresses written as v4-mapped IPv6.
+	Dests []netip.Prefix
 	// Port is the destination port; 0 means any port.
 	Port  uint16
 	Shape Shape
@@ -96,15 +97,23 @@ type Rule struct {
 	Requests bool
 }
 
-// key identifies the traffic a rule matches; two rules may not share one.
+// MaxDests bounds the destinations of one rule.
+const MaxDests = 256
+
+// ruleKey is one (scope, destination, port) a rule matches; two rules may
+// not share one.
 type ruleKey struct {
 	scope uint64
 	dest  netip.Prefix
 	port  uint16
 }
 
-func (r *Rule) key() ruleKey {
-	return ruleKey{scope: r.Scope.CgroupID, dest: mapped(r.Dest), port: r.Port}
+func (r *Rule) keys() []ruleKey {
+	keys := make([]ruleKey, len(r.Dests))
+	for i, d := range r.Dests {
+		keys[i] = ruleKey{scope: r.Scope.CgroupID, dest: mapped(d), port: r.Port}
+	}
+	return keys
 }
 
 // mapped writes an IPv4 prefix as the v4-mapped IPv6 prefix the kernel
@@ -118,9 +127,11 @@ func mapped(p netip.Prefix) netip.Prefix {
 
 // withDefaults returns the rule as the kernel will enforce it.
 func (r Rule) withDefaults() Rule {
-	if r.Dest.IsValid() {
-		r.Dest = r.Dest.Masked()
+	dests := make([]netip.Prefix, len(r.Dests))
+	for i, d := range r.Dests {
+		dests[i] = d.Masked()
 	}
+	r.Dests = dests
 	switch r.Shape {
 	case ShapePerSecond:
 		if r.Burst == 0 {
@@ -149,8 +160,23 @@ func (r Rule) Validate() error {
 	case strings.ContainsFunc(r.Name, func(c rune) bool { return c < 0x21 || c == 0x7f }):
 		add("name has spaces or control characters")
 	}
-	if !r.Dest.IsValid() {
-		add("destination is not a valid prefix")
+	switch {
+	case len(r.Dests) == 0:
+		add("no destination")
+	case len(r.Dests) > MaxDests:
+		add("%d destinations, more than %d", len(r.Dests), MaxDests)
+	}
+	seen := map[netip.Prefix]bool{}
+	for _, d := range r.Dests {
+		if !d.IsValid() {
+			add("destination %v is not a valid prefix", d)
+			continue
+		}
+		if m := mapped(d.Masked()); seen[m] {
+			add("destination %v given twice", d)
+		} else {
+			seen[m] = true
+		}
 	}
 	if r.Scope.CgroupID != 0 && (r.Scope.Level == 0 || r.Scope.Level > 15) {
 		add("scope level %d is outside 1..15", r.Scope.Level)

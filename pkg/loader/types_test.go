@@ -16,18 +16,18 @@ func TestRuleValidate(t *testing.T) {
 		rule Rule
 		want []string // substrings, one per problem
 	}{
-		{"concurrency", Rule{Name: "a", Dest: dest, Limit: 1}, nil},
-		{"per second", Rule{Name: "a", Dest: dest, Shape: ShapePerSecond, Limit: 10, Burst: 20}, nil},
-		{"per window", Rule{Name: "a", Dest: dest, Shape: ShapePerWindow, Limit: 10, Window: time.Second}, nil},
-		{"errno", Rule{Name: "a", Dest: dest, Limit: 1, Errno: syscall.ECONNREFUSED}, nil},
+		{"concurrency", Rule{Name: "a", Dests: []netip.Prefix{dest}, Limit: 1}, nil},
+		{"per second", Rule{Name: "a", Dests: []netip.Prefix{dest}, Shape: ShapePerSecond, Limit: 10, Burst: 20}, nil},
+		{"per window", Rule{Name: "a", Dests: []netip.Prefix{dest}, Shape: ShapePerWindow, Limit: 10, Window: time.Second}, nil},
+		{"errno", Rule{Name: "a", Dests: []netip.Prefix{dest}, Limit: 1, Errno: syscall.ECONNREFUSED}, nil},
 		{"everything wrong", Rule{Name: "has space", Shape: ShapePerWindow, Burst: 3, Window: time.Millisecond, Segments: 40, Errno: syscall.ENOENT},
-			[]string{"spaces", "destination", "limit", "burst", "segments 40", "shorter than", "errno"}},
-		{"empty name", Rule{Dest: dest, Limit: 1}, []string{"name is empty"}},
-		{"long name", Rule{Name: strings.Repeat("n", 64), Dest: dest, Limit: 1}, []string{"longer than 63"}},
-		{"rate too high", Rule{Name: "a", Dest: dest, Shape: ShapePerSecond, Limit: MaxRate + 1}, []string{"rate"}},
-		{"concurrency with window", Rule{Name: "a", Dest: dest, Limit: 1, Window: time.Second}, []string{"no burst, window"}},
-		{"scope level", Rule{Name: "a", Dest: dest, Limit: 1, Scope: Scope{CgroupID: 7}}, []string{"scope level 0"}},
-		{"unknown shape", Rule{Name: "a", Dest: dest, Limit: 1, Shape: 9}, []string{"unknown shape"}},
+			[]string{"spaces", "no destination", "limit", "burst", "segments 40", "shorter than", "errno"}},
+		{"empty name", Rule{Dests: []netip.Prefix{dest}, Limit: 1}, []string{"name is empty"}},
+		{"long name", Rule{Name: strings.Repeat("n", 64), Dests: []netip.Prefix{dest}, Limit: 1}, []string{"longer than 63"}},
+		{"rate too high", Rule{Name: "a", Dests: []netip.Prefix{dest}, Shape: ShapePerSecond, Limit: MaxRate + 1}, []string{"rate"}},
+		{"concurrency with window", Rule{Name: "a", Dests: []netip.Prefix{dest}, Limit: 1, Window: time.Second}, []string{"no burst, window"}},
+		{"scope level", Rule{Name: "a", Dests: []netip.Prefix{dest}, Limit: 1, Scope: Scope{CgroupID: 7}}, []string{"scope level 0"}},
+		{"unknown shape", Rule{Name: "a", Dests: []netip.Prefix{dest}, Limit: 1, Shape: 9}, []string{"unknown shape"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,21 +52,21 @@ func TestRuleValidate(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	r := Rule{Dest: netip.MustParsePrefix("10.1.2.3/8"), Shape: ShapePerSecond, Limit: 50}.withDefaults()
-	if r.Burst != 50 || r.Errno != syscall.EPERM || r.Dest != netip.MustParsePrefix("10.0.0.0/8") {
+	r := Rule{Dests: []netip.Prefix{netip.MustParsePrefix("10.1.2.3/8")}, Shape: ShapePerSecond, Limit: 50}.withDefaults()
+	if r.Burst != 50 || r.Errno != syscall.EPERM || r.Dests[0] != netip.MustParsePrefix("10.0.0.0/8") {
 		t.Fatalf("per second defaults: %+v", r)
 	}
-	w := Rule{Shape: ShapePerWindow, Limit: 5, Window: time.Second, Dest: netip.MustParsePrefix("::/0")}.withDefaults()
+	w := Rule{Shape: ShapePerWindow, Limit: 5, Window: time.Second, Dests: []netip.Prefix{netip.MustParsePrefix("::/0")}}.withDefaults()
 	if w.Segments != DefaultSegments {
 		t.Fatalf("per window defaults: %+v", w)
 	}
 }
 
 func TestIPv4MatchesMapped(t *testing.T) {
-	a := Rule{Dest: netip.MustParsePrefix("10.0.0.0/8")}
-	b := Rule{Dest: netip.MustParsePrefix("::ffff:10.0.0.0/104")}
-	if a.key() != b.key() {
-		t.Fatalf("keys differ: %+v %+v", a.key(), b.key())
+	a := Rule{Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	b := Rule{Dests: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}}
+	if a.keys()[0] != b.keys()[0] {
+		t.Fatalf("keys differ: %+v %+v", a.keys(), b.keys())
 	}
 }
 

@@ -172,7 +172,6 @@ func (c checker) count(path string, v, most int) {
 const minSegment = time.Millisecond
 
 func (c checker) check(r Rule) {
-	_, isHost := r.Destination.Host()
 	switch {
 	case r.Name == "":
 		c.add("name", "name is missing")
@@ -182,10 +181,6 @@ func (c checker) check(r Rule) {
 		c.add("name", "name is longer than %d bytes", loader.MaxNameLen)
 	case strings.ContainsFunc(r.Name, func(ch rune) bool { return ch == ' ' || !unicode.IsPrint(ch) }):
 		c.add("name", "name has whitespace or unprintable characters")
-	case strings.Contains(r.Name, "#"):
-		c.add("name", "name has '#', which kernel rule names use to add an address")
-	case isHost && len(r.Name) > maxHostName:
-		c.add("name", "name is longer than %d bytes, the most for a host name destination (its kernel rules add an address)", maxHostName)
 	}
 	if r.Destination == (Destination{}) {
 		c.add("destination", "destination is missing")

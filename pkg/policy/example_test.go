@@ -26,18 +26,26 @@ func ExampleParse() {
 	// line 8:26: rule email: perSecond.permits must be at least 1
 }
 
-func ExampleRule_LoaderRules() {
+func ExampleRule_LoaderRule() {
 	p, err := policy.Parse([]byte(`rules:
-  - {name: email, destination: smtp.example.com, port: 25, perSecond: {permits: 10}}
+  - {name: email, destination: smtp.example.com, port: 25, concurrency: 50}
 `))
 	if err != nil {
 		panic(err)
 	}
-	resolved := []netip.Addr{netip.MustParseAddr("192.0.2.25"), netip.MustParseAddr("2001:db8::25")}
-	for _, r := range p.Rules[0].LoaderRules(loader.Scope{}, resolved) {
-		fmt.Println(r.Name, r.Dest, r.Port, r.Shape, r.Limit, policy.RuleName(r.Name))
+	// What the name resolved to, one address written twice.
+	resolved := []netip.Addr{
+		netip.MustParseAddr("2001:db8::25"),
+		netip.MustParseAddr("192.0.2.25"),
+		netip.MustParseAddr("::ffff:192.0.2.25"),
+		netip.MustParseAddr("192.0.2.26"),
 	}
+	r := p.Rules[0].LoaderRule(loader.Scope{}, resolved)
+	fmt.Println(r.Name, r.Dests, r.Port, r.Shape, r.Limit, r.Validate())
+	// Before the name resolves there is nothing to install.
+	r = p.Rules[0].LoaderRule(loader.Scope{}, nil)
+	fmt.Println(r.Name, r.Dests, r.Validate() != nil)
 	// Output:
-	// email#192.0.2.25 192.0.2.25/32 25 per_second 10 email
-	// email#2001:db8::25 2001:db8::25/128 25 per_second 10 email
+	// email [192.0.2.25/32 192.0.2.26/32 2001:db8::25/128] 25 concurrency 50 <nil>
+	// email [] true
 }

@@ -12,7 +12,8 @@ import (
 // FuzzParse holds Parse to what the daemon relies on, for any input: it
 // never panics; a refusal is an [*Error] with at least one problem; and a
 // policy it accepts validates, survives Format and Parse unchanged, and
-// gives kernel rules the loader accepts, with distinct names.
+// gives one kernel rule per rule, named as the rule, that the loader accepts
+// once it has a destination.
 //
 //	go test -run '^$' -fuzz FuzzParse -fuzztime 60s ./pkg/policy/
 func FuzzParse(f *testing.F) {
@@ -31,9 +32,12 @@ func FuzzParse(f *testing.F) {
 	for _, s := range seeds {
 		f.Add([]byte(s))
 	}
+	// One name's answer: three addresses, one of them written twice.
 	addrs := []netip.Addr{
-		netip.MustParseAddr("192.0.2.1"),
 		netip.MustParseAddr("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"),
+		netip.MustParseAddr("192.0.2.1"),
+		netip.MustParseAddr("::ffff:192.0.2.1"),
+		netip.MustParseAddr("fe80::1%eth0"),
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse(data)
@@ -58,16 +62,24 @@ func FuzzParse(f *testing.F) {
 		if !reflect.DeepEqual(again, p) {
 			t.Fatalf("Parse(Format(p)) = %+v, want %+v\n%s", again, p, out)
 		}
-		names := map[string]bool{}
 		for _, r := range p.Rules {
-			for _, kr := range r.LoaderRules(loader.Scope{}, addrs) {
-				if err := kr.Validate(); err != nil {
-					t.Fatalf("the loader refuses a kernel rule of %+v: %v", r, err)
-				}
-				if names[kr.Name] {
-					t.Fatalf("two kernel rules named %q", kr.Name)
-				}
-				names[kr.Name] = true
+			_, isHost := r.Destination.Host()
+			kr := r.LoaderRule(loader.Scope{}, addrs)
+			if kr.Name != r.Name {
+				t.Fatalf("kernel rule of %q is named %q", r.Name, kr.Name)
+			}
+			if isHost && len(kr.Dests) != 3 || !isHost && len(kr.Dests) != 1 {
+				t.Fatalf("kernel rule of %+v has Dests %v", r, kr.Dests)
+			}
+			if err := kr.Validate(); err != nil {
+				t.Fatalf("the loader refuses the kernel rule of %+v: %v", r, err)
+			}
+			unresolved := r.LoaderRule(loader.Scope{}, nil)
+			if isHost && (len(unresolved.Dests) != 0 || unresolved.Validate() == nil) {
+				t.Fatalf("kernel rule of unresolved %+v: Dests %v, loader accepts it", r, unresolved.Dests)
+			}
+			if !isHost && !reflect.DeepEqual(unresolved, kr) {
+				t.Fatalf("kernel rule of %+v depends on addresses it should ignore", r)
 			}
 		}
 	})

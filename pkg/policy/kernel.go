@@ -2,10 +2,8 @@ package policy
 
 import (
 	"cmp"
-	"encoding/base64"
 	"net/netip"
 	"slices"
-	"strings"
 	"syscall"
 
 	"github.com/egressd/egressd/pkg/adaptive"
@@ -25,40 +23,42 @@ var errnos = map[string]syscall.Errno{
 	"ETIMEDOUT":    syscall.ETIMEDOUT,
 }
 
-// maxHostName is the longest name a rule with a host name destination may
-// have: its kernel rules add '#' and an address of up to 22 bytes.
-const maxHostName = loader.MaxNameLen - 1 - 22
-
-// LoaderRules returns the kernel rules that enforce r, a rule of a valid
-// policy, for the cgroup the daemon resolved r.Scope to.
+// LoaderRule returns the kernel rule that enforces r, a rule of a valid
+// policy, for the cgroup the daemon resolved r.Scope to. The kernel rule is
+// named r.Name, whatever the destination.
 //
-// A prefix destination gives one kernel rule named r.Name, and addrs is
-// ignored. A host name gives one kernel rule per address in addrs (what it
-// resolved to; duplicates and v4-mapped spellings count once), named
-// NAME#ADDRESS — "email#192.0.2.25", "api#2001:db8::1" — or, for an IPv6
-// address too long to fit in 63 bytes, NAME# and the address's 16 bytes in
-// unpadded base64url. A kernel rule's name depends only on the rule and its
-// address, so re-resolving keeps the rules of addresses that stayed, and
-// their counts; [RuleName] maps a kernel name back.
+// A prefix destination gives Dests of that one prefix, and addrs is ignored.
+// A host name gives one /32 or /128 in Dests per address in addrs (what the
+// name resolved to). Addresses are unmapped and lose their zones, so
+// duplicates and v4-mapped spellings (::ffff:192.0.2.25 and 192.0.2.25)
+// count once, and are sorted (IPv4 before IPv6), so the same answer in any
+// order gives the same rule. At most [loader.MaxDests] addresses are kept,
+// the first in that order; a name resolving to more is limited only on
+// those, and connections to the rest are not limited by this rule.
 //
-// Each address gets the whole limit: the kernel counts per rule, so a
-// concurrency of 50 on a name with three addresses admits up to 150
-// connections in all.
+// All of a rule's destinations share its one budget: a concurrency of 50 on
+// a name with three addresses admits 50 connections in all, however they
+// spread over the addresses.
+//
+// With no valid address in addrs — a name that has not resolved — the rule
+// has no Dests and loader.Rule.Validate refuses it: the daemon must not
+// install it until the name resolves. Otherwise the rule passes
+// loader.Rule.Validate.
 //
 // An adaptive rule is a concurrency rule that starts at its Initial limit
 // and sends latency samples; the daemon moves the limit from there.
-func (r Rule) LoaderRules(scope loader.Scope, addrs []netip.Addr) []loader.Rule {
-	base := loader.Rule{
+func (r Rule) LoaderRule(scope loader.Scope, addrs []netip.Addr) loader.Rule {
+	kr := loader.Rule{
 		Name:   r.Name,
 		Scope:  scope,
 		Port:   r.Port,
 		Shadow: r.Shadow,
 		Errno:  errnos[r.Errno],
 	}
-	r.Limit.kernel(&base)
+	r.Limit.kernel(&kr)
 	if p, ok := r.Destination.Prefix(); ok {
-		base.Dest = p
-		return []loader.Rule{base}
+		kr.Dests = []netip.Prefix{p}
+		return kr
 	}
 	var unique []netip.Addr
 	for _, a := range addrs {
@@ -68,32 +68,11 @@ func (r Rule) LoaderRules(scope loader.Scope, addrs []netip.Addr) []loader.Rule 
 	}
 	slices.SortFunc(unique, netip.Addr.Compare)
 	unique = slices.Compact(unique)
-	rules := make([]loader.Rule, len(unique))
-	for i, a := range unique {
-		rules[i] = base
-		rules[i].Name = addressName(r.Name, a)
-		rules[i].Dest = netip.PrefixFrom(a, a.BitLen())
+	unique = unique[:min(len(unique), loader.MaxDests)]
+	for _, a := range unique {
+		kr.Dests = append(kr.Dests, netip.PrefixFrom(a, a.BitLen()))
 	}
-	return rules
-}
-
-// addressName names the kernel rule of one address of a host name rule.
-// The base64 form cannot be mistaken for an address: it has neither '.' nor
-// ':'.
-func addressName(name string, a netip.Addr) string {
-	if n := name + "#" + a.String(); len(n) <= loader.MaxNameLen {
-		return n
-	}
-	b := a.As16()
-	return name + "#" + base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// RuleName returns the policy rule a kernel rule belongs to, for attributing
-// refusals and samples: kernel names of host name rules carry an address
-// after '#', which policy names never contain.
-func RuleName(kernelName string) string {
-	name, _, _ := strings.Cut(kernelName, "#")
-	return name
+	return kr
 }
 
 func (c Concurrency) kernel(r *loader.Rule) {

@@ -21,9 +21,9 @@ type Policy struct {
 // Rules are comparable with ==, which is how a reload tells a changed rule
 // from an unchanged one whose counts it must keep.
 type Rule struct {
-	// Name identifies the rule in the CLI, metrics and refusal events:
-	// at most 63 bytes (40 for a host name destination, see
-	// [Rule.LoaderRules]), no whitespace, no '#'.
+	// Name identifies the rule in the CLI, metrics and refusal events,
+	// and names its kernel rule ([Rule.LoaderRule]): at most 63 bytes of
+	// UTF-8, no whitespace or unprintable characters.
 	Name        string
 	Destination Destination
 	// Port is the destination port; 0 means any port.
@@ -109,8 +109,9 @@ func (a Adaptive) Options() adaptive.Options {
 }
 
 // Destination is where a rule's connections go: a prefix (a single address
-// is a /32 or /128) or a host name the daemon resolves and re-resolves. The
-// zero Destination is no destination.
+// is a /32 or /128) or a host name the daemon resolves and re-resolves, whose
+// addresses share the rule's one limit. The zero Destination is no
+// destination.
 type Destination struct {
 	prefix netip.Prefix
 	host   string

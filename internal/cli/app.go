@@ -1,0 +1,92 @@
+// Package cli is egressd's command line: one file per subcommand, all
+// talking to the daemon through one client.
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/egressd/egressd/pkg/control"
+)
+
+// Version is set at build time (-ldflags "-X ...cli.Version=v1.2.3").
+var Version = "dev"
+
+// App builds the command line.
+func App() *cli.App {
+	return &cli.App{
+		Name:                 "egressd",
+		Usage:                "bound the outbound connections of a Linux host's services",
+		Version:              Version,
+		EnableBashCompletion: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "socket", Value: control.DefaultSocket, Usage: "control socket of the daemon", EnvVars: []string{"EGRESSD_SOCKET"}},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long a request to the daemon may take"},
+			&cli.BoolFlag{Name: "json", Usage: "print machine-readable JSON"},
+		},
+		Commands: []*cli.Command{
+			runCommand(),
+			limitCommand(),
+			statusCommand(),
+			eventsCommand(),
+			topCommand(),
+			policyCommand(),
+			uninstallCommand(),
+			versionCommand(),
+		},
+	}
+}
+
+// Main runs the command line and returns the process's exit code.
+func Main(args []string) int {
+	app := App()
+	app.ExitErrHandler = func(*cli.Context, error) {} // errors are printed once, below
+	if err := app.Run(nameLast(args)); err != nil {
+		var exit cli.ExitCoder
+		if errors.As(err, &exit) {
+			if msg := err.Error(); msg != "" {
+				fmt.Fprintln(os.Stderr, "egressd:", msg)
+			}
+			return exit.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "egressd:", err)
+		return 1
+	}
+	return 0
+}
+
+// client is the one way subcommands reach the daemon.
+func client(c *cli.Context) *control.Client {
+	return &control.Client{Socket: c.String("socket"), Timeout: c.Duration("timeout")}
+}
+
+// output prints v as JSON with --json, or with text otherwise.
+func output(c *cli.Context, v any, text func(w io.Writer)) error {
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	text(c.App.Writer)
+	return nil
+}
+
+// nameLast lets "limit set NAME --dest …" be written as documented: the
+// flag parser stops at the first argument, so NAME moves behind the flags.
+func nameLast(args []string) []string {
+	for i := 1; i+2 < len(args); i++ {
+		if args[i] == "limit" && args[i+1] == "set" && !strings.HasPrefix(args[i+2], "-") {
+			out := append(slices.Clone(args[:i+2]), args[i+3:]...)
+			return append(out, args[i+2])
+		}
+	}
+	return args
+}

@@ -1,0 +1,42 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/egressd/egressd/pkg/control"
+)
+
+func eventsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "events",
+		Usage: "show recent refused connections",
+		Flags: []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing refusals as they happen"}},
+		Action: func(c *cli.Context) error {
+			cl := client(c)
+			if c.Bool("follow") {
+				cl.Timeout = 0 // a follow stream lasts until interrupted
+			}
+			enc := json.NewEncoder(c.App.Writer)
+			return cl.Events(c.Context, c.Bool("follow"), func(r control.Refusal) error {
+				if c.Bool("json") {
+					return enc.Encode(r)
+				}
+				mode := "refused"
+				if r.Shadow {
+					mode = "would refuse (shadow)"
+				}
+				retry := ""
+				if r.RetryAfterSeconds > 0 {
+					retry = ", retry after " + seconds(r.RetryAfterSeconds)
+				}
+				_, err := fmt.Fprintf(c.App.Writer, "%s %s pid %d -> %s by rule %s (%s%s)\n",
+					r.Time.Format(time.RFC3339Nano), mode, r.PID, r.Dest, r.Rule, r.Shape, retry)
+				return err
+			})
+		},
+	}
+}

@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+func policyCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "policy",
+		Usage: "check a policy file, or make the daemon read its own again",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "check",
+				Usage:     "list every problem in a policy file (no daemon needed); exits 1 if there is one",
+				ArgsUsage: "FILE",
+				Action: func(c *cli.Context) error {
+					file, err := oneArg(c, "FILE")
+					if err != nil {
+						return err
+					}
+					_, err = policy.Load(file)
+					var pe *policy.Error
+					switch {
+					case errors.As(err, &pe):
+						problems := pe.Problems
+						if c.Bool("json") {
+							output(c, control.PolicyCheck{Problems: splitLines(pe.Error())}, nil)
+						} else {
+							fmt.Fprint(c.App.ErrWriter, pe.Error())
+							if len(pe.Error()) > 0 && pe.Error()[len(pe.Error())-1] != '\n' {
+								fmt.Fprintln(c.App.ErrWriter)
+							}
+						}
+						return cli.Exit(fmt.Sprintf("%s: %d problem(s)", file, len(problems)), 1)
+					case errors.Is(err, os.ErrNotExist):
+						return cli.Exit(err.Error(), 1)
+					case err != nil:
+						return err
+					}
+					return output(c, control.PolicyCheck{OK: true}, func(w io.Writer) { fmt.Fprintf(w, "%s: ok\n", file) })
+				},
+			},
+			{
+				Name:  "reload",
+				Usage: "make the daemon read its policy file again; a bad file changes nothing",
+				Action: func(c *cli.Context) error {
+					r, err := client(c).ReloadPolicy(c.Context)
+					if err != nil {
+						return err
+					}
+					return output(c, r, func(w io.Writer) { fmt.Fprintln(w, "policy reloaded") })
+				},
+			},
+		},
+	}
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := range len(s) {
+		if s[i] == '\n' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}

@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/egressd/egressd/internal/daemon"
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "run the daemon: load the datapath, apply the policy, serve the control API and metrics",
+		Description: "Adopts a datapath pinned by an earlier run, so enforcement never gaps across a restart. " +
+			"SIGHUP reloads the policy. On SIGTERM the datapath stays and keeps enforcing (fail-static) " +
+			"unless --detach-on-exit is given (fail-open).",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "policy", Value: daemon.DefaultPolicyFile, Usage: "policy file"},
+			&cli.StringFlag{Name: "socket", Value: control.DefaultSocket, Usage: "control socket to serve"},
+			&cli.StringFlag{Name: "cgroup", Usage: "cgroup v2 directory to attach to (default: the cgroup2 root, the whole host)"},
+			&cli.StringFlag{Name: "bpffs", Value: loader.DefaultPinDir, Usage: "bpffs directory for the datapath's pins"},
+			&cli.StringFlag{Name: "metrics", Value: daemon.DefaultMetricsAddr, Usage: "address for /metrics; empty turns it off"},
+			&cli.StringFlag{Name: "state-dir", Value: daemon.DefaultStateDir, Usage: "where limits set at run time are kept"},
+			&cli.StringFlag{Name: "socket-group", Usage: "group allowed to change limits through the socket"},
+			&cli.BoolFlag{Name: "detach-on-exit", Usage: "remove the datapath when the daemon stops (fail-open)"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+		},
+		Action: func(c *cli.Context) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+				return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return daemon.Run(ctx, daemon.Config{
+				PolicyFile:   c.String("policy"),
+				Cgroup:       c.String("cgroup"),
+				PinDir:       c.String("bpffs"),
+				Socket:       socketFlag(c),
+				SocketGroup:  c.String("socket-group"),
+				MetricsAddr:  c.String("metrics"),
+				StateDir:     c.String("state-dir"),
+				DetachOnExit: c.Bool("detach-on-exit"),
+				Version:      Version,
+				Logger:       log,
+			})
+		},
+	}
+}
+
+// socketFlag takes run's own --socket, else the global one.
+func socketFlag(c *cli.Context) string {
+	if c.IsSet("socket") {
+		return c.String("socket")
+	}
+	for _, p := range c.Lineage() {
+		if p.IsSet("socket") {
+			return p.String("socket")
+		}
+	}
+	return control.DefaultSocket
+}

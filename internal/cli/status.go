@@ -1,0 +1,45 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show the daemon's state",
+		Action: func(c *cli.Context) error {
+			s, err := client(c).Status(c.Context)
+			if err != nil {
+				return err
+			}
+			return output(c, s, func(w io.Writer) {
+				fmt.Fprintf(w, "egressd %s, up %s\n", s.Version, time.Since(s.Started).Round(time.Second))
+				fmt.Fprintf(w, "datapath: %s on %s (adopted: %v)\n", s.PinDir, orWholeHost(s.Cgroup), s.Adopted)
+				fmt.Fprintf(w, "policy: %s\n", s.PolicyFile)
+				reload := "ok"
+				if !s.LastReload.OK {
+					reload = "refused: " + s.LastReload.Error
+				}
+				fmt.Fprintf(w, "last load: %s (%s)\n", s.LastReload.Time.Format(time.RFC3339), reload)
+				fmt.Fprintf(w, "rules: %d (%d pending)\n", s.Rules, s.Pending)
+				fmt.Fprintf(w, "events lost: %d refusals, %d samples\n", s.LostRefusals, s.LostSamples)
+			})
+		},
+	}
+}
+
+func orWholeHost(cgroup string) string {
+	if cgroup == "" {
+		return "the whole host"
+	}
+	return cgroup
+}
+
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()
+}

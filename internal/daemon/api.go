@@ -1,0 +1,289 @@
+package daemon
+
+import (
+	"errors"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+func (d *Daemon) routes() map[string]control.Route {
+	get := func(h control.HandlerFunc) control.Route { return control.Route{Method: http.MethodGet, Handler: h} }
+	post := func(h control.HandlerFunc) control.Route {
+		return control.Route{Method: http.MethodPost, Write: true, Handler: h}
+	}
+	return map[string]control.Route{
+		control.RouteStatus:       get(control.JSON(d.handleStatus)),
+		control.RouteLimits:       get(control.JSON(d.handleLimits)),
+		control.RouteLimit:        get(control.JSON(d.handleLimit)),
+		control.RouteLimitSet:     post(control.JSON(d.handleSetLimit)),
+		control.RouteLimitRemove:  post(control.JSON(d.handleRemoveLimit)),
+		control.RoutePolicyReload: post(control.JSON(d.handleReload)),
+		// Checking changes nothing: readers may do it.
+		control.RoutePolicyCheck: {Method: http.MethodPost, Handler: control.JSON(d.handleCheck)},
+		control.RouteEvents:      {Method: http.MethodGet, Stream: true, Handler: d.handleEvents},
+		control.RouteRefusal:     get(control.JSON(d.handleRefusal)),
+		control.RouteUninstall:   post(control.JSON(d.handleUninstall)),
+	}
+}
+
+func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, error) {
+	lost, err := d.dp.Lost()
+	if err != nil {
+		return control.Status{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := control.Status{
+		Version:      d.cfg.Version,
+		Started:      d.started,
+		Adopted:      d.dp.Adopted(),
+		Cgroup:       d.cfg.Cgroup,
+		PinDir:       d.dp.PinDir(),
+		PolicyFile:   d.cfg.PolicyFile,
+		Rules:        len(d.entries),
+		LostRefusals: lost.Refusals,
+		LostSamples:  lost.Samples,
+		LastReload:   d.reload,
+	}
+	for _, e := range d.entries {
+		if !e.installed() {
+			s.Pending++
+		}
+	}
+	return s, nil
+}
+
+func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, error) {
+	d.mu.Lock()
+	names := make([]string, 0, len(d.entries))
+	for n := range d.entries {
+		names = append(names, n)
+	}
+	d.mu.Unlock()
+	slices.Sort(names)
+	out := []control.Limit{}
+	for _, n := range names {
+		l, err := d.limitView(n)
+		if errors.Is(err, control.ErrNotFound) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+func (d *Daemon) handleLimit(r *http.Request, _ struct{}) (control.Limit, error) {
+	name := r.URL.Query().Get("name")
+	if name == "" {
+		return control.Limit{}, control.Errorf(control.CodeInvalid, "name is required")
+	}
+	return d.limitView(name)
+}
+
+// limitView describes one rule with its kernel counts.
+func (d *Daemon) limitView(name string) (control.Limit, error) {
+	d.mu.Lock()
+	e, ok := d.entries[name]
+	d.mu.Unlock()
+	if !ok {
+		return control.Limit{}, control.Errorf(control.CodeNotFound, "rule %s: %v", name, errUnknownRule)
+	}
+	text, err := policy.Format(&policy.Policy{Rules: []policy.Rule{e.spec}})
+	if err != nil {
+		return control.Limit{}, err
+	}
+	l := control.Limit{
+		Name:         name,
+		Source:       e.source,
+		Rule:         strings.TrimPrefix(string(text), "rules:\n"),
+		Shape:        shapeName(e),
+		Shadow:       e.spec.Shadow,
+		Pending:      e.pending,
+		Destinations: []string{},
+	}
+	if !e.installed() {
+		return l, nil
+	}
+	for _, p := range e.kernel.Dests {
+		l.Destinations = append(l.Destinations, p.String())
+	}
+	st, err := d.dp.Stats(name)
+	if err != nil {
+		return control.Limit{}, err
+	}
+	kr, err := d.dp.Rule(name)
+	if err != nil {
+		return control.Limit{}, err
+	}
+	l.Limit = kr.Limit
+	l.Live, l.InFlight = st.Live, st.InFlight
+	l.Admitted, l.Refused, l.ShadowRefused = st.Admitted, st.Refused, st.ShadowRefused
+	if e.ctrl != nil {
+		if b, ok := e.ctrl.Baseline(); ok {
+			l.BaselineSeconds = b.Seconds()
+		}
+	}
+	return l, nil
+}
+
+func shapeName(e *entry) string {
+	if _, ok := e.spec.Limit.(policy.Adaptive); ok {
+		return "adaptive"
+	}
+	return e.kernel.Shape.String()
+}
+
+func (d *Daemon) handleSetLimit(r *http.Request, in control.SetLimitRequest) (control.Limit, error) {
+	p, err := policy.Parse([]byte("rules:\n" + indent(in.Rule)))
+	if err != nil {
+		return control.Limit{}, control.Errorf(control.CodeInvalid, "%v", err)
+	}
+	if len(p.Rules) != 1 {
+		return control.Limit{}, control.Errorf(control.CodeInvalid, "want exactly one rule, got %d", len(p.Rules))
+	}
+	if err := d.setRule(r.Context(), p.Rules[0]); err != nil {
+		return control.Limit{}, applyError(err)
+	}
+	return d.limitView(p.Rules[0].Name)
+}
+
+// indent makes one rule's YAML an item of a rules list.
+func indent(rule string) string {
+	lines := strings.Split(strings.TrimRight(rule, "\n"), "\n")
+	for i, l := range lines {
+		prefix := "    "
+		if i == 0 {
+			prefix = "  - "
+		}
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func (d *Daemon) handleRemoveLimit(r *http.Request, in control.NameRequest) (struct{}, error) {
+	err := d.removeRule(r.Context(), in.Name)
+	if errors.Is(err, errUnknownRule) {
+		return struct{}{}, control.Errorf(control.CodeNotFound, "rule %s: %v", in.Name, err)
+	}
+	return struct{}{}, applyError(err)
+}
+
+// applyError sorts a refused change into the client's error codes.
+func applyError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, policy.ErrInvalid), errors.Is(err, loader.ErrInvalidRule):
+		return control.Errorf(control.CodeInvalid, "%v", err)
+	case errors.Is(err, loader.ErrConflict), errors.Is(err, loader.ErrFull):
+		return control.Errorf(control.CodeConflict, "%v", err)
+	}
+	return err
+}
+
+func (d *Daemon) handleReload(r *http.Request, _ struct{}) (control.Reload, error) {
+	rl, err := d.reloadPolicy(r.Context())
+	if err != nil {
+		return rl, applyError(err)
+	}
+	return rl, nil
+}
+
+func (d *Daemon) handleCheck(r *http.Request, in control.PolicyCheckRequest) (control.PolicyCheck, error) {
+	_, err := policy.Parse([]byte(in.Policy))
+	var pe *policy.Error
+	switch {
+	case err == nil:
+		return control.PolicyCheck{OK: true}, nil
+	case errors.As(err, &pe):
+		return control.PolicyCheck{Problems: strings.Split(strings.TrimSpace(pe.Error()), "\n")}, nil
+	}
+	return control.PolicyCheck{}, err
+}
+
+func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
+	follow, _ := strconv.ParseBool(r.URL.Query().Get("follow"))
+	var live <-chan loader.Refusal
+	if follow {
+		ch, cancel := d.events.follow()
+		defer cancel()
+		live = ch
+	}
+	sw, err := control.NewStreamWriter(w)
+	if err != nil {
+		return err
+	}
+	for _, e := range d.events.recent() {
+		if err := sw.Send(refusalView(e)); err != nil {
+			return err
+		}
+	}
+	if !follow {
+		return nil
+	}
+	for {
+		select {
+		case <-r.Context().Done():
+			return r.Context().Err()
+		case e, ok := <-live:
+			if !ok {
+				return nil
+			}
+			if err := sw.Send(refusalView(e)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func refusalView(e loader.Refusal) control.Refusal {
+	return control.Refusal{
+		Time:              e.Time,
+		PID:               e.PID,
+		Cgroup:            e.Cgroup,
+		Rule:              e.Rule,
+		Dest:              e.Dest.String(),
+		Shape:             e.Shape.String(),
+		Shadow:            e.Shadow,
+		RetryAfterSeconds: e.RetryAfter.Seconds(),
+	}
+}
+
+func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution, error) {
+	q := r.URL.Query()
+	pid, err := strconv.ParseUint(q.Get("pid"), 10, 32)
+	if err != nil {
+		return control.Attribution{}, control.Errorf(control.CodeInvalid, "pid: %v", err)
+	}
+	dest, err := netip.ParseAddrPort(q.Get("dest"))
+	if err != nil {
+		return control.Attribution{}, control.Errorf(control.CodeInvalid, "dest: %v", err)
+	}
+	// A reader learns about its own connections only.
+	if control.AccessFrom(r.Context()) != control.AccessWrite {
+		if p, ok := control.PeerFrom(r.Context()); !ok || uint32(p.PID) != uint32(pid) {
+			return control.Attribution{}, control.Errorf(control.CodeForbidden, "may ask only about your own process")
+		}
+	}
+	e, ok := d.attribute(r.Context(), uint32(pid), netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
+	if !ok {
+		return control.Attribution{}, nil
+	}
+	return control.Attribution{Refused: true, Rule: e.Rule, RetryAfterSeconds: e.RetryAfter.Seconds()}, nil
+}
+
+func (d *Daemon) handleUninstall(r *http.Request, _ struct{}) (struct{}, error) {
+	d.log.Warn("uninstall requested: detaching and exiting")
+	d.requestStop()
+	return struct{}{}, nil
+}

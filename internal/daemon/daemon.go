@@ -1,0 +1,240 @@
+// Package daemon is egressd run: it keeps the kernel datapath's rules equal
+// to the policy file plus the changes made at run time, moves adaptive
+// limits, serves the control API and the metrics, and follows refusals.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// Defaults for Config.
+const (
+	DefaultPolicyFile  = "/etc/egressd/policy.yaml"
+	DefaultStateDir    = "/var/lib/egressd"
+	DefaultMetricsAddr = "127.0.0.1:9464"
+	DefaultRefresh     = 30 * time.Second
+)
+
+// Config is how egressd run was started.
+type Config struct {
+	// PolicyFile is read at start and on reload. A missing file is an
+	// empty policy only when it is the default path.
+	PolicyFile string
+	// Cgroup is where the datapath attaches; empty is the cgroup2 root.
+	Cgroup string
+	// PinDir is the bpffs directory of the datapath's pins.
+	PinDir string
+	// Socket is the control socket; SocketGroup may write to it.
+	Socket      string
+	SocketGroup string
+	// MetricsAddr serves /metrics; empty turns it off.
+	MetricsAddr string
+	// StateDir keeps the changes made at run time.
+	StateDir string
+	// DetachOnExit removes the datapath when the daemon stops (fail-open);
+	// by default it stays and keeps enforcing (fail-static).
+	DetachOnExit bool
+	// Refresh is how often host names and units are looked up again.
+	Refresh time.Duration
+	Version string
+	Logger  *slog.Logger
+	// Ready is called once the daemon serves (sd_notify READY=1).
+	Ready func()
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.PolicyFile == "" {
+		out.PolicyFile = DefaultPolicyFile
+	}
+	if out.StateDir == "" {
+		out.StateDir = DefaultStateDir
+	}
+	if out.Socket == "" {
+		out.Socket = control.DefaultSocket
+	}
+	if out.Refresh == 0 {
+		out.Refresh = DefaultRefresh
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.Ready == nil {
+		out.Ready = func() {}
+	}
+	return out
+}
+
+// Daemon is one running egressd.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	dp      *loader.Datapath
+	started time.Time
+
+	mu        sync.Mutex
+	policy    *policy.Policy
+	overrides overrides
+	entries   map[string]*entry
+	reload    control.Reload
+
+	events   *eventLog
+	metrics  *metrics
+	stop     chan struct{} // closed by an uninstall request
+	stopOnce sync.Once
+}
+
+// Run runs the daemon until ctx ends, SIGTERM or SIGINT arrives, or an
+// uninstall request. SIGHUP reloads the policy.
+func Run(ctx context.Context, cfg Config) error {
+	c := cfg.withDefaults()
+	d := &Daemon{cfg: c, log: c.Logger, started: time.Now(), entries: map[string]*entry{}, stop: make(chan struct{})}
+	d.events = newEventLog()
+	d.metrics = newMetrics(d)
+
+	pol, err := d.loadPolicyFile()
+	if err != nil {
+		return err
+	}
+	if d.overrides, err = loadOverrides(c.StateDir); err != nil {
+		return err
+	}
+	dp, err := loader.Open(&loader.Config{Cgroup: c.Cgroup, PinDir: c.PinDir})
+	if err != nil {
+		return fmt.Errorf("datapath: %w", err)
+	}
+	d.dp = dp
+	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", c.Cgroup)
+
+	if err := d.install(ctx, pol); err != nil {
+		dp.Close()
+		return fmt.Errorf("apply policy: %w", err)
+	}
+
+	srv, err := control.NewServer(control.Config{Socket: c.Socket, Group: c.SocketGroup, Routes: d.routes(), Logger: d.log})
+	if err != nil {
+		dp.Close()
+		return err
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		dp.Close()
+		return err
+	}
+	var metricsLn net.Listener
+	if c.MetricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", c.MetricsAddr); err != nil {
+			ln.Close()
+			dp.Close()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { d.followRefusals(ctx) })
+	wg.Go(func() { d.followSamples(ctx) })
+	wg.Go(func() { d.refreshLoop(ctx) })
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil {
+			d.log.Error("control server", "err", err)
+		}
+	})
+	var metricsSrv *http.Server
+	if metricsLn != nil {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(d.metrics)
+		metricsSrv = &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		wg.Go(func() {
+			if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {
+				d.log.Error("metrics server", "err", err)
+			}
+		})
+	}
+	c.Ready()
+	d.log.Info("egressd running", "socket", c.Socket, "metrics", c.MetricsAddr, "rules", len(d.entries))
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	uninstall := false
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-d.stop:
+			done, uninstall = true, true
+		case <-hup:
+			if _, err := d.reloadPolicy(ctx); err != nil {
+				d.log.Error("policy reload refused; the old policy stays", "err", err)
+			}
+		}
+	}
+
+	d.log.Info("egressd stopping", "detach", uninstall || c.DetachOnExit)
+	shutdown, cancelShutdown := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelShutdown()
+	srv.Shutdown(shutdown)
+	if metricsSrv != nil {
+		metricsSrv.Shutdown(shutdown)
+	}
+	cancel()
+	d.events.close()
+	wg.Wait()
+	if uninstall || c.DetachOnExit {
+		return d.dp.Uninstall()
+	}
+	return d.dp.Close()
+}
+
+// loadPolicyFile reads the policy file; a missing default file is an
+// empty policy, so that a fresh install starts.
+func (d *Daemon) loadPolicyFile() (*policy.Policy, error) {
+	p, err := policy.Load(d.cfg.PolicyFile)
+	if errors.Is(err, os.ErrNotExist) && d.cfg.PolicyFile == DefaultPolicyFile {
+		d.log.Warn("no policy file; starting with no rules", "path", d.cfg.PolicyFile)
+		return &policy.Policy{}, nil
+	}
+	return p, err
+}
+
+// reloadPolicy reads the policy file again and applies it whole, or
+// changes nothing and says why.
+func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
+	p, err := d.loadPolicyFile()
+	if err == nil {
+		err = d.install(ctx, p)
+	}
+	r := control.Reload{Time: time.Now(), OK: err == nil}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	d.mu.Lock()
+	d.reload = r
+	d.mu.Unlock()
+	d.metrics.reloaded(err == nil)
+	if err == nil {
+		d.log.Info("policy reloaded", "path", d.cfg.PolicyFile)
+	}
+	return r, err
+}
+
+func (d *Daemon) requestStop() { d.stopOnce.Do(func() { close(d.stop) }) }

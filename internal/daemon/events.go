@@ -1,0 +1,259 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+const (
+	// eventsKept is how many recent refusals the daemon keeps for
+	// `egressd events` and for attribution.
+	eventsKept = 4096
+	// attributionWindow is how recent a refusal must be to explain a
+	// caller's EPERM.
+	attributionWindow = 2 * time.Second
+	// attributionWait is how long a query waits for the refusal event to
+	// come through the ring buffer when it is not there yet.
+	attributionWait = 100 * time.Millisecond
+	// burstLogEvery bounds refusal logging to one line per rule per period.
+	burstLogEvery = 10 * time.Second
+)
+
+// eventLog keeps recent refusals and hands new ones to followers.
+type eventLog struct {
+	mu        sync.Mutex
+	ring      []loader.Refusal
+	next      int
+	full      bool
+	arrived   chan struct{} // closed and replaced on every event
+	followers map[chan loader.Refusal]struct{}
+	closed    bool
+}
+
+func newEventLog() *eventLog {
+	return &eventLog{ring: make([]loader.Refusal, eventsKept), arrived: make(chan struct{}), followers: map[chan loader.Refusal]struct{}{}}
+}
+
+func (l *eventLog) add(r loader.Refusal) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ring[l.next] = r
+	l.next = (l.next + 1) % len(l.ring)
+	l.full = l.full || l.next == 0
+	close(l.arrived)
+	l.arrived = make(chan struct{})
+	for f := range l.followers {
+		select {
+		case f <- r:
+		default: // a follower that does not keep up misses events
+		}
+	}
+}
+
+// recent returns the kept refusals, oldest first.
+func (l *eventLog) recent() []loader.Refusal {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.full {
+		return append([]loader.Refusal(nil), l.ring[:l.next]...)
+	}
+	return append(append([]loader.Refusal(nil), l.ring[l.next:]...), l.ring[:l.next]...)
+}
+
+// follow subscribes to new refusals until cancel is called.
+func (l *eventLog) follow() (<-chan loader.Refusal, func()) {
+	ch := make(chan loader.Refusal, 256)
+	l.mu.Lock()
+	if l.closed {
+		close(ch)
+	} else {
+		l.followers[ch] = struct{}{}
+	}
+	l.mu.Unlock()
+	return ch, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if _, ok := l.followers[ch]; ok {
+			delete(l.followers, ch)
+			close(ch)
+		}
+	}
+}
+
+func (l *eventLog) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	for f := range l.followers {
+		delete(l.followers, f)
+		close(f)
+	}
+}
+
+// find returns the newest refusal of pid's connect() to dest since since.
+func (l *eventLog) find(pid uint32, dest netip.AddrPort, since time.Time) (loader.Refusal, bool, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.next
+	if l.full {
+		n = len(l.ring)
+	}
+	for i := 1; i <= n; i++ {
+		r := l.ring[(l.next-i+len(l.ring))%len(l.ring)]
+		if r.Time.Before(since) {
+			break
+		}
+		if r.PID == pid && r.Dest == dest && !r.Shadow {
+			return r, true, nil
+		}
+	}
+	return loader.Refusal{}, false, l.arrived
+}
+
+// attribute answers whether pid's connect() to dest was refused just now,
+// waiting briefly for an event still on its way from the kernel.
+func (d *Daemon) attribute(ctx context.Context, pid uint32, dest netip.AddrPort) (loader.Refusal, bool) {
+	since := time.Now().Add(-attributionWindow)
+	deadline := time.NewTimer(attributionWait)
+	defer deadline.Stop()
+	for {
+		r, ok, arrived := d.events.find(pid, dest, since)
+		if ok {
+			return r, true
+		}
+		select {
+		case <-arrived:
+		case <-deadline.C:
+			return loader.Refusal{}, false
+		case <-ctx.Done():
+			return loader.Refusal{}, false
+		}
+	}
+}
+
+// followRefusals reads refusal events from the kernel: it keeps them, tells
+// adaptive rules they were constrained, and logs bursts.
+func (d *Daemon) followRefusals(ctx context.Context) {
+	rd, err := d.dp.Refusals()
+	if err != nil {
+		d.log.Error("refusal events", "err", err)
+		return
+	}
+	go func() { <-ctx.Done(); rd.Close() }()
+	type burst struct {
+		since time.Time
+		count int
+	}
+	bursts := map[string]*burst{}
+	for {
+		r, err := rd.Read()
+		if errors.Is(err, loader.ErrClosed) {
+			return
+		}
+		if err != nil {
+			d.log.Error("refusal events", "err", err)
+			continue
+		}
+		d.events.add(r)
+		if !r.Shadow {
+			d.constrained(r.Rule)
+		}
+		b := bursts[r.Rule]
+		if b == nil {
+			b = &burst{}
+			bursts[r.Rule] = b
+		}
+		b.count++
+		if now := time.Now(); now.Sub(b.since) >= burstLogEvery {
+			d.log.Info("connections refused", "rule", r.Rule, "count", b.count, "shadow", r.Shadow, "last_pid", r.PID, "last_dest", r.Dest.String())
+			b.since, b.count = now, 0
+		}
+	}
+}
+
+// constrained tells an adaptive rule's loop that its limit held a
+// connection back this round.
+func (d *Daemon) constrained(rule string) {
+	d.mu.Lock()
+	e := d.entries[rule]
+	d.mu.Unlock()
+	if e != nil && e.ctrl != nil {
+		e.ctrl.Constrained()
+	}
+}
+
+// followSamples feeds latency samples to the adaptive loops, and checks
+// often whether a rule's live connections reached its limit.
+func (d *Daemon) followSamples(ctx context.Context) {
+	rd, err := d.dp.Samples()
+	if err != nil {
+		d.log.Error("latency samples", "err", err)
+		return
+	}
+	go func() { <-ctx.Done(); rd.Close() }()
+	go d.watchSaturation(ctx)
+	for {
+		s, err := rd.Read()
+		if errors.Is(err, loader.ErrClosed) {
+			return
+		}
+		if err != nil {
+			d.log.Error("latency samples", "err", err)
+			continue
+		}
+		d.mu.Lock()
+		e := d.entries[s.Rule]
+		var want loader.SampleKind
+		if e != nil && e.ctrl != nil {
+			want = e.kernelSampleKind()
+		}
+		d.mu.Unlock()
+		if e != nil && e.ctrl != nil && s.Kind == want {
+			e.ctrl.Sample(time.Now(), s.Latency)
+		}
+	}
+}
+
+func (e *entry) kernelSampleKind() loader.SampleKind {
+	if e.kernel.Requests {
+		return loader.SampleRequest
+	}
+	return loader.SampleConnect
+}
+
+// watchSaturation marks adaptive rules constrained when their live
+// connections reach the limit: in-flight at the limit is the other way a
+// limit holds callers back.
+func (d *Daemon) watchSaturation(ctx context.Context) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		var adaptive []*entry
+		for _, e := range d.entries {
+			if e.ctrl != nil && e.installed() {
+				adaptive = append(adaptive, e)
+			}
+		}
+		d.mu.Unlock()
+		for _, e := range adaptive {
+			st, err := d.dp.Stats(e.spec.Name)
+			if err == nil && st.Live >= int64(e.ctrl.Limit()) {
+				e.ctrl.Constrained()
+			}
+		}
+	}
+}
+
+func controlReloadOK() control.Reload { return control.Reload{Time: time.Now(), OK: true} }

@@ -1,0 +1,148 @@
+package daemon
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+// metrics is a Collector that reads the kernel's counters at scrape time,
+// so a scrape always sees the maps as they are and the daemon keeps no
+// copy. A map that cannot be read yields no samples rather than wrong ones.
+type metrics struct {
+	d *Daemon
+
+	reloadsOK, reloadsFailed atomic.Uint64
+	driftMu                  sync.Mutex
+	drift                    map[string]int64
+
+	leases, live, inFlight, connectFailed, limit, baseline *prometheus.Desc
+	connectLatency, requestLatency                         *prometheus.Desc
+	lost, driftDesc, reloads, buildInfo, rules             *prometheus.Desc
+}
+
+func newMetrics(d *Daemon) *metrics {
+	rule := []string{"rule"}
+	return &metrics{
+		d:              d,
+		drift:          map[string]int64{},
+		leases:         prometheus.NewDesc("egressd_leases_total", "Connections asked for, by outcome: acquired, denied (refused) or shadow_denied (would have been refused; admitted in shadow mode).", []string{"rule", "outcome"}, nil),
+		live:           prometheus.NewDesc("egressd_live_connections", "Connections holding a slot of the rule now.", rule, nil),
+		inFlight:       prometheus.NewDesc("egressd_in_flight_requests", "Requests sent and not yet answered on the rule's connections (rules that track requests).", rule, nil),
+		connectFailed:  prometheus.NewDesc("egressd_connect_failures_total", "Admitted connections that ended before reaching ESTABLISHED.", rule, nil),
+		limit:          prometheus.NewDesc("egressd_limit", "The limit in force: live connections, permits per second or permits per window; an adaptive rule's current limit.", rule, nil),
+		baseline:       prometheus.NewDesc("egressd_baseline_latency_seconds", "An adaptive rule's baseline: the 10th percentile latency of the last five minutes.", rule, nil),
+		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from connect() to ESTABLISHED.", rule, nil),
+		requestLatency: prometheus.NewDesc("egressd_request_latency_seconds", "Time from a request's first outbound payload to the next inbound payload.", rule, nil),
+		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events the kernel dropped because a ring buffer was full, by kind.", []string{"kind"}, nil),
+		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "The kernel's live count minus the sockets counted at the last recount; nonzero for long means lost accounting.", rule, nil),
+		reloads:        prometheus.NewDesc("egressd_policy_reloads_total", "Policy loads, by outcome.", []string{"outcome"}, nil),
+		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
+		rules:          prometheus.NewDesc("egressd_rules", "Rules by state: installed in the kernel or pending (unit not running, host name not resolved).", []string{"state"}, nil),
+	}
+}
+
+func (m *metrics) reloaded(ok bool) {
+	if ok {
+		m.reloadsOK.Add(1)
+	} else {
+		m.reloadsFailed.Add(1)
+	}
+}
+
+// recount walks the sockets and keeps the drift for the next scrape.
+func (m *metrics) recount() {
+	rc, err := m.d.dp.Recount()
+	if err != nil {
+		m.d.log.Error("recount", "err", err)
+		return
+	}
+	drift := map[string]int64{}
+	for name, r := range rc {
+		drift[name] = r.Drift()
+		if r.Drift() != 0 {
+			m.d.log.Warn("recount drift", "rule", name, "kernel", r.Live, "sockets", r.Counted)
+		}
+	}
+	m.driftMu.Lock()
+	m.drift = drift
+	m.driftMu.Unlock()
+}
+
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.buildInfo, m.rules} {
+		ch <- d
+	}
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(m.buildInfo, prometheus.GaugeValue, 1, m.d.cfg.Version, runtime.Version())
+	ch <- prometheus.MustNewConstMetric(m.reloads, prometheus.CounterValue, float64(m.reloadsOK.Load()), "success")
+	ch <- prometheus.MustNewConstMetric(m.reloads, prometheus.CounterValue, float64(m.reloadsFailed.Load()), "failure")
+	if lost, err := m.d.dp.Lost(); err == nil {
+		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Refusals), "refusal")
+		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Samples), "sample")
+	}
+
+	m.d.mu.Lock()
+	installed, pending := 0, 0
+	baselines := map[string]float64{}
+	for name, e := range m.d.entries {
+		if !e.installed() {
+			pending++
+			continue
+		}
+		installed++
+		if e.ctrl != nil {
+			if b, ok := e.ctrl.Baseline(); ok {
+				baselines[name] = b.Seconds()
+			}
+		}
+	}
+	m.d.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(installed), "installed")
+	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(pending), "pending")
+	for name, b := range baselines {
+		ch <- prometheus.MustNewConstMetric(m.baseline, prometheus.GaugeValue, b, name)
+	}
+
+	m.driftMu.Lock()
+	for name, drift := range m.drift {
+		ch <- prometheus.MustNewConstMetric(m.driftDesc, prometheus.GaugeValue, float64(drift), name)
+	}
+	m.driftMu.Unlock()
+
+	status, err := m.d.dp.Status()
+	if err != nil {
+		m.d.log.Error("metrics: read counters", "err", err)
+		return
+	}
+	for _, s := range status {
+		st, name := s.Stats, s.Name
+		ch <- prometheus.MustNewConstMetric(m.leases, prometheus.CounterValue, float64(st.Admitted), name, "acquired")
+		ch <- prometheus.MustNewConstMetric(m.leases, prometheus.CounterValue, float64(st.Refused), name, "denied")
+		ch <- prometheus.MustNewConstMetric(m.leases, prometheus.CounterValue, float64(st.ShadowRefused), name, "shadow_denied")
+		ch <- prometheus.MustNewConstMetric(m.live, prometheus.GaugeValue, float64(st.Live), name)
+		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(st.InFlight), name)
+		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(st.ConnectFailed), name)
+		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(s.Limit), name)
+		ch <- histogram(m.connectLatency, st.ConnectLatency, name)
+		ch <- histogram(m.requestLatency, st.RequestLatency, name)
+	}
+}
+
+// histogram turns the kernel's power-of-two microsecond buckets into a
+// Prometheus histogram in seconds.
+func histogram(desc *prometheus.Desc, h loader.Histogram, rule string) prometheus.Metric {
+	buckets := make(map[float64]uint64, loader.HistogramBuckets-1)
+	var cum uint64
+	for i := range loader.HistogramBuckets - 1 {
+		cum += h.Buckets[i]
+		buckets[loader.UpperBound(i).Seconds()] = cum
+	}
+	return prometheus.MustNewConstHistogram(desc, h.Count, h.Sum.Seconds(), buckets, rule)
+}

@@ -1,0 +1,407 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/cgroups"
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// Where a rule comes from. A rule set at run time wins over the policy
+// file's rule of the same name, and a rule removed at run time stays
+// removed across reloads until it is set again.
+const (
+	sourcePolicy = "policy"
+	sourceCLI    = "cli"
+)
+
+// entry is one effective rule.
+type entry struct {
+	spec   policy.Rule
+	source string
+	// kernel is the rule as installed; pending says why it is not.
+	kernel  loader.Rule
+	pending string
+	ctrl    *adaptive.Controller
+}
+
+func (e *entry) installed() bool { return e.pending == "" }
+
+// overrides are the changes made at run time, kept in the state directory.
+type overrides struct {
+	Set     []policy.Rule
+	Removed []string
+}
+
+type overridesFile struct {
+	// Rules is a policy file of the rules set at run time.
+	Rules   string   `json:"rules"`
+	Removed []string `json:"removed"`
+}
+
+func overridesPath(dir string) string { return filepath.Join(dir, "overrides.json") }
+
+func loadOverrides(dir string) (overrides, error) {
+	b, err := os.ReadFile(overridesPath(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return overrides{}, nil
+	}
+	if err != nil {
+		return overrides{}, fmt.Errorf("state: %w", err)
+	}
+	var f overridesFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return overrides{}, fmt.Errorf("state %s: %w", overridesPath(dir), err)
+	}
+	p, err := policy.Parse([]byte(f.Rules))
+	if err != nil {
+		return overrides{}, fmt.Errorf("state %s: %w", overridesPath(dir), err)
+	}
+	return overrides{Set: p.Rules, Removed: f.Removed}, nil
+}
+
+// save writes the overrides atomically: a crash leaves the old file or the
+// new one, never half of one.
+func (o overrides) save(dir string) error {
+	text, err := policy.Format(&policy.Policy{Rules: o.Set})
+	if err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(overridesFile{Rules: string(text), Removed: o.Removed}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".overrides-*")
+	if err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("state: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("state: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), overridesPath(dir)); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	return nil
+}
+
+// effective merges the policy file with the overrides.
+func effective(p *policy.Policy, o overrides) []*entry {
+	removed := map[string]bool{}
+	for _, n := range o.Removed {
+		removed[n] = true
+	}
+	set := map[string]policy.Rule{}
+	for _, r := range o.Set {
+		set[r.Name] = r
+	}
+	var out []*entry
+	for _, r := range p.Rules {
+		if removed[r.Name] {
+			continue
+		}
+		if o, ok := set[r.Name]; ok {
+			out = append(out, &entry{spec: o, source: sourceCLI})
+			delete(set, r.Name)
+			continue
+		}
+		out = append(out, &entry{spec: r, source: sourcePolicy})
+	}
+	for _, r := range o.Set {
+		if _, ok := set[r.Name]; ok && !removed[r.Name] {
+			out = append(out, &entry{spec: r, source: sourceCLI})
+		}
+	}
+	return out
+}
+
+// install makes p (with the overrides) the rule set: resolves scopes and
+// host names, checks the whole set, and writes it to the kernel in one
+// Sync. On any problem nothing changes.
+func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.installLocked(ctx, p, d.overrides); err != nil {
+		return err
+	}
+	if d.reload.Time.IsZero() {
+		d.reload = controlReloadOK()
+	}
+	return nil
+}
+
+func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o overrides) error {
+	merged := effective(p, o)
+	if err := (&policy.Policy{Rules: specs(merged)}).Validate(); err != nil {
+		return err
+	}
+	next := map[string]*entry{}
+	var kernel []loader.Rule
+	for _, e := range merged {
+		if old, ok := d.entries[e.spec.Name]; ok && old.spec == e.spec {
+			// Unchanged: keep the adaptive loop where it is.
+			e.ctrl = old.ctrl
+		}
+		if err := d.resolve(ctx, e); err != nil {
+			return fmt.Errorf("rule %s: %w", e.spec.Name, err)
+		}
+		next[e.spec.Name] = e
+		if e.installed() {
+			kernel = append(kernel, e.kernel)
+		}
+	}
+	if err := d.dp.Sync(kernel); err != nil {
+		return err
+	}
+	d.logChanges(d.entries, next)
+	d.policy, d.overrides, d.entries = p, o, next
+	return nil
+}
+
+func specs(es []*entry) []policy.Rule {
+	out := make([]policy.Rule, len(es))
+	for i, e := range es {
+		out[i] = e.spec
+	}
+	return out
+}
+
+// logChanges writes one line per rule added, changed or removed.
+func (d *Daemon) logChanges(old, next map[string]*entry) {
+	for name, e := range next {
+		o, ok := old[name]
+		switch {
+		case !ok:
+			d.log.Info("rule added", "rule", name, "source", e.source, "pending", e.pending)
+		case o.spec != e.spec || o.pending != e.pending:
+			d.log.Info("rule changed", "rule", name, "source", e.source, "pending", e.pending)
+		}
+	}
+	for name := range old {
+		if _, ok := next[name]; !ok {
+			d.log.Info("rule removed", "rule", name)
+		}
+	}
+}
+
+// resolve fills e.kernel from e.spec, or e.pending when the rule cannot be
+// in the kernel yet: its unit or cgroup does not exist, or its host name
+// does not resolve. An invalid adaptive option is an error.
+func (d *Daemon) resolve(ctx context.Context, e *entry) error {
+	e.pending = ""
+	scope, why := d.scopeOf(e.spec.Scope)
+	if why != "" {
+		e.pending = why
+		return nil
+	}
+	var addrs []netip.Addr
+	if host, ok := e.spec.Destination.Host(); ok {
+		var err error
+		if addrs, err = lookup(ctx, host); err != nil {
+			e.pending = fmt.Sprintf("host %s: %v", host, err)
+			return nil
+		}
+	}
+	e.kernel = e.spec.LoaderRule(scope, addrs)
+	if len(e.kernel.Dests) == 0 {
+		e.pending = "host name has no addresses"
+		return nil
+	}
+	if a, ok := e.spec.Limit.(policy.Adaptive); ok {
+		if e.ctrl == nil {
+			name := e.spec.Name
+			opts := a.Options()
+			opts.OnChange = func(from, to int) { d.pushLimit(name, to) }
+			ctrl, err := adaptive.New(&opts)
+			if err != nil {
+				return err
+			}
+			e.ctrl = ctrl
+		}
+		e.kernel.Limit = uint32(e.ctrl.Limit())
+	}
+	return nil
+}
+
+func lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return addrs, nil
+}
+
+// scopeOf finds a rule's cgroup; a non-empty reason means it has none now.
+func (d *Daemon) scopeOf(s policy.Scope) (loader.Scope, string) {
+	var dir string
+	switch {
+	case s.Unit != "":
+		found, err := findUnit(s.Unit)
+		if err != nil {
+			return loader.Scope{}, fmt.Sprintf("unit %s: %v", s.Unit, err)
+		}
+		dir = found
+	case s.Cgroup != "":
+		var err error
+		if dir, err = cgroups.Resolve(s.Cgroup); err != nil {
+			return loader.Scope{}, err.Error()
+		}
+	default:
+		return loader.Scope{}, ""
+	}
+	id, err := cgroups.ID(dir)
+	if err != nil {
+		return loader.Scope{}, fmt.Sprintf("cgroup %s does not exist", dir)
+	}
+	level, err := cgroups.Level(dir)
+	if err != nil {
+		return loader.Scope{}, err.Error()
+	}
+	return loader.Scope{CgroupID: id, Level: uint32(level)}, ""
+}
+
+// errNoUnit means no cgroup carries the unit's name: it is not running.
+var errNoUnit = errors.New("no cgroup (is it running?)")
+
+// findUnit finds the cgroup systemd made for a unit: the directory of that
+// name in the cgroup2 tree (system.slice/x.service, user.slice/…).
+func findUnit(unit string) (string, error) {
+	root, err := cgroups.Mount()
+	if err != nil {
+		return "", err
+	}
+	var found []string
+	err = filepath.WalkDir(root, func(path string, de fs.DirEntry, err error) error {
+		if err != nil || !de.IsDir() {
+			return nil
+		}
+		if strings.Count(strings.TrimPrefix(path, root), "/") > 6 {
+			return fs.SkipDir
+		}
+		if de.Name() == unit {
+			found = append(found, path)
+			return fs.SkipDir
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return "", err
+	case len(found) == 0:
+		return "", errNoUnit
+	case len(found) > 1:
+		return "", fmt.Errorf("several cgroups are named so: %s", strings.Join(found, ", "))
+	}
+	return found[0], nil
+}
+
+// refreshLoop looks host names and units up again: addresses change and a
+// restarted unit gets a new cgroup.
+func (d *Daemon) refreshLoop(ctx context.Context) {
+	t := time.NewTicker(d.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		err := d.installLocked(ctx, d.policy, d.overrides)
+		d.mu.Unlock()
+		if err != nil {
+			d.log.Error("refresh", "err", err)
+		}
+		d.metrics.recount()
+	}
+}
+
+// pushLimit moves an adaptive rule's kernel limit; it is the controller's
+// change callback.
+func (d *Daemon) pushLimit(name string, limit int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.entries[name]
+	if !ok || !e.installed() {
+		return
+	}
+	r := e.kernel
+	r.Limit = uint32(limit)
+	if err := d.dp.Put(r); err != nil {
+		d.log.Error("push adaptive limit", "rule", name, "limit", limit, "err", err)
+		return
+	}
+	e.kernel = r
+	d.log.Debug("adaptive limit", "rule", name, "limit", limit)
+}
+
+// setRule sets a rule at run time and persists it.
+func (d *Daemon) setRule(ctx context.Context, r policy.Rule) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	o := overrides{Removed: slices.DeleteFunc(slices.Clone(d.overrides.Removed), func(n string) bool { return n == r.Name })}
+	o.Set = slices.DeleteFunc(slices.Clone(d.overrides.Set), func(x policy.Rule) bool { return x.Name == r.Name })
+	o.Set = append(o.Set, r)
+	return d.commitOverrides(ctx, o)
+}
+
+// removeRule removes a rule at run time and persists that.
+func (d *Daemon) removeRule(ctx context.Context, name string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.entries[name]; !ok {
+		return errUnknownRule
+	}
+	o := overrides{Set: slices.DeleteFunc(slices.Clone(d.overrides.Set), func(x policy.Rule) bool { return x.Name == name })}
+	o.Removed = slices.DeleteFunc(slices.Clone(d.overrides.Removed), func(n string) bool { return n == name })
+	inPolicy := slices.ContainsFunc(d.policy.Rules, func(x policy.Rule) bool { return x.Name == name })
+	if inPolicy {
+		o.Removed = append(o.Removed, name)
+	}
+	return d.commitOverrides(ctx, o)
+}
+
+// commitOverrides applies new overrides and saves them; if the state
+// cannot be saved, the kernel is put back as it was.
+func (d *Daemon) commitOverrides(ctx context.Context, o overrides) error {
+	old := d.overrides
+	if err := d.installLocked(ctx, d.policy, o); err != nil {
+		return err
+	}
+	if err := o.save(d.cfg.StateDir); err != nil {
+		if rerr := d.installLocked(ctx, d.policy, old); rerr != nil {
+			d.log.Error("restore rules after a failed save", "err", rerr)
+		}
+		return err
+	}
+	return nil
+}
+
+var errUnknownRule = errors.New("no such rule")

@@ -1,0 +1,195 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// The egressd API: the wire types the daemon serves under Prefix and the
+// client methods the CLI and the SDK call. Rules travel as policy YAML, so
+// the daemon checks a rule from the CLI exactly as it checks the file.
+
+// Route names.
+const (
+	RouteStatus       = "status"
+	RouteLimits       = "limits"
+	RouteLimit        = "limit"
+	RouteLimitSet     = "limit/set"
+	RouteLimitRemove  = "limit/remove"
+	RoutePolicyReload = "policy/reload"
+	RoutePolicyCheck  = "policy/check"
+	RouteEvents       = "events"
+	RouteRefusal      = "refusal"
+	RouteUninstall    = "uninstall"
+)
+
+// Status is the daemon's state.
+type Status struct {
+	Version string    `json:"version"`
+	Started time.Time `json:"started"`
+	// Adopted says the daemon carried on a datapath a previous run pinned.
+	Adopted    bool   `json:"adopted"`
+	Cgroup     string `json:"cgroup"`
+	PinDir     string `json:"pinDir"`
+	PolicyFile string `json:"policyFile"`
+	Rules      int    `json:"rules"`
+	// Pending counts rules not in the kernel yet (unit not running, host
+	// name not resolved).
+	Pending      int    `json:"pending"`
+	LostRefusals uint64 `json:"lostRefusals"`
+	LostSamples  uint64 `json:"lostSamples"`
+	LastReload   Reload `json:"lastReload"`
+}
+
+// Reload is the outcome of the last policy load.
+type Reload struct {
+	Time  time.Time `json:"time"`
+	OK    bool      `json:"ok"`
+	Error string    `json:"error,omitempty"`
+}
+
+// Limit is one rule and its counts.
+type Limit struct {
+	Name string `json:"name"`
+	// Source is "policy" for a rule of the policy file, "cli" for one set
+	// at run time (which wins over the file's rule of the same name).
+	Source string `json:"source"`
+	// Rule is the rule as policy YAML.
+	Rule string `json:"rule"`
+	// Shape is concurrency, per_second, per_window or adaptive.
+	Shape string `json:"shape"`
+	// Limit is the limit in force: for an adaptive rule, where its loop is.
+	Limit  uint32 `json:"limit"`
+	Shadow bool   `json:"shadow"`
+	// Destinations are the prefixes in the kernel: a host name's
+	// addresses as last resolved.
+	Destinations []string `json:"destinations"`
+	// Pending says why the rule is not in the kernel, when it is not.
+	Pending       string `json:"pending,omitempty"`
+	Live          int64  `json:"live"`
+	InFlight      int64  `json:"inFlight"`
+	Admitted      uint64 `json:"admitted"`
+	Refused       uint64 `json:"refused"`
+	ShadowRefused uint64 `json:"shadowRefused"`
+	// BaselineSeconds is an adaptive rule's idea of a fast call; 0 before
+	// it has one.
+	BaselineSeconds float64 `json:"baselineSeconds,omitempty"`
+}
+
+// SetLimitRequest carries one rule as policy YAML: "name: x\ndestination: …".
+type SetLimitRequest struct {
+	Rule string `json:"rule"`
+}
+
+// NameRequest names a rule.
+type NameRequest struct {
+	Name string `json:"name"`
+}
+
+// PolicyCheckRequest carries a whole policy file.
+type PolicyCheckRequest struct {
+	Policy string `json:"policy"`
+}
+
+// PolicyCheck lists a policy's problems, one per line as a compiler would.
+type PolicyCheck struct {
+	OK       bool     `json:"ok"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Refusal is one refused (or, in shadow mode, would-be refused) connect().
+type Refusal struct {
+	Time   time.Time `json:"time"`
+	PID    uint32    `json:"pid"`
+	Cgroup uint64    `json:"cgroup"`
+	Rule   string    `json:"rule"`
+	Dest   string    `json:"dest"`
+	Shape  string    `json:"shape"`
+	Shadow bool      `json:"shadow"`
+	// RetryAfterSeconds is when a permit is expected back; 0 when the
+	// shape gives no hint (concurrency).
+	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`
+}
+
+// Attribution answers "did egressd refuse this process's connect() to this
+// destination just now?".
+type Attribution struct {
+	Refused           bool    `json:"refused"`
+	Rule              string  `json:"rule,omitempty"`
+	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`
+}
+
+// Status reads the daemon's state.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var s Status
+	return s, c.Get(ctx, RouteStatus, &s)
+}
+
+// Limits lists every rule, in the kernel or pending.
+func (c *Client) Limits(ctx context.Context) ([]Limit, error) {
+	var ls []Limit
+	return ls, c.Get(ctx, RouteLimits, &ls)
+}
+
+// Limit reads one rule.
+func (c *Client) Limit(ctx context.Context, name string) (Limit, error) {
+	var l Limit
+	return l, c.Get(ctx, RouteLimit+"?name="+url.QueryEscape(name), &l)
+}
+
+// SetLimit creates or replaces a rule given as policy YAML. It persists
+// across daemon restarts and wins over the policy file's rule of the same
+// name.
+func (c *Client) SetLimit(ctx context.Context, rule string) (Limit, error) {
+	var l Limit
+	return l, c.Post(ctx, RouteLimitSet, SetLimitRequest{Rule: rule}, &l)
+}
+
+// RemoveLimit removes a rule, whether set at run time or in the policy
+// file; it stays removed across reloads until set again.
+func (c *Client) RemoveLimit(ctx context.Context, name string) error {
+	return c.Post(ctx, RouteLimitRemove, NameRequest{Name: name}, nil)
+}
+
+// ReloadPolicy reads the policy file again; on a problem nothing changes.
+func (c *Client) ReloadPolicy(ctx context.Context) (Reload, error) {
+	var r Reload
+	return r, c.Post(ctx, RoutePolicyReload, struct{}{}, &r)
+}
+
+// CheckPolicy checks a policy file's text without applying it.
+func (c *Client) CheckPolicy(ctx context.Context, text string) (PolicyCheck, error) {
+	var pc PolicyCheck
+	return pc, c.Post(ctx, RoutePolicyCheck, PolicyCheckRequest{Policy: text}, &pc)
+}
+
+// Events calls fn with recent refusals and, with follow, new ones as they
+// happen until ctx ends or fn returns an error.
+func (c *Client) Events(ctx context.Context, follow bool, fn func(Refusal) error) error {
+	return c.Stream(ctx, RouteEvents+"?follow="+strconv.FormatBool(follow), func(raw json.RawMessage) error {
+		var r Refusal
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return err
+		}
+		return fn(r)
+	})
+}
+
+// Attribute asks whether the daemon refused pid's connect() to dest within
+// the last moments. A caller without write access may ask only about its
+// own process.
+func (c *Client) Attribute(ctx context.Context, pid int, dest netip.AddrPort) (Attribution, error) {
+	var a Attribution
+	q := url.Values{"pid": {strconv.Itoa(pid)}, "dest": {dest.String()}}
+	return a, c.Get(ctx, RouteRefusal+"?"+q.Encode(), &a)
+}
+
+// Uninstall makes the daemon detach everything, remove its pins and exit.
+func (c *Client) Uninstall(ctx context.Context) error {
+	return c.Do(ctx, http.MethodPost, RouteUninstall, struct{}{}, nil)
+}
