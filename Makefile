@@ -1,10 +1,19 @@
 GO ?= go
 PREFIX ?= /usr/local
+DESTDIR ?=
 TEST_TIMEOUT ?= 15m
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/egressd/egressd/internal/cli.Version=$(VERSION)
 
-.PHONY: all generate build test bench lint install
+.PHONY: all deps generate build run test bench lint install
 
 all: build
+
+# Debian packages the tests and `make generate` use (run as root).
+deps:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		clang llvm libbpf-dev iproute2 python3 curl systemd procps >/dev/null
 
 # Rebuilds the committed BPF objects and their Go bindings (needs clang,
 # llvm and libbpf-dev; go build does not).
@@ -12,7 +21,13 @@ generate:
 	cd pkg/loader && $(GO) generate ./...
 
 build:
-	$(GO) build ./...
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/egressd ./cmd/egressd
+
+# Runs the daemon in the foreground with the example policy, which limits
+# only unused loopback ports. Ctrl-C stops it; the datapath stays pinned
+# (fail-static) until `bin/egressd uninstall`.
+run: build
+	./bin/egressd run --policy examples/policy.yaml --state-dir /tmp/egressd-state
 
 # Privileged tests run when this runs as root and skip, saying why, when not.
 test:
@@ -24,3 +39,15 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+# Installs the binary, the systemd unit and, unless one exists, the
+# example policy. Then: systemctl daemon-reload && systemctl enable --now egressd
+UNITDIR ?= /etc/systemd/system
+install: build
+	install -D -m 0755 bin/egressd $(DESTDIR)$(PREFIX)/bin/egressd
+	install -d -m 0755 $(DESTDIR)$(UNITDIR) $(DESTDIR)/etc/egressd
+	sed 's|/usr/local/bin/egressd|$(PREFIX)/bin/egressd|' systemd/egressd.service > $(DESTDIR)$(UNITDIR)/egressd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/egressd.service
+	@if [ ! -e $(DESTDIR)/etc/egressd/policy.yaml ]; then \
+		install -m 0644 examples/policy.yaml $(DESTDIR)/etc/egressd/policy.yaml; \
+	else echo "keeping the existing /etc/egressd/policy.yaml"; fi

@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/egressd/egressd/internal/daemon"
+	"github.com/egressd/egressd/internal/sdnotify"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
@@ -52,6 +54,7 @@ func runCommand() *cli.Command {
 				DetachOnExit: c.Bool("detach-on-exit"),
 				Version:      Version,
 				Logger:       log,
+				Notify:       systemdNotifier{log},
 			})
 		},
 	}
@@ -69,3 +72,20 @@ func socketFlag(c *cli.Context) string {
 	}
 	return control.DefaultSocket
 }
+
+// systemdNotifier reports the daemon's lifecycle to systemd (Type=notify);
+// outside systemd every call does nothing.
+type systemdNotifier struct{ log *slog.Logger }
+
+func (n systemdNotifier) report(err error) {
+	if err != nil {
+		n.log.Warn("sd_notify", "err", err)
+	}
+}
+
+func (n systemdNotifier) Ready()     { n.report(sdnotify.Ready()) }
+func (n systemdNotifier) Reloading() { n.report(sdnotify.Reloading()) }
+func (n systemdNotifier) Stopping()  { n.report(sdnotify.Stopping()) }
+func (n systemdNotifier) Watchdog()  { n.report(sdnotify.Watchdog()) }
+
+func (n systemdNotifier) WatchdogInterval() (time.Duration, bool) { return sdnotify.WatchdogInterval() }

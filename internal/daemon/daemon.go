@@ -55,9 +55,28 @@ type Config struct {
 	Refresh time.Duration
 	Version string
 	Logger  *slog.Logger
-	// Ready is called once the daemon serves (sd_notify READY=1).
-	Ready func()
+	// Notify hears of the daemon's lifecycle (systemd's sd_notify).
+	Notify Notifier
 }
+
+// Notifier is told when the daemon is ready, reloading and stopping, and
+// pinged while it is healthy.
+type Notifier interface {
+	Ready()
+	Reloading()
+	Stopping()
+	Watchdog()
+	// WatchdogInterval is how often Watchdog must be called, if at all.
+	WatchdogInterval() (time.Duration, bool)
+}
+
+type noNotifier struct{}
+
+func (noNotifier) Ready()                                  {}
+func (noNotifier) Reloading()                              {}
+func (noNotifier) Stopping()                               {}
+func (noNotifier) Watchdog()                               {}
+func (noNotifier) WatchdogInterval() (time.Duration, bool) { return 0, false }
 
 func (c *Config) withDefaults() Config {
 	out := *c
@@ -76,8 +95,8 @@ func (c *Config) withDefaults() Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
-	if out.Ready == nil {
-		out.Ready = func() {}
+	if out.Notify == nil {
+		out.Notify = noNotifier{}
 	}
 	return out
 }
@@ -169,7 +188,13 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		})
 	}
-	c.Ready()
+	c.Notify.Ready()
+	var watchdog <-chan time.Time
+	if every, ok := c.Notify.WatchdogInterval(); ok {
+		t := time.NewTicker(every / 2)
+		defer t.Stop()
+		watchdog = t.C
+	}
 	d.log.Info("egressd running", "socket", c.Socket, "metrics", c.MetricsAddr, "rules", len(d.entries))
 
 	hup := make(chan os.Signal, 1)
@@ -183,11 +208,16 @@ func Run(ctx context.Context, cfg Config) error {
 		case <-d.stop:
 			done, uninstall = true, true
 		case <-hup:
+			c.Notify.Reloading()
 			if _, err := d.reloadPolicy(ctx); err != nil {
 				d.log.Error("policy reload refused; the old policy stays", "err", err)
 			}
+			c.Notify.Ready()
+		case <-watchdog:
+			c.Notify.Watchdog()
 		}
 	}
+	c.Notify.Stopping()
 
 	d.log.Info("egressd stopping", "detach", uninstall || c.DetachOnExit)
 	shutdown, cancelShutdown := context.WithTimeout(context.Background(), 5*time.Second)
