@@ -1,0 +1,42 @@
+// Package deptest holds the packages that must stay light to their
+// dependency budgets: the pure cores (no cilium/ebpf, no Prometheus, no
+// loader) and the small helpers the SDK and the daemon share.
+package deptest
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/egressd/egressd/"
+
+func TestDependencies(t *testing.T) {
+	tests := []struct {
+		pkg string
+		// allowed are the non-standard packages (prefixes) it may import,
+		// directly or not, besides itself.
+		allowed []string
+	}{
+		{"pkg/adaptive", nil},
+		{"pkg/verdict", nil},
+		{"pkg/sdk", []string{module + "pkg/verdict"}},
+		{"pkg/control", []string{"golang.org/x/sys/"}},
+		{"internal/sdnotify", []string{"golang.org/x/sys/"}},
+	}
+	for _, tt := range tests {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", module+tt.pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", tt.pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			ok := dep == module+tt.pkg
+			for _, a := range tt.allowed {
+				ok = ok || dep == a || strings.HasPrefix(dep, a)
+			}
+			if !ok {
+				t.Errorf("%s depends on %s", tt.pkg, dep)
+			}
+		}
+	}
+}
