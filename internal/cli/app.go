@@ -30,7 +30,7 @@ func App() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: control.DefaultSocket, Usage: "control socket of the daemon", EnvVars: []string{"EGRESSD_SOCKET"}},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long a request to the daemon may take"},
-			&cli.BoolFlag{Name: "json", Usage: "print machine-readable JSON"},
+			jsonFlag,
 		},
 		Commands: []*cli.Command{
 			runCommand(),
@@ -63,14 +63,28 @@ func Main(args []string) int {
 	return 0
 }
 
+// jsonFlag is global and repeated on every command that prints, so that
+// it may come before or after the command's name.
+var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print machine-readable JSON"}
+
 // client is the one way subcommands reach the daemon.
 func client(c *cli.Context) *control.Client {
 	return &control.Client{Socket: c.String("socket"), Timeout: c.Duration("timeout")}
 }
 
+// wantJSON reports whether --json was given, before or after the command.
+func wantJSON(c *cli.Context) bool {
+	for _, x := range c.Lineage() {
+		if x.IsSet("json") {
+			return x.Bool("json")
+		}
+	}
+	return false
+}
+
 // output prints v as JSON with --json, or with text otherwise.
 func output(c *cli.Context, v any, text func(w io.Writer)) error {
-	if c.Bool("json") {
+	if wantJSON(c) {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)

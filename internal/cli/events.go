@@ -14,7 +14,7 @@ func eventsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "events",
 		Usage: "show recent refused connections",
-		Flags: []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing refusals as they happen"}},
+		Flags: []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing refusals as they happen"}, jsonFlag},
 		Action: func(c *cli.Context) error {
 			cl := client(c)
 			if c.Bool("follow") {
@@ -22,7 +22,7 @@ func eventsCommand() *cli.Command {
 			}
 			enc := json.NewEncoder(c.App.Writer)
 			return cl.Events(c.Context, c.Bool("follow"), func(r control.Refusal) error {
-				if c.Bool("json") {
+				if wantJSON(c) {
 					return enc.Encode(r)
 				}
 				mode := "refused"

@@ -37,6 +37,7 @@ func limitCommand() *cli.Command {
 					&cli.IntFlag{Name: "initial", Usage: "with --adaptive: starting limit (default 20)"},
 					&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"},
 					&cli.StringFlag{Name: "errno", Usage: "errno a refused connect() returns (default EPERM)"},
+					jsonFlag,
 				},
 				Action: limitSet,
 			},
@@ -44,6 +45,7 @@ func limitCommand() *cli.Command {
 				Name:      "get",
 				Usage:     "show one limit, its resolved destinations and counts",
 				ArgsUsage: "NAME",
+				Flags:     []cli.Flag{jsonFlag},
 				Action: func(c *cli.Context) error {
 					name, err := oneArg(c, "NAME")
 					if err != nil {
@@ -60,6 +62,7 @@ func limitCommand() *cli.Command {
 				Name:    "ls",
 				Aliases: []string{"list"},
 				Usage:   "list every limit",
+				Flags:   []cli.Flag{jsonFlag},
 				Action: func(c *cli.Context) error {
 					ls, err := client(c).Limits(c.Context)
 					if err != nil {

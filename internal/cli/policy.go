@@ -21,6 +21,7 @@ func policyCommand() *cli.Command {
 				Name:      "check",
 				Usage:     "list every problem in a policy file (no daemon needed); exits 1 if there is one",
 				ArgsUsage: "FILE",
+				Flags:     []cli.Flag{jsonFlag},
 				Action: func(c *cli.Context) error {
 					file, err := oneArg(c, "FILE")
 					if err != nil {
@@ -31,7 +32,7 @@ func policyCommand() *cli.Command {
 					switch {
 					case errors.As(err, &pe):
 						problems := pe.Problems
-						if c.Bool("json") {
+						if wantJSON(c) {
 							output(c, control.PolicyCheck{Problems: splitLines(pe.Error())}, nil)
 						} else {
 							fmt.Fprint(c.App.ErrWriter, pe.Error())
@@ -51,6 +52,7 @@ func policyCommand() *cli.Command {
 			{
 				Name:  "reload",
 				Usage: "make the daemon read its policy file again; a bad file changes nothing",
+				Flags: []cli.Flag{jsonFlag},
 				Action: func(c *cli.Context) error {
 					r, err := client(c).ReloadPolicy(c.Context)
 					if err != nil {

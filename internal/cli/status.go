@@ -12,6 +12,7 @@ func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "status",
 		Usage: "show the daemon's state",
+		Flags: []cli.Flag{jsonFlag},
 		Action: func(c *cli.Context) error {
 			s, err := client(c).Status(c.Context)
 			if err != nil {

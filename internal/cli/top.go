@@ -18,6 +18,7 @@ func topCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "refresh period"},
 			&cli.IntFlag{Name: "count", Usage: "stop after this many refreshes (default: until interrupted)"},
+			jsonFlag,
 		},
 		Action: func(c *cli.Context) error {
 			interval := c.Duration("interval")
@@ -29,13 +30,14 @@ func topCommand() *cli.Command {
 			var prevAt time.Time
 			t := time.NewTicker(interval)
 			defer t.Stop()
-			for n := 0; c.Int("count") == 0 || n < c.Int("count"); n++ {
+			count := c.Int("count")
+			for n := 1; ; n++ {
 				ls, err := cl.Limits(c.Context)
 				if err != nil {
 					return err
 				}
 				now := time.Now()
-				if !c.Bool("json") {
+				if !wantJSON(c) {
 					fmt.Fprint(c.App.Writer, "\033[H\033[2J") // clear the screen
 				}
 				rows := topRows(ls, prev, now.Sub(prevAt), !prevAt.IsZero())
@@ -46,13 +48,15 @@ func topCommand() *cli.Command {
 					prev[l.Name] = l
 				}
 				prevAt = now
+				if count > 0 && n >= count {
+					return nil
+				}
 				select {
 				case <-c.Context.Done():
 					return nil
 				case <-t.C:
 				}
 			}
-			return nil
 		},
 	}
 }

@@ -108,9 +108,12 @@ type Daemon struct {
 	dp      *loader.Datapath
 	started time.Time
 
-	mu        sync.Mutex
-	policy    *policy.Policy
+	mu     sync.Mutex
+	policy *policy.Policy
+	// overrides are the run-time limits as saved; applied are those in
+	// force, which differ only after a conflict at start.
 	overrides overrides
+	applied   overrides
 	entries   map[string]*entry
 	reload    control.Reload
 
@@ -135,32 +138,34 @@ func Run(ctx context.Context, cfg Config) error {
 	if d.overrides, err = loadOverrides(c.StateDir); err != nil {
 		return err
 	}
+	// The socket first: a second daemon started by mistake stops here,
+	// before it touches the datapath of the first.
+	srv, err := control.NewServer(control.Config{Socket: c.Socket, Group: c.SocketGroup, Routes: d.routes(), Logger: d.log})
+	if err != nil {
+		return err
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		return err
+	}
 	dp, err := loader.Open(&loader.Config{Cgroup: c.Cgroup, PinDir: c.PinDir})
 	if err != nil {
+		srv.Close()
 		return fmt.Errorf("datapath: %w", err)
 	}
 	d.dp = dp
 	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", c.Cgroup)
 
-	if err := d.install(ctx, pol); err != nil {
+	if err := d.installAtStart(ctx, pol); err != nil {
+		srv.Close()
 		dp.Close()
 		return fmt.Errorf("apply policy: %w", err)
 	}
 
-	srv, err := control.NewServer(control.Config{Socket: c.Socket, Group: c.SocketGroup, Routes: d.routes(), Logger: d.log})
-	if err != nil {
-		dp.Close()
-		return err
-	}
-	ln, err := srv.Listen()
-	if err != nil {
-		dp.Close()
-		return err
-	}
 	var metricsLn net.Listener
 	if c.MetricsAddr != "" {
 		if metricsLn, err = net.Listen("tcp", c.MetricsAddr); err != nil {
-			ln.Close()
+			srv.Close()
 			dp.Close()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
@@ -250,6 +255,9 @@ func (d *Daemon) loadPolicyFile() (*policy.Policy, error) {
 // changes nothing and says why.
 func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 	p, err := d.loadPolicyFile()
+	if errors.Is(err, os.ErrNotExist) {
+		err = control.Errorf(control.CodeInvalid, "policy file: %v", err)
+	}
 	if err == nil {
 		err = d.install(ctx, p)
 	}
@@ -265,6 +273,27 @@ func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 		d.log.Info("policy reloaded", "path", d.cfg.PolicyFile)
 	}
 	return r, err
+}
+
+// installAtStart applies the policy with the run-time limits. When the two
+// conflict (the file changed while the daemon was down), the daemon starts
+// with the policy alone rather than not at all, keeps the run-time limits
+// on disk, and says so in status: the CLI can then remove the conflicting
+// one.
+func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
+	err := d.install(ctx, p)
+	d.metrics.reloaded(err == nil)
+	if err == nil || len(d.overrides.Set) == 0 {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ferr := d.installLocked(ctx, p, overrides{Removed: d.overrides.Removed}); ferr != nil {
+		return errors.Join(err, ferr)
+	}
+	d.reload = control.Reload{Time: time.Now(), Error: "run-time limits not applied: " + err.Error()}
+	d.log.Error("run-time limits conflict with the policy; running with the policy alone", "err", err)
+	return nil
 }
 
 func (d *Daemon) requestStop() { d.stopOnce.Do(func() { close(d.stop) }) }

@@ -178,7 +178,7 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 		return err
 	}
 	d.logChanges(d.entries, next)
-	d.policy, d.overrides, d.entries = p, o, next
+	d.policy, d.applied, d.entries = p, o, next
 	return nil
 }
 
@@ -222,8 +222,14 @@ func (d *Daemon) resolve(ctx context.Context, e *entry) error {
 	if host, ok := e.spec.Destination.Host(); ok {
 		var err error
 		if addrs, err = lookup(ctx, host); err != nil {
-			e.pending = fmt.Sprintf("host %s: %v", host, err)
-			return nil
+			// A failed lookup must not lift a limit: keep the addresses
+			// last resolved, by this run or the one whose pins it adopted.
+			addrs = d.lastAddrs(e.spec.Name)
+			if len(addrs) == 0 {
+				e.pending = fmt.Sprintf("host %s: %v", host, err)
+				return nil
+			}
+			d.log.Warn("host lookup failed; keeping the last addresses", "rule", e.spec.Name, "host", host, "err", err, "addresses", len(addrs))
 		}
 	}
 	e.kernel = e.spec.LoaderRule(scope, addrs)
@@ -245,6 +251,19 @@ func (d *Daemon) resolve(ctx context.Context, e *entry) error {
 		e.kernel.Limit = uint32(e.ctrl.Limit())
 	}
 	return nil
+}
+
+// lastAddrs returns the addresses the kernel enforces a rule for now.
+func (d *Daemon) lastAddrs(name string) []netip.Addr {
+	r, err := d.dp.Rule(name)
+	if err != nil {
+		return nil
+	}
+	addrs := make([]netip.Addr, len(r.Dests))
+	for i, p := range r.Dests {
+		addrs[i] = p.Addr()
+	}
+	return addrs
 }
 
 func lookup(ctx context.Context, host string) ([]netip.Addr, error) {
@@ -334,7 +353,7 @@ func (d *Daemon) refreshLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		d.mu.Lock()
-		err := d.installLocked(ctx, d.policy, d.overrides)
+		err := d.installLocked(ctx, d.policy, d.applied)
 		d.mu.Unlock()
 		if err != nil {
 			d.log.Error("refresh", "err", err)
@@ -376,7 +395,8 @@ func (d *Daemon) setRule(ctx context.Context, r policy.Rule) error {
 func (d *Daemon) removeRule(ctx context.Context, name string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.entries[name]; !ok {
+	_, known := d.entries[name]
+	if !known && !slices.ContainsFunc(d.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
 		return errUnknownRule
 	}
 	o := overrides{Set: slices.DeleteFunc(slices.Clone(d.overrides.Set), func(x policy.Rule) bool { return x.Name == name })}
@@ -391,7 +411,7 @@ func (d *Daemon) removeRule(ctx context.Context, name string) error {
 // commitOverrides applies new overrides and saves them; if the state
 // cannot be saved, the kernel is put back as it was.
 func (d *Daemon) commitOverrides(ctx context.Context, o overrides) error {
-	old := d.overrides
+	old := d.applied
 	if err := d.installLocked(ctx, d.policy, o); err != nil {
 		return err
 	}
@@ -401,6 +421,7 @@ func (d *Daemon) commitOverrides(ctx context.Context, o overrides) error {
 		}
 		return err
 	}
+	d.overrides = o
 	return nil
 }
 

@@ -163,9 +163,10 @@ func BenchmarkRuleUpdate(b *testing.B) {
 func BenchmarkLoad10kRules(b *testing.B) {
 	privtest.RequireRoot(b)
 	rules := manyRules(10_000)
+	cg, pins := privtest.Cgroup(b, "load"), privtest.PinDir(b)
 	for b.Loop() {
 		b.StopTimer()
-		d, err := Open(&Config{Cgroup: privtest.Cgroup(b, "load"), PinDir: privtest.PinDir(b), MaxRules: 10_000})
+		d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 10_000})
 		if err != nil {
 			b.Fatal(err)
 		}

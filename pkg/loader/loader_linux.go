@@ -120,6 +120,8 @@ type Datapath struct {
 	cgroupID uint64
 	links    map[string]link.Link
 	adopted  bool
+	lock     *os.File // flock on the pin directory: one owner at a time
+	closed   bool
 
 	slots   []slot
 	byName  map[string]uint32
@@ -165,7 +167,11 @@ func Open(cfg *Config) (*Datapath, error) {
 			return nil, fmt.Errorf("pin dir: %w", err)
 		}
 	}
+	if d.lock, err = lockDir(c.PinDir); err != nil {
+		return nil, err
+	}
 	if err := d.load(); err != nil {
+		d.lock.Close()
 		return nil, err
 	}
 	if err := d.adoptRules(); err != nil {
@@ -202,6 +208,24 @@ func checkFeatures() error {
 		return fmt.Errorf("atomics: %w", errors.Join(ErrNotSupported, err))
 	}
 	return nil
+}
+
+// lockDir takes an exclusive lock on the pin directory for the life of the
+// Datapath, so that a second loader cannot rewrite the rules of a running
+// one. The kernel drops it when the process dies, however it dies.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("pin dir: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: another process has the datapath pinned at %s open", ErrBusy, dir)
+		}
+		return nil, fmt.Errorf("lock pin dir: %w", err)
+	}
+	return f, nil
 }
 
 const bpffsMagic = 0xcafe4a11
@@ -998,11 +1022,15 @@ func (d *Datapath) Adopted() bool { return d.adopted }
 func (d *Datapath) MaxRules() int { return d.cfg.MaxRules }
 
 func (d *Datapath) closeFDs() error {
+	if d.closed {
+		return nil
+	}
+	d.closed = true
 	var errs []error
 	for _, l := range d.links {
 		errs = append(errs, l.Close())
 	}
-	errs = append(errs, d.objs.Close())
+	errs = append(errs, d.objs.Close(), d.lock.Close())
 	return errors.Join(errs...)
 }
 
@@ -1019,13 +1047,17 @@ func (d *Datapath) Close() error {
 func (d *Datapath) Uninstall() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed {
+		return Uninstall(d.cfg.PinDir)
+	}
 	errs := []error{d.detach(requestPrograms, false), d.detach(connPrograms, false), d.closeFDs()}
 	errs = append(errs, os.RemoveAll(d.cfg.PinDir))
 	return errors.Join(errs...)
 }
 
 // Uninstall removes a pinned datapath without loading one: it unpins the
-// links, which detaches the programs, then the maps.
+// links, which detaches the programs, then the maps. It fails with ErrBusy
+// while a process has the datapath open.
 func Uninstall(pinDir string) error {
 	if pinDir == "" {
 		pinDir = DefaultPinDir
@@ -1033,6 +1065,11 @@ func Uninstall(pinDir string) error {
 	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
+	lock, err := lockDir(pinDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 	var errs []error
 	entries, err := os.ReadDir(filepath.Join(pinDir, "links"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -103,9 +103,15 @@ func TestRestartAdoptsPins(t *testing.T) {
 func TestAdoptRefusesOtherCgroup(t *testing.T) {
 	d, _ := open(t)
 	other := privtest.Cgroup(t, "other")
+	if _, err := Open(&Config{Cgroup: other, PinDir: d.PinDir()}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second open while the first holds the pins: %v, want ErrBusy", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
 	_, err := Open(&Config{Cgroup: other, PinDir: d.PinDir()})
-	if err == nil {
-		t.Fatal("adopted a datapath pinned on another cgroup")
+	if err == nil || errors.Is(err, ErrBusy) {
+		t.Fatalf("adopting a datapath pinned on another cgroup: %v", err)
 	}
 	t.Logf("refused: %v", err)
 }

@@ -240,6 +240,8 @@ var (
 	ErrConflict = errors.New("rule conflict")
 	// ErrFull means every rule slot is taken.
 	ErrFull = errors.New("rule table full")
+	// ErrBusy means another process has the pinned datapath open.
+	ErrBusy = errors.New("datapath busy")
 )
 
 // RuleError lists every problem found in one rule.

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/control"
+)
+
+func TestNameLast(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		in   string
+		want string
+	}{
+		{"documented form", "egressd limit set web --dest 10.0.0.1 --concurrency 2", "egressd limit set --dest 10.0.0.1 --concurrency 2 web"},
+		{"after global flags", "egressd --socket /s --json limit set web --dest x", "egressd --socket /s --json limit set --dest x web"},
+		{"already last", "egressd limit set --dest x web", "egressd limit set --dest x web"},
+		{"no flags", "egressd limit set web", "egressd limit set web"},
+		{"other commands", "egressd limit get web", "egressd limit get web"},
+		{"nothing after set", "egressd limit set", "egressd limit set"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := strings.Join(nameLast(strings.Fields(c.in)), " ")
+			if got != c.want {
+				t.Errorf("nameLast(%q) = %q, want %q", c.in, got, c.want)
+			}
+		})
+	}
+}
+
+// fakeDaemon serves the limits route on a control socket of the test's own.
+func fakeDaemon(t *testing.T, limits []control.Limit) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "sock")
+	srv, err := control.NewServer(control.Config{Socket: sock, Routes: map[string]control.Route{
+		control.RouteLimits: {Method: http.MethodGet, Handler: control.JSON(func(*http.Request, struct{}) ([]control.Limit, error) {
+			return limits, nil
+		})},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { srv.Serve(ln); close(done) }()
+	t.Cleanup(func() { srv.Close(); <-done })
+	return sock
+}
+
+// TestTopCountStopsAfterLastRefresh: `top --count N` prints N tables and
+// exits, without sleeping one more interval after the last.
+func TestTopCountStopsAfterLastRefresh(t *testing.T) {
+	sock := fakeDaemon(t, []control.Limit{{Name: "web", Shape: "concurrency", Limit: 2, Live: 1}})
+	app := App()
+	var out bytes.Buffer
+	app.Writer = &out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := app.RunContext(ctx, []string{"egressd", "--socket", sock, "--json", "top", "--count", "1", "--interval", "1m"})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"name": "web"`) {
+		t.Errorf("top printed:\n%s", out.String())
+	}
+	if elapsed > time.Second {
+		t.Errorf("top --count 1 --interval 1m took %v: it waits an interval after its last refresh", elapsed.Round(time.Millisecond))
+	}
+}
+
+func TestSplitLines(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"a", []string{"a"}},
+		{"a\nb\n", []string{"a", "b"}},
+		{"a\n\nb", []string{"a", "b"}},
+	} {
+		if got := splitLines(c.in); !slices.Equal(got, c.want) {
+			t.Errorf("splitLines(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
