@@ -14,6 +14,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1186,5 +1187,36 @@ func TestDaemonStartsDespiteConflictingCLILimit(t *testing.T) {
 	// --json after the command name works too.
 	if out := e.ok(t, "limit", "ls", "--json"); !strings.HasPrefix(strings.TrimSpace(out), "[") {
 		t.Fatalf("limit ls --json:\n%s", out)
+	}
+}
+
+// TestDaemonAttributesRefusals answers the SDK's question — did egressd
+// refuse this process's connect() to this destination just now? — yes for
+// its own refusal, no for another process or destination.
+func TestDaemonAttributesRefusals(t *testing.T) {
+	e := newEnv(t)
+	port, other := listen(t), listen(t)
+	e.writePolicy(t, policyRule("web", port, 1))
+	e.start(t)
+	py := e.python(t)
+	if got := []string{py.dial(t, port), py.dial(t, port)}; !slices.Equal(got, []string{"ok 0", "err 1"}) {
+		t.Fatalf("connects: %q", got)
+	}
+	c := &control.Client{Socket: e.socket}
+	dest := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
+	tests := []struct {
+		pid  int
+		dest netip.AddrPort
+		want control.Attribution
+	}{
+		{py.pid, dest, control.Attribution{Refused: true, Rule: "web"}},
+		{py.pid + 1, dest, control.Attribution{}},
+		{py.pid, netip.AddrPortFrom(dest.Addr(), uint16(other)), control.Attribution{}},
+	}
+	for _, tt := range tests {
+		got, err := c.Attribute(context.Background(), tt.pid, tt.dest)
+		if err != nil || got != tt.want {
+			t.Errorf("Attribute(%d, %s) = %+v, %v; want %+v", tt.pid, tt.dest, got, err, tt.want)
+		}
 	}
 }
