@@ -38,6 +38,9 @@ import (
 var egressd string
 
 func TestMain(m *testing.M) {
+	if privtest.IsHelper() {
+		privtest.Main(m) // a client process a test started; it exits
+	}
 	os.Exit(run(m))
 }
 

@@ -221,3 +221,54 @@ func connectLoop(addr, count string) (time.Duration, error) {
 	}
 	return time.Since(start) / time.Duration(n), nil
 }
+
+// runRequester runs N closed-loop clients against ADDR for DURATION: each
+// connects, sends a byte, waits for a byte back and closes, again and
+// again; a refused connect() waits a millisecond. It prints
+// "done ok N refused M failed K".
+func runRequester(args []string) error {
+	if len(args) != 3 {
+		return fmt.Errorf("requester: want ADDR N DURATION, got %q", args)
+	}
+	n, err := strconv.Atoi(args[1])
+	if err != nil {
+		return err
+	}
+	d, err := time.ParseDuration(args[2])
+	if err != nil {
+		return err
+	}
+	var ok, refused, failed atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	for range n {
+		wg.Go(func() {
+			buf := make([]byte, 1)
+			for time.Now().Before(deadline) {
+				c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
+				if errors.Is(err, syscall.EPERM) {
+					refused.Add(1)
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err := c.Write(buf); err == nil {
+					_, err = io.ReadFull(c, buf)
+				}
+				c.Close()
+				if err != nil {
+					failed.Add(1)
+				} else {
+					ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Printf("done ok %d refused %d failed %d\n", ok.Load(), refused.Load(), failed.Load())
+	return nil
+}

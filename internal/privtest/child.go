@@ -14,9 +14,13 @@ const helperEnv = "EGRESSD_TEST_HELPER"
 
 // helpers are the roles a test binary can be re-run as.
 var helpers = map[string]func(args []string) error{
-	"agent": runAgent,
-	"storm": runStorm,
+	"agent":     runAgent,
+	"storm":     runStorm,
+	"requester": runRequester,
 }
+
+// IsHelper reports whether this test binary was started as a helper.
+func IsHelper() bool { return os.Getenv(helperEnv) != "" }
 
 // Role is an extra helper a test package can be re-run as.
 type Role struct {

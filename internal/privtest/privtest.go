@@ -216,6 +216,61 @@ func onLockedThread(fn func() error) error {
 	return <-errc
 }
 
+// VethToHost links the test's own network namespace (the host's) to ns with
+// a veth pair and addresses; the host end is removed when the test ends.
+func VethToHost(t testing.TB, hostAddr string, ns *NetNS, nsAddr string) {
+	t.Helper()
+	name := "eg" + suffix()[:6]
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name + "h"}, PeerName: name + "n", PeerNamespace: netlink.NsFd(ns.handle)}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(name + "h"); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	host, err := netlink.LinkByName(name + "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	configure(t, nil, host, hostAddr)
+	h, err := netlink.NewHandleAt(ns.handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	peer, err := h.LinkByName(name + "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	configure(t, h, peer, nsAddr)
+}
+
+// configure gives a link an address and brings it up, through h (nil: the
+// test's own namespace).
+func configure(t testing.TB, h *netlink.Handle, l netlink.Link, cidr string) {
+	t.Helper()
+	addr, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h == nil {
+		err = netlink.AddrAdd(l, addr)
+		if err == nil {
+			err = netlink.LinkSetUp(l)
+		}
+	} else {
+		err = h.AddrAdd(l, addr)
+		if err == nil {
+			err = h.LinkSetUp(l)
+		}
+	}
+	if err != nil {
+		t.Fatalf("configure %s: %v", l.Attrs().Name, err)
+	}
+}
+
 // Veth links two namespaces with a veth pair and addresses ("10.1.0.1/24").
 func Veth(t testing.TB, a *NetNS, addrA string, b *NetNS, addrB string) {
 	t.Helper()
@@ -242,16 +297,7 @@ func Veth(t testing.TB, a *NetNS, addrA string, b *NetNS, addrB string) {
 			h.Close()
 			t.Fatalf("veth %s: %v", end.link, err)
 		}
-		addr, err := netlink.ParseAddr(end.addr)
-		if err == nil {
-			err = h.AddrAdd(l, addr)
-		}
-		if err == nil {
-			err = h.LinkSetUp(l)
-		}
+		configure(t, h, l, end.addr)
 		h.Close()
-		if err != nil {
-			t.Fatalf("configure %s: %v", end.link, err)
-		}
 	}
 }
