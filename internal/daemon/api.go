@@ -145,6 +145,18 @@ func shapeName(e *entry) string {
 
 func (d *Daemon) handleSetLimit(r *http.Request, in control.SetLimitRequest) (control.Limit, error) {
 	p, err := policy.Parse([]byte("rules:\n" + indent(in.Rule)))
+	var pe *policy.Error
+	if errors.As(err, &pe) {
+		// Positions in a YAML the caller never wrote would only confuse.
+		msgs := make([]string, len(pe.Problems))
+		for i, pr := range pe.Problems {
+			msgs[i] = pr.Msg
+			if pr.Rule != "" {
+				msgs[i] = "rule " + pr.Rule + ": " + pr.Msg
+			}
+		}
+		return control.Limit{}, control.Errorf(control.CodeInvalid, "%s", strings.Join(msgs, "\n"))
+	}
 	if err != nil {
 		return control.Limit{}, control.Errorf(control.CodeInvalid, "%v", err)
 	}
