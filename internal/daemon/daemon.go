@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
@@ -51,10 +52,15 @@ type Config struct {
 	// DetachOnExit removes the datapath when the daemon stops (fail-open);
 	// by default it stays and keeps enforcing (fail-static).
 	DetachOnExit bool
-	// Refresh is how often host names and units are looked up again.
+	// Refresh is how often units are looked up again (a restarted unit
+	// gets a new cgroup) and the sockets recounted; host names are looked
+	// up again when their DNS TTL runs out.
 	Refresh time.Duration
-	Version string
-	Logger  *slog.Logger
+	// Resolver looks host names up; nil is /etc/hosts then the servers of
+	// /etc/resolv.conf.
+	Resolver *dns.Resolver
+	Version  string
+	Logger   *slog.Logger
 	// Notify hears of the daemon's lifecycle (systemd's sd_notify).
 	Notify Notifier
 }
@@ -92,6 +98,9 @@ func (c *Config) withDefaults() Config {
 	if out.Refresh == 0 {
 		out.Refresh = DefaultRefresh
 	}
+	if out.Resolver == nil {
+		out.Resolver = &dns.Resolver{}
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -115,6 +124,7 @@ type Daemon struct {
 	overrides overrides
 	applied   overrides
 	entries   map[string]*entry
+	hosts     map[string]hostEntry
 	reload    control.Reload
 
 	events   *eventLog
@@ -127,7 +137,7 @@ type Daemon struct {
 // uninstall request. SIGHUP reloads the policy.
 func Run(ctx context.Context, cfg Config) error {
 	c := cfg.withDefaults()
-	d := &Daemon{cfg: c, log: c.Logger, started: time.Now(), entries: map[string]*entry{}, stop: make(chan struct{})}
+	d := &Daemon{cfg: c, log: c.Logger, started: time.Now(), entries: map[string]*entry{}, hosts: map[string]hostEntry{}, stop: make(chan struct{})}
 	d.events = newEventLog()
 	d.metrics = newMetrics(d)
 

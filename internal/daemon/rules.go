@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -179,6 +178,11 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 	}
 	d.logChanges(d.entries, next)
 	d.policy, d.applied, d.entries = p, o, next
+	for host := range d.hosts {
+		if !slices.ContainsFunc(merged, func(e *entry) bool { h, ok := e.spec.Destination.Host(); return ok && h == host }) {
+			delete(d.hosts, host)
+		}
+	}
 	return nil
 }
 
@@ -220,16 +224,9 @@ func (d *Daemon) resolve(ctx context.Context, e *entry) error {
 	}
 	var addrs []netip.Addr
 	if host, ok := e.spec.Destination.Host(); ok {
-		var err error
-		if addrs, err = lookup(ctx, host); err != nil {
-			// A failed lookup must not lift a limit: keep the addresses
-			// last resolved, by this run or the one whose pins it adopted.
-			addrs = d.lastAddrs(e.spec.Name)
-			if len(addrs) == 0 {
-				e.pending = fmt.Sprintf("host %s: %v", host, err)
-				return nil
-			}
-			d.log.Warn("host lookup failed; keeping the last addresses", "rule", e.spec.Name, "host", host, "err", err, "addresses", len(addrs))
+		if addrs = d.lookup(ctx, e.spec.Name, host); len(addrs) == 0 {
+			e.pending = fmt.Sprintf("host %s has no addresses yet", host)
+			return nil
 		}
 	}
 	e.kernel = e.spec.LoaderRule(scope, addrs)
@@ -266,15 +263,41 @@ func (d *Daemon) lastAddrs(name string) []netip.Addr {
 	return addrs
 }
 
-func lookup(ctx context.Context, host string) ([]netip.Addr, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return nil, err
+// hostEntry is what a host name resolved to, until when.
+type hostEntry struct {
+	addrs   []netip.Addr
+	expires time.Time
+}
+
+// lookup resolves a rule's host name, asking DNS again only once its TTL
+// has run out. A failed lookup must not lift a limit: the addresses last
+// resolved stay, by this run or by the one whose pins it adopted, and the
+// name is asked again after the resolver's retry time.
+func (d *Daemon) lookup(ctx context.Context, rule, host string) []netip.Addr {
+	now := time.Now()
+	if h, ok := d.hosts[host]; ok && now.Before(h.expires) {
+		return h.addrs
 	}
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	return addrs, nil
+	addrs, ttl, err := d.cfg.Resolver.Lookup(ctx, host)
+	if err != nil {
+		addrs = d.hosts[host].addrs
+		if len(addrs) == 0 {
+			addrs = d.lastAddrs(rule)
+		}
+		d.log.Warn("host lookup failed; keeping the last addresses", "rule", rule, "host", host, "err", err, "addresses", len(addrs))
+	}
+	d.hosts[host] = hostEntry{addrs: addrs, expires: now.Add(ttl)}
+	return addrs
+}
+
+// hostsDue reports whether some host name's TTL has run out.
+func (d *Daemon) hostsDue(now time.Time) bool {
+	for _, h := range d.hosts {
+		if !now.Before(h.expires) {
+			return true
+		}
+	}
+	return false
 }
 
 // scopeOf finds a rule's cgroup; a non-empty reason means it has none now.
@@ -341,24 +364,32 @@ func findUnit(unit string) (string, error) {
 	return found[0], nil
 }
 
-// refreshLoop looks host names and units up again: addresses change and a
-// restarted unit gets a new cgroup.
+// refreshLoop looks host names up again when their TTLs run out, and
+// units every Refresh: a restarted unit gets a new cgroup.
 func (d *Daemon) refreshLoop(ctx context.Context) {
-	t := time.NewTicker(d.cfg.Refresh)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case now := <-t.C:
+			d.mu.Lock()
+			due := now.Sub(last) >= d.cfg.Refresh || d.hostsDue(now)
+			var err error
+			if due {
+				err = d.installLocked(ctx, d.policy, d.applied)
+			}
+			d.mu.Unlock()
+			if err != nil {
+				d.log.Error("refresh", "err", err)
+			}
+			if now.Sub(last) >= d.cfg.Refresh {
+				last = now
+				d.metrics.recount()
+			}
 		}
-		d.mu.Lock()
-		err := d.installLocked(ctx, d.policy, d.applied)
-		d.mu.Unlock()
-		if err != nil {
-			d.log.Error("refresh", "err", err)
-		}
-		d.metrics.recount()
 	}
 }
 

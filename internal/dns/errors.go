@@ -1,0 +1,114 @@
+package dns
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+var (
+	// ErrNotFound is matched by every *NotFoundError: the name does not exist,
+	// or has neither A nor AAAA records.
+	ErrNotFound = errors.New("no such host")
+	// ErrUnavailable is matched by every *UnavailableError: no server gave an
+	// answer, so nothing is known about the name's addresses.
+	ErrUnavailable = errors.New("dns unavailable")
+	// ErrInvalidName is wrapped by the error Lookup returns for a host that is
+	// not a valid domain name; no query is sent.
+	ErrInvalidName = errors.New("invalid host name")
+)
+
+// NotFoundError says the servers answered, and the answer is that the host
+// has no addresses.
+type NotFoundError struct {
+	Host string
+	// NXDomain is true when the name does not exist at all, false when it
+	// exists but has no A or AAAA records (NODATA).
+	NXDomain bool
+}
+
+func (e *NotFoundError) Error() string {
+	if e.NXDomain {
+		return "lookup " + e.Host + ": no such host"
+	}
+	return "lookup " + e.Host + ": no addresses"
+}
+
+// Is matches ErrNotFound.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// UnavailableError says no answer could be had: every server failed for at
+// least one of the questions, or the hosts file could not be read.
+type UnavailableError struct {
+	Host string
+	// Err holds the failures, one per server and question
+	// (errors.Join), or the hosts file's read error.
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	s := "lookup " + e.Host + ": " + ErrUnavailable.Error()
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is matches ErrUnavailable.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the failures.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// IsNotFound reports whether err is, or wraps, a *NotFoundError.
+func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// IsUnavailable reports whether err is, or wraps, a *UnavailableError.
+func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// rcodeError is a reply whose RCODE says the server could not answer.
+type rcodeError int
+
+func (e rcodeError) Error() string {
+	if s, ok := rcodeNames[int(e)]; ok {
+		return "server replied " + s
+	}
+	return "server replied rcode " + strconv.Itoa(int(e))
+}
+
+var rcodeNames = map[int]string{
+	rcodeFormErr:  "FORMERR",
+	rcodeServFail: "SERVFAIL",
+	rcodeNXDomain: "NXDOMAIN",
+	rcodeNotImp:   "NOTIMP",
+	rcodeRefused:  "REFUSED",
+}
+
+// Reasons a reply is ignored or a server's answer is not used.
+var (
+	errNotResponse      = errors.New("reply is not a response")
+	errIDMismatch       = errors.New("reply ID does not match the query")
+	errQuestionMismatch = errors.New("reply question does not match the query")
+	errLameReferral     = errors.New("lame referral (neither recursion available nor authoritative)")
+	errCNAMELoop        = errors.New("CNAME loop")
+	errTruncatedTCP     = errors.New("truncated reply over TCP")
+)
+
+// Malformed messages.
+var (
+	errShortMessage = errors.New("dns message: too short")
+	errPointerLoop  = errors.New("dns message: too many compression pointers")
+	errNameTooLong  = errors.New("dns message: name longer than 255 octets")
+	errLabelType    = errors.New("dns message: reserved label type")
+	errRDataLength  = errors.New("dns message: bad record data length")
+)
+
+func typeName(t uint16) string {
+	switch t {
+	case typeA:
+		return "A"
+	case typeAAAA:
+		return "AAAA"
+	}
+	return fmt.Sprintf("TYPE%d", t)
+}
