@@ -1,0 +1,97 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/privtest"
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
+)
+
+// TestSDKSeesKernelRefusalsAsSelfImposed runs the SDK's executor in a
+// process the daemon limits: its EPERMs are attributed to the rule and
+// become self-imposed refusals, which spend no retry budget and leave the
+// breaker closed; an EPERM from something else stays Permanent.
+func TestSDKSeesKernelRefusalsAsSelfImposed(t *testing.T) {
+	e := newEnv(t)
+	port, firewalled := listen(t), listen(t)
+	e.writePolicy(t, policyRule("web", port, 1))
+	e.start(t)
+
+	// Another BPF program on a child cgroup stands in for a firewall: it
+	// refuses with EPERM too, and the daemon never hears of it.
+	child := privtest.SubCgroup(t, e.cg, "app")
+	fw, err := loader.Open(&loader.Config{Cgroup: child, PinDir: privtest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fw.Uninstall() })
+	if err := fw.Put(loader.Rule{Name: "firewall", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Port: uint16(firewalled), Limit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	privtest.Join(t, child)
+
+	dial := func(port int) func(ctx context.Context) (net.Conn, error) {
+		return func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", "127.0.0.1:"+strconv.Itoa(port))
+		}
+	}
+	hold := func(port int) {
+		c, err := dial(port)(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	hold(port)       // the daemon's limit of 1 is now full
+	hold(firewalled) // and so is the "firewall"'s
+
+	budget := sdk.NewRetryBudget(0.1, 10)
+	breaker := sdk.NewBreaker(sdk.BreakerOptions{})
+	policy := &sdk.Policy{
+		MaxAttempts: 3,
+		Backoff:     sdk.Backoff{Throttled: sdk.Curve{Initial: 5 * time.Millisecond, Multiplier: 1}, Transient: sdk.Curve{Initial: 5 * time.Millisecond, Multiplier: 1}, MaxDelay: 20 * time.Millisecond},
+		Classifier:  sdk.DefaultClassifier().WithAttributor(sdk.DaemonAttributor(&control.Client{Socket: e.socket})),
+		Budget:      budget,
+		Breaker:     breaker,
+	}
+	tokens := budget.Tokens()
+
+	refused := sdk.Try(context.Background(), policy, dial(port))
+	if refused.Stop != sdk.StopAttemptsExhausted || len(refused.Attempts) != 3 {
+		t.Fatalf("limited dial: stop %v after %d attempts (%v)", refused.Stop, len(refused.Attempts), refused.Err)
+	}
+	for i, a := range refused.Attempts {
+		if a.Kind() != verdict.Throttled || !a.SelfImposed() {
+			t.Errorf("attempt %d: %v, want a self-imposed refusal", i, a)
+		}
+	}
+	rl, ok := sdk.AsRateLimited(refused.Err)
+	if !ok || rl.Limiter != "web" {
+		t.Errorf("error %v, want a *RateLimitedError from rule web", refused.Err)
+	}
+	if budget.Tokens() != tokens {
+		t.Errorf("retry budget %v after refusals, want %v untouched", budget.Tokens(), tokens)
+	}
+	if st := breaker.State(time.Now()); st != sdk.BreakerClosed {
+		t.Errorf("breaker %v after refusals, want closed", st)
+	}
+
+	other := sdk.Try(context.Background(), policy, dial(firewalled))
+	if other.Stop != sdk.StopPermanent || len(other.Attempts) != 1 || other.Attempts[0].Kind() != verdict.Permanent {
+		t.Fatalf("EPERM from a firewall: stop %v, attempts %v (%v), want one Permanent", other.Stop, other.Attempts, other.Err)
+	}
+	if _, ok := sdk.AsRateLimited(other.Err); ok || !errors.Is(other.Err, syscall.EPERM) {
+		t.Errorf("firewall error %v, want the EPERM itself", other.Err)
+	}
+}
