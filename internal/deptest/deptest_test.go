@@ -21,6 +21,7 @@ func TestDependencies(t *testing.T) {
 		{"pkg/adaptive", nil},
 		{"pkg/verdict", nil},
 		{"pkg/sdk", []string{module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
+		{"pkg/limit", []string{module + "pkg/adaptive", module + "pkg/sdk", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
 		{"pkg/control", []string{"golang.org/x/sys/"}},
 		{"internal/sdnotify", []string{"golang.org/x/sys/"}},
 		{"internal/dns", nil},

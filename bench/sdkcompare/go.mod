@@ -1,0 +1,12 @@
+module github.com/egressd/egressd/bench/sdkcompare
+
+go 1.26.8
+
+require (
+	github.com/egressd/egressd v0.0.0
+	golang.org/x/time v0.16.0
+)
+
+require golang.org/x/sys v0.50.0 // indirect
+
+replace github.com/egressd/egressd => ../..

@@ -1,0 +1,55 @@
+package limit
+
+import (
+	"strconv"
+	"time"
+)
+
+// Observer is told what a limiter does, for metrics. Package limitmetrics
+// implements it with Prometheus. Methods are called from the goroutines that
+// acquire and release, concurrently, outside the limiter's locks (OnLimit
+// excepted: it is called in order, under the adaptive controller's lock, and
+// must not call back into the limiter's Acquire or Release). They should be
+// cheap and must not block.
+type Observer interface {
+	// OnLease is called once per Acquire with its outcome. A caller whose
+	// context ended while it waited was Denied: it asked, and got nothing.
+	OnLease(outcome Outcome)
+	// OnWait is called once per Acquire on a limiter that has a queue, with
+	// how long the caller waited (zero when it did not). A limiter without
+	// a queue never waits, and never calls it.
+	OnWait(d time.Duration)
+	// OnLimit is called by an adaptive limiter with its limit: once when it
+	// is made, then every time the limit moves. Watching it fall is watching
+	// the dependency say it is queueing.
+	OnLimit(limit int)
+}
+
+// Outcome is what an Acquire came to.
+type Outcome uint8
+
+const (
+	// Acquired: the caller got a lease.
+	Acquired Outcome = iota
+	// Denied: the caller was refused, or its context ended while it waited.
+	Denied
+
+	outcomeLen // sentinel; keep last.
+)
+
+var outcomeNames = [outcomeLen]string{
+	Acquired: "acquired",
+	Denied:   "denied",
+}
+
+// String returns the outcome's name, the label value metrics use.
+func (o Outcome) String() string {
+	if o < outcomeLen {
+		return outcomeNames[o]
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Valid reports whether o is one of the outcomes, so that an adapter can
+// range over them: for o := Outcome(0); o.Valid(); o++.
+func (o Outcome) Valid() bool { return o < outcomeLen }
