@@ -18,22 +18,24 @@ const (
 	initialLimit = adaptive.DefaultInitial
 )
 
-// egressdController drives pkg/adaptive with its defaults the way a limiter
-// in front of it would: the limit is Controller.Limit(); a refusal, or
-// in-flight reaching the limit, calls Constrained(); every completed call is
-// a Sample. A failed call is not sampled: the controller has no notion of a
-// dropped call, and a fast failure's latency would teach it a baseline no
-// served call can meet.
+// egressdController drives pkg/adaptive the way a limiter in front of it
+// would: the limit is Controller.Limit(); a refusal, or in-flight reaching
+// the limit, calls Constrained(); every completed call is a Sample, at the
+// instant it ended with the latency it measured, so that the controller can
+// tell from end − latency whether a call started during a probe. A failed
+// call is not sampled: the controller has no notion of a dropped call, and a
+// fast failure's latency would teach it a baseline no served call can meet.
 type egressdController struct {
 	c        *adaptive.Controller
 	epoch    time.Time
 	inflight int
 }
 
-func newEgressd() Controller {
-	c, err := adaptive.New(nil)
+// newEgressd returns pkg/adaptive with opts; nil is every default.
+func newEgressd(opts *adaptive.Options) Controller {
+	c, err := adaptive.New(opts)
 	if err != nil {
-		panic(err) // the defaults are valid
+		panic(err)
 	}
 	return &egressdController{c: c, epoch: time.Date(2025, time.January, 1, 0, 0, 0, 0, time.UTC)}
 }
@@ -59,6 +61,14 @@ func (e *egressdController) Done(now time.Duration, _ any, latency time.Duration
 }
 
 func (e *egressdController) Limit() int { return e.c.Limit() }
+
+// Settled is the limit outside probes: during one, the limit it restores.
+func (e *egressdController) Settled() int {
+	if restore, ok := e.c.Probing(); ok {
+		return restore
+	}
+	return e.c.Limit()
+}
 
 // failsafeController drives failsafe-go's AdaptiveLimiter, unmodified, through
 // its public permit API: TryAcquirePermit (no queueing, its default), then

@@ -22,6 +22,7 @@ func main() {
 	flag.Float64Var(&cfg.Load, "load", cfg.Load, "open loop: arrival rate as a multiple of full capacity")
 	flag.IntVar(&cfg.Clients, "clients", cfg.Clients, "closed loop: clients (0: 3 × servers)")
 	flag.DurationVar(&cfg.Phase, "phase", cfg.Phase, "length of each phase (full, half, full capacity)")
+	flag.IntVar(&cfg.ProbeEvery, "probe", cfg.ProbeEvery, "the egressd probe row's ProbeEvery (rounds between drain probes)")
 	svgDir := flag.String("svg", ".", "directory for limit-<scenario>.svg; empty for none")
 
 	// failsafe-go's limiter reads the wall clock, so its runs need a

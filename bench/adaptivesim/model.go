@@ -61,15 +61,34 @@ type Controller interface {
 	Limit() int
 }
 
+// Settler is a Controller whose limit in force can differ for a while from
+// the limit it has settled on: egressd's with drain probes, whose Limit is
+// the probe's during one. The table judges the settled limit against the
+// band, since a probe leaves it on purpose; the plot draws the limit in force.
+type Settler interface {
+	Settled() int
+}
+
+// settled is ctl's settled limit: Settled for a Settler, Limit otherwise.
+func settled(ctl Controller) int {
+	if s, ok := ctl.(Settler); ok {
+		return s.Settled()
+	}
+	return ctl.Limit()
+}
+
 // unlimited is the Limit of a controller that never refuses.
 const unlimited = math.MaxInt32
 
-// point is one step of a controller's limit: from instant t the limit was
-// limit, and rounds rounds had completed since the start of the run.
+// point is one step of a controller's limit: from instant t the limit in
+// force was limit and the limit it had settled on settled (the same but for
+// a Settler in a probe), and rounds rounds had completed since the start of
+// the run.
 type point struct {
-	t      time.Duration
-	limit  int
-	rounds float64
+	t       time.Duration
+	limit   int
+	rounds  float64
+	settled int
 }
 
 // Trace is what one run of one controller produced.
@@ -150,6 +169,7 @@ type sim struct {
 
 	out        Trace
 	limit      int     // last limit recorded in out.Limit
+	settled    int     // and the last settled limit
 	roundsDone float64 // rounds completed since the start
 	phase      int
 }
@@ -167,8 +187,8 @@ func Simulate(sc *Scenario, ctl Controller) *Trace {
 		// A lognormal with mean m has μ = ln m − σ²/2.
 		mu: math.Log(float64(sc.Mean)) - sc.Sigma*sc.Sigma/2,
 	}
-	s.limit = ctl.Limit()
-	s.out.Limit = append(s.out.Limit, point{0, s.limit, 0})
+	s.limit, s.settled = ctl.Limit(), settled(ctl)
+	s.out.Limit = append(s.out.Limit, point{0, s.limit, 0, s.settled})
 
 	s.schedule(sc.Phase, evCapacity, sc.serversAt(sc.Phase))
 	s.schedule(2*sc.Phase, evCapacity, sc.serversAt(2*sc.Phase))
@@ -194,7 +214,7 @@ func Simulate(sc *Scenario, ctl Controller) *Trace {
 			s.phase++
 			s.out.PhaseAt[s.phase] = len(s.out.Limit)
 			s.out.LatAt[s.phase] = len(s.out.Latencies)
-			s.out.Limit = append(s.out.Limit, point{time.Duration(s.phase) * sc.Phase, s.limit, s.rounds()})
+			s.out.Limit = append(s.out.Limit, point{time.Duration(s.phase) * sc.Phase, s.limit, s.rounds(), s.settled})
 		}
 		switch e.kind {
 		case evArrival:
@@ -311,9 +331,9 @@ func (s *sim) done(id int) {
 
 // observe records the controller's limit when it has moved.
 func (s *sim) observe() {
-	if l := s.ctl.Limit(); l != s.limit {
-		s.limit = l
-		s.out.Limit = append(s.out.Limit, point{s.now, l, s.rounds()})
+	if l, h := s.ctl.Limit(), settled(s.ctl); l != s.limit || h != s.settled {
+		s.limit, s.settled = l, h
+		s.out.Limit = append(s.out.Limit, point{s.now, l, s.rounds(), h})
 	}
 }
 

@@ -9,15 +9,18 @@ import (
 	"testing/synctest"
 	"text/tabwriter"
 	"time"
+
+	"github.com/egressd/egressd/pkg/adaptive"
 )
 
 // Kind says what a row of the table is for.
 type Kind int
 
 const (
-	Peer       Kind = iota // egressd or a peer it is judged against
-	Diagnostic             // a variant of egressd's rule that explains its row
+	Peer       Kind = iota // a peer egressd is judged against
+	Diagnostic             // a variant of egressd's rule that explains its rows
 	Reference              // a bound to read the others against
+	Egressd                // pkg/adaptive itself, judged against the targets
 )
 
 // spec is one controller in the comparison.
@@ -29,14 +32,16 @@ type spec struct {
 	make   func(sc *Scenario) Controller
 }
 
-func specs() []spec {
+func specs(cfg Config) []spec {
 	return []spec{
-		{name: "egressd", desc: "pkg/adaptive, defaults", make: func(*Scenario) Controller { return newEgressd() }},
+		{name: "egressd", desc: "pkg/adaptive, defaults", kind: Egressd, make: func(*Scenario) Controller { return newEgressd(nil) }},
+		{name: "egressd probe", desc: fmt.Sprintf("pkg/adaptive, opt-in ProbeEvery %d, ProbeFactor 0.5 (default); the dips are probes", cfg.ProbeEvery), kind: Egressd, make: func(*Scenario) Controller {
+			return newEgressd(&adaptive.Options{ProbeEvery: cfg.ProbeEvery})
+		}},
 		{name: "failsafe-go", desc: "adaptivelimiter, defaults", bubble: true, make: func(*Scenario) Controller { return newFailsafe() }},
 		{name: "gradient2", desc: "updated on every sample", make: func(*Scenario) Controller { return newGradient2(0) }},
 		{name: "gradient2/1s", desc: "updated on 1 s windows", make: func(*Scenario) Controller { return newGradient2(time.Second) }},
 		{name: "diag: pinned", desc: "egressd's rule, true no-queue baseline; not a peer", kind: Diagnostic, make: newPinned},
-		{name: "diag: probe", desc: "egressd's rule, baseline from drain probes; not a peer", kind: Diagnostic, make: newProbe},
 		{name: "ref: oracle", kind: Reference, make: func(sc *Scenario) Controller { return &oracleController{sc: sc} }},
 		{name: "ref: no limit", kind: Reference, make: func(*Scenario) Controller { return noLimit{} }},
 	}
@@ -51,6 +56,9 @@ type Config struct {
 	Load    float64
 	Clients int // closed loop; 0 means 3 × Servers
 	Phase   time.Duration
+
+	// ProbeEvery is the "egressd probe" row's Options.ProbeEvery.
+	ProbeEvery int
 }
 
 // DefaultConfig is the run the README's table comes from.
@@ -61,6 +69,8 @@ var DefaultConfig = Config{
 	Sigma:   0.5,
 	Load:    1.5,
 	Phase:   60 * time.Second,
+	// See README.md for why 100.
+	ProbeEvery: 100,
 }
 
 // Scenarios returns the open-loop and the closed-loop scenario of cfg.
@@ -96,7 +106,8 @@ type Result struct {
 	PhaseP99     [3]time.Duration
 
 	Settle, Follow, Recover Transit
-	Steady                  [3][2]int // min and max limit over the second half of each phase
+	Steady                  [3][2]int // min and max settled limit over the second half of each phase
+	SteadyInForce           [3][2]int // the same for the limit in force, probes included
 
 	Refused, Failed int
 	Trace           *Trace
@@ -128,7 +139,7 @@ func band(c int) (lo, hi float64) { return 0.8 * float64(c), 2.2 * float64(c) }
 func Run(t *testing.T, cfg Config) []*Result {
 	var out []*Result
 	for _, sc := range cfg.Scenarios() {
-		for _, sp := range specs() {
+		for _, sp := range specs(cfg) {
 			var tr *Trace
 			if sp.bubble {
 				synctest.Test(t, func(*testing.T) { tr = Simulate(sc, sp.make(sc)) })
@@ -163,6 +174,7 @@ func analyse(sc *Scenario, sp spec, tr *Trace) *Result {
 		r.Settle, r.Follow, r.Recover = transit(sc, tr, 0), transit(sc, tr, 1), transit(sc, tr, 2)
 		for p := range 3 {
 			r.Steady[p] = steady(sc, tr, p)
+			r.SteadyInForce[p] = steadyOf(sc, tr, p, func(pt point) int { return pt.limit })
 		}
 	}
 	return r
@@ -186,7 +198,7 @@ func transit(sc *Scenario, tr *Trace, p int) Transit {
 	pts := phasePoints(tr, p)
 	last := -1 // the last point out of band
 	for i, pt := range pts {
-		if l := float64(pt.limit); l < lo || l > hi {
+		if l := float64(pt.settled); l < lo || l > hi {
 			last = i
 		}
 	}
@@ -200,9 +212,15 @@ func transit(sc *Scenario, tr *Trace, p int) Transit {
 	return Transit{OK: true, Rounds: in.rounds - pts[0].rounds, After: in.t - pts[0].t}
 }
 
-// steady returns the least and greatest limit in force during the second
-// half of phase p.
+// steady returns the least and greatest settled limit during the second
+// half of phase p: the limit in force, but for a probe's.
 func steady(sc *Scenario, tr *Trace, p int) [2]int {
+	return steadyOf(sc, tr, p, func(pt point) int { return pt.settled })
+}
+
+// steadyOf returns the least and greatest of limit over the points in force
+// during the second half of phase p.
+func steadyOf(sc *Scenario, tr *Trace, p int, limit func(point) int) [2]int {
 	mid := time.Duration(p)*sc.Phase + sc.Phase/2
 	pts := phasePoints(tr, p)
 	lo, hi := math.MaxInt, math.MinInt
@@ -210,7 +228,7 @@ func steady(sc *Scenario, tr *Trace, p int) [2]int {
 		if i+1 < len(pts) && pts[i+1].t <= mid {
 			continue // replaced before the second half began
 		}
-		lo, hi = min(lo, pt.limit), max(hi, pt.limit)
+		lo, hi = min(lo, limit(pt)), max(hi, limit(pt))
 	}
 	return [2]int{lo, hi}
 }
@@ -247,20 +265,24 @@ band: limit in [0.8c, 2.2c] for the capacity in force: [%.0f, %.0f] at c=%d, [%.
   keeps every server busy; 2.2c is issue 4's end-to-end bound, where queueing adds about 1.2 mean service times.
 settle / follow drop / recover: from the start / the drop / the recovery to the change that brought the limit into band for the
   last time in that phase (it then stays in band until the phase ends); never = out of band when the phase ended.
-limit full / half: least-greatest limit in force over the second half of the first (c) and the drop (c/2) phase.
-diag rows are not peers: pkg/adaptive's round rule re-implemented with its defaults, judged against a baseline that cannot learn our
-  own queue: pinned = the true no-queue 10th percentile of service time; probe = 10th percentile of calls admitted in a probe round
-  held at half the limit every 100 rounds (see diagnostic.go). They show what the rule does when the baseline is right.
+limit full / half: least-greatest settled limit over the second half of the first (c) and the drop (c/2) phase. The settled limit is
+  the limit in force except during an egressd probe, which holds the limit in force at half of it on purpose; band, settle, follow
+  and recover read the settled limit too. The verdicts give the limit in force, probes included, as well.
+egressd probe: pkg/adaptive with the opt-in drain probes (Options.ProbeEvery); egressd is the specified loop, every default.
+diag: pinned is not a peer: pkg/adaptive's round rule re-implemented with its defaults, judged against the true no-queue 10th
+  percentile of service time, a baseline that cannot learn our own queue. It shows what the rule does when the baseline is right.
 ref rows are bounds, not peers: oracle holds the limit at exactly the servers in force; no limit shows the dependency's own queue.
 `, lo, hi, sc.Servers, lo2, hi2, sc.Servers/2)
 
-	fmt.Fprintln(w, "\nTargets for egressd's defaults:")
+	fmt.Fprintln(w, "\nTargets (issue 4), for each egressd row, and the end-to-end test's steady band [c, 2.2c]:")
 	for _, v := range Verdicts(results) {
 		fmt.Fprintln(w, "  "+v)
 	}
 }
 
-// Verdicts judges egressd against its three targets, per scenario.
+// Verdicts judges each egressd row against issue 4's three targets, and its
+// steady limit against the end-to-end test's [c, 2.2c], per scenario. Peers
+// are the rows of Kind Peer: an egressd row is not the other's peer.
 func Verdicts(results []*Result) []string {
 	var out []string
 	for i := 0; i < len(results); {
@@ -270,46 +292,60 @@ func Verdicts(results []*Result) []string {
 		}
 		group := results[i:j]
 		i = j
-
-		var e *Result
-		for _, r := range group {
-			if r.Controller == "egressd" {
-				e = r
+		for _, e := range group {
+			if e.Kind == Egressd {
+				out = append(out, verdicts(e, group)...)
 			}
 		}
-		name := e.Scenario.Name
-		out = append(out, fmt.Sprintf("%s: goodput ≥ 95%% of capacity: %s (%.1f%%; phases %.1f/%.1f/%.1f%%)",
-			name, met(e.Goodput >= 0.95), 100*e.Goodput, 100*e.PhaseGoodput[0], 100*e.PhaseGoodput[1], 100*e.PhaseGoodput[2]))
-		out = append(out, fmt.Sprintf("%s: follows the drop within 10 rounds: %s (%s)",
-			name, met(e.Follow.OK && e.Follow.Rounds <= 10), e.Follow))
-
-		// Equal goodput: a peer within one percentage point of egressd's, or
-		// above it. A peer that buys its p99 with lost calls is not compared.
-		var best, closest *Result
-		for _, r := range group {
-			if r == e || r.Kind != Peer {
-				continue
-			}
-			if closest == nil || r.Goodput > closest.Goodput {
-				closest = r
-			}
-			if r.Goodput < e.Goodput-0.01 {
-				continue
-			}
-			if best == nil || r.P99 < best.P99 {
-				best = r
-			}
-		}
-		if best == nil {
-			out = append(out, fmt.Sprintf("%s: p99 no worse than the best peer at equal goodput: met only vacuously: no peer comes within 1 point\n"+
-				"    of egressd's %.1f%% goodput; the closest, %s at %.1f%%, has p99 %s against egressd's %s",
-				name, 100*e.Goodput, closest.Controller, 100*closest.Goodput, ms(closest.P99), ms(e.P99)))
-			continue
-		}
-		out = append(out, fmt.Sprintf("%s: p99 no worse than the best peer at equal goodput: %s (egressd %s at %.1f%%, best peer %s %s at %.1f%%)",
-			name, met(e.P99 <= best.P99), ms(e.P99), 100*e.Goodput, best.Controller, ms(best.P99), 100*best.Goodput))
 	}
 	return out
+}
+
+func verdicts(e *Result, group []*Result) []string {
+	name := e.Scenario.Name + ", " + e.Controller
+	out := []string{
+		fmt.Sprintf("%s: goodput ≥ 95%% of capacity: %s (%.1f%%; phases %.1f/%.1f/%.1f%%)",
+			name, met(e.Goodput >= 0.95), 100*e.Goodput, 100*e.PhaseGoodput[0], 100*e.PhaseGoodput[1], 100*e.PhaseGoodput[2]),
+		fmt.Sprintf("%s: follows the drop within 10 rounds: %s (%s)",
+			name, met(e.Follow.OK && e.Follow.Rounds <= 10), e.Follow),
+	}
+
+	// Equal goodput: a peer within one percentage point of egressd's, or
+	// above it. A peer that buys its p99 with lost calls is not compared.
+	var best, closest *Result
+	for _, r := range group {
+		if r.Kind != Peer {
+			continue
+		}
+		if closest == nil || r.Goodput > closest.Goodput {
+			closest = r
+		}
+		if r.Goodput < e.Goodput-0.01 {
+			continue
+		}
+		if best == nil || r.P99 < best.P99 {
+			best = r
+		}
+	}
+	if best == nil {
+		out = append(out, fmt.Sprintf("%s: p99 no worse than the best peer at equal goodput: met only vacuously: no peer comes within 1 point\n"+
+			"    of its %.1f%% goodput; the closest, %s at %.1f%%, has p99 %s against its %s",
+			name, 100*e.Goodput, closest.Controller, 100*closest.Goodput, ms(closest.P99), ms(e.P99)))
+	} else {
+		out = append(out, fmt.Sprintf("%s: p99 no worse than the best peer at equal goodput: %s (%s at %.1f%%; best peer %s %s at %.1f%%)",
+			name, met(e.P99 <= best.P99), ms(e.P99), 100*e.Goodput, best.Controller, ms(best.P99), 100*best.Goodput))
+	}
+
+	// The end-to-end test's band, on the steady ranges of the table.
+	c := e.Scenario.Servers
+	in := func(r [2]int, c int) bool { return r[0] >= c && float64(r[1]) <= 2.2*float64(c) }
+	ok := in(e.Steady[0], c) && in(e.Steady[1], c/2)
+	line := fmt.Sprintf("%s: steady limit within [c, 2.2c]: %s (%s at c=%d, %s at c/2=%d",
+		name, met(ok), span(e.Steady[0]), c, span(e.Steady[1]), c/2)
+	if e.SteadyInForce != e.Steady {
+		line += fmt.Sprintf("; in force, probes included: %s and %s", span(e.SteadyInForce[0]), span(e.SteadyInForce[1]))
+	}
+	return append(out, line+")")
 }
 
 func met(ok bool) string {
@@ -334,7 +370,10 @@ func limitRange(r *Result, p int) string {
 	if r.Trace.Limit[0].limit == unlimited {
 		return "-"
 	}
-	s := r.Steady[p]
+	return span(r.Steady[p])
+}
+
+func span(s [2]int) string {
 	if s[0] == s[1] {
 		return fmt.Sprint(s[0])
 	}

@@ -80,31 +80,36 @@ func TestServiceTimeMean(t *testing.T) {
 	}
 }
 
-// transit and steady read the limit trace as the table's definitions say.
+// transit and steady read the limit trace as the table's definitions say:
+// the settled limit, not a probe's.
 func TestTransitAndSteady(t *testing.T) {
 	sc := &Scenario{Servers: 40, Phase: 10 * time.Second}
 	s := time.Second
 	tr := &Trace{
 		Limit: []point{
-			{0, 20, 0},        // below the band [32, 88]
-			{2 * s, 40, 10},   // in
-			{3 * s, 100, 12},  // out again
-			{4 * s, 80, 15},   // in for good: settles after 15 rounds, 4s
-			{7 * s, 70, 30},   // steady range from 5s: 80 then 70
-			{10 * s, 70, 40},  // drop to c/2: band [16, 44]; out
-			{19 * s, 30, 90},  // in at last: follows after 50 rounds, 9s
-			{20 * s, 40, 100}, // recovery: in band at once
+			{0, 20, 0, 20},        // below the band [32, 88]
+			{2 * s, 40, 10, 40},   // in
+			{3 * s, 100, 12, 100}, // out again
+			{4 * s, 80, 15, 80},   // in for good: settles after 15 rounds, 4s
+			{5 * s, 40, 20, 80},   // a probe: 40 in force, settled on 80, which is what counts
+			{6 * s, 80, 22, 80},   // the probe ends
+			{7 * s, 70, 30, 70},   // steady range from 5s: 80 then 70
+			{10 * s, 70, 40, 70},  // drop to c/2: band [16, 44]; out
+			{19 * s, 30, 90, 30},  // in at last: follows after 50 rounds, 9s
+			{20 * s, 40, 100, 40}, // recovery: in band at once
 		},
-		PhaseAt: [3]int{0, 5, 7},
+		PhaseAt: [3]int{0, 7, 9},
 	}
 	tests := []struct {
-		phase  int
-		want   Transit
-		steady [2]int
+		phase   int
+		want    Transit
+		steady  [2]int
+		inForce [2]int
 	}{
-		{0, Transit{OK: true, Rounds: 15, After: 4 * s}, [2]int{70, 80}},
-		{1, Transit{OK: true, Rounds: 50, After: 9 * s}, [2]int{30, 70}},
-		{2, Transit{OK: true}, [2]int{40, 40}},
+		// The probe at 5s leaves the band in force but not settled.
+		{0, Transit{OK: true, Rounds: 15, After: 4 * s}, [2]int{70, 80}, [2]int{40, 80}},
+		{1, Transit{OK: true, Rounds: 50, After: 9 * s}, [2]int{30, 70}, [2]int{30, 70}},
+		{2, Transit{OK: true}, [2]int{40, 40}, [2]int{40, 40}},
 	}
 	for _, tt := range tests {
 		if got := transit(sc, tr, tt.phase); got != tt.want {
@@ -113,9 +118,12 @@ func TestTransitAndSteady(t *testing.T) {
 		if got := steady(sc, tr, tt.phase); got != tt.steady {
 			t.Errorf("phase %d: steady %v, want %v", tt.phase, got, tt.steady)
 		}
+		if got := steadyOf(sc, tr, tt.phase, func(pt point) int { return pt.limit }); got != tt.inForce {
+			t.Errorf("phase %d: steady in force %v, want %v", tt.phase, got, tt.inForce)
+		}
 	}
 
-	tr.Limit = append(tr.Limit, point{25 * s, 100, 120}) // ends out of band
+	tr.Limit = append(tr.Limit, point{25 * s, 100, 120, 100}) // ends out of band
 	if got := transit(sc, tr, 2); got.OK {
 		t.Errorf("phase ending out of band: %+v, want never", got)
 	}

@@ -94,13 +94,19 @@ func (w *window) baseline() (time.Duration, bool) {
 	if w.n < minSamples {
 		return 0, false
 	}
-	rank := (w.n + 9) / 10
-	// rank ≤ n, and n is the sum of total, so the walk stops inside it.
+	return percentile10(&w.total, w.n), true
+}
+
+// percentile10 returns the 10th percentile by nearest rank (the ⌈n/10⌉-th
+// fastest call) of a histogram holding n > 0 calls.
+func percentile10[T uint32 | uint64](h *[buckets]T, n uint64) time.Duration {
+	rank := (n + 9) / 10
+	// rank ≤ n, and n is the sum of h, so the walk stops inside it.
 	i := 0
-	for seen := w.total[0]; seen < rank; seen += w.total[i] {
+	for seen := uint64(h[0]); seen < rank; seen += uint64(h[i]) {
 		i++
 	}
-	return valueOf(i), true
+	return valueOf(i)
 }
 
 // bucketOf maps a latency to its histogram bucket: exact below 2<<subBits ns,
