@@ -74,23 +74,46 @@ func newCapacityServer(t *testing.T, ns *privtest.NetNS, listenAddr string, capa
 // than the limit allowed.
 //
 // The issue asks for a settled limit inside [c, 2.2c]. The loop as
-// specified (decrease only when a round's fastest call passes 2× the
-// baseline) settles at 2–3.3c here: the fastest of a round is a low-tail
-// statistic, and calls with short service times keep it under the
-// threshold until the queue is long. The bound below is what it does; the
-// gap is reported on the adaptive issue.
+// specified settles at 2–3.3c here (and, given minutes of overload, would
+// climb on: its five-minute baseline learns the standing queue; see
+// bench/adaptivesim). With drain probes (probeEvery) the baseline is
+// learned from probe calls and the settled limit — read outside probes —
+// lies inside [c, 2.2c].
 //
 // A few clients run alone first, below capacity, so the baseline is the
 // dependency's unqueued latency: a loop that only ever saw queueing learns
 // the queue as normal and climbs to its Maximum, as documented.
 func TestAdaptiveLimitFindsCapacity(t *testing.T) {
+	const capacity = 16
+	tests := []struct {
+		name    string
+		options string
+		upper   float64 // times capacity
+	}{
+		{"specified", "samples: request", 4},
+		{"probes", "samples: request, probeEvery: 100", 2.2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lo, hi := adaptiveRun(t, capacity, tt.options)
+			if lo < capacity || float64(hi) > tt.upper*capacity {
+				t.Errorf("settled limit %d..%d, want inside [%d, %.1f]", lo, hi, capacity, tt.upper*capacity)
+			}
+		})
+	}
+}
+
+// adaptiveRun drives one adaptive rule against a server of the given
+// capacity and returns the range of its settled limit over the last three
+// seconds.
+func adaptiveRun(t *testing.T, capacity int, options string) (lo, hi uint32) {
 	e := newEnv(t)
-	const capacity, clients = 16, 96
+	const clients = 96
 	ns := privtest.NewNetNS(t)
 	privtest.VethToHost(t, "10.210.0.1/24", ns, "10.210.0.2/24")
 	srv := newCapacityServer(t, ns, "10.210.0.2:0", capacity, 10*time.Millisecond)
 
-	e.writePolicy(t, "rules:\n  - name: dep\n    destination: 10.210.0.2\n    adaptive: {samples: request}\n")
+	e.writePolicy(t, "rules:\n  - name: dep\n    destination: 10.210.0.2\n    adaptive: {"+options+"}\n")
 	d := e.start(t)
 
 	const warmup = 2 * time.Second
@@ -100,16 +123,17 @@ func TestAdaptiveLimitFindsCapacity(t *testing.T) {
 	client := privtest.Spawn(t, e.cg, "requester", srv.addr, fmt.Sprint(clients), "7s")
 	go func() { clientsDone <- client.Line(t) }()
 
-	// Watch the limit the kernel enforces while the clients push.
+	// Watch the limit while the clients push; the settled limit is the
+	// one a probe, if any, goes back to.
 	cl := &control.Client{Socket: e.socket}
-	var limits []uint32
+	var settled []uint32
 	maxLimit := uint32(0)
 	for start := time.Now(); time.Since(start) < 7*time.Second; time.Sleep(50 * time.Millisecond) {
 		l, err := cl.Limit(context.Background(), "dep")
 		if err != nil {
 			t.Fatal(err)
 		}
-		limits = append(limits, l.Limit)
+		settled = append(settled, l.SettledLimit)
 		maxLimit = max(maxLimit, l.Limit)
 	}
 	summary := <-clientsDone
@@ -117,9 +141,8 @@ func TestAdaptiveLimitFindsCapacity(t *testing.T) {
 	summary += "; warm-up clients " + steady.Line(t)
 	steady.Wait(t)
 
-	// The last three seconds are the settled state.
-	settled := limits[len(limits)*4/7:]
-	lo, hi := settled[0], settled[0]
+	settled = settled[len(settled)*4/7:]
+	lo, hi = settled[0], settled[0]
 	for _, l := range settled {
 		lo, hi = min(lo, l), max(hi, l)
 	}
@@ -127,21 +150,19 @@ func TestAdaptiveLimitFindsCapacity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("capacity %d, %d clients: %s; settled limit %d..%d (max %d); server held at most %d; baseline %.1fms",
-		capacity, clients, summary, lo, hi, maxLimit, srv.maxBusy.Load(), final.BaselineSeconds*1000)
-	if lo < capacity || float64(hi) > 4*capacity {
-		t.Errorf("settled limit %d..%d, want inside [%d, %d]", lo, hi, capacity, 4*capacity)
-	}
 	// Every limit the daemon pushed is in its debug log; polling alone
 	// could miss a peak between two polls.
 	for _, m := range regexp.MustCompile(`msg="adaptive limit" rule=dep limit=(\d+)`).FindAllStringSubmatch(d.log.String(), -1) {
 		n, _ := strconv.Atoi(m[1])
 		maxLimit = max(maxLimit, uint32(n))
 	}
+	t.Logf("capacity %d, %d clients: %s; settled limit %d..%d (max in force %d); server held at most %d; baseline %.1fms",
+		capacity, clients, summary, lo, hi, maxLimit, srv.maxBusy.Load(), final.BaselineSeconds*1000)
 	if srv.maxBusy.Load() > int64(maxLimit) {
 		t.Errorf("server held %d connections at once; the limit never went above %d", srv.maxBusy.Load(), maxLimit)
 	}
 	if final.BaselineSeconds == 0 || final.Refused == 0 {
 		t.Errorf("the loop did not run against the limit: %+v", final)
 	}
+	return lo, hi
 }

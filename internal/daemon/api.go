@@ -128,9 +128,13 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 	l.Limit = kr.Limit
 	l.Live, l.InFlight = st.Live, st.InFlight
 	l.Admitted, l.Refused, l.ShadowRefused = st.Admitted, st.Refused, st.ShadowRefused
+	l.SettledLimit = l.Limit
 	if e.ctrl != nil {
 		if b, ok := e.ctrl.Baseline(); ok {
 			l.BaselineSeconds = b.Seconds()
+		}
+		if restore, ok := e.ctrl.Probing(); ok {
+			l.Probing, l.SettledLimit = true, uint32(restore)
 		}
 	}
 	return l, nil

@@ -79,6 +79,10 @@ type Limit struct {
 	// BaselineSeconds is an adaptive rule's idea of a fast call; 0 before
 	// it has one.
 	BaselineSeconds float64 `json:"baselineSeconds,omitempty"`
+	// Probing says an adaptive rule with drain probes is in one: Limit is
+	// lowered for it, and SettledLimit is where it goes back to.
+	Probing      bool   `json:"probing,omitempty"`
+	SettledLimit uint32 `json:"settledLimit,omitempty"`
 }
 
 // SetLimitRequest carries one rule as policy YAML: "name: x\ndestination: …".

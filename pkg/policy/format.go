@@ -65,6 +65,8 @@ type (
 		Initial        int     `yaml:"initial,omitempty"`
 		Multiple       float64 `yaml:"multiple,omitempty"`
 		DecreaseFactor float64 `yaml:"decreaseFactor,omitempty"`
+		ProbeEvery     int     `yaml:"probeEvery,omitempty"`
+		ProbeFactor    float64 `yaml:"probeFactor,omitempty"`
 		Samples        string  `yaml:"samples,omitempty"`
 	}
 )
@@ -93,6 +95,8 @@ func formatRule(r Rule) ruleYAML {
 			Initial:        l.Initial,
 			Multiple:       l.Multiple,
 			DecreaseFactor: l.DecreaseFactor,
+			ProbeEvery:     l.ProbeEvery,
+			ProbeFactor:    l.ProbeFactor,
 		}
 		if l.Samples != loader.SampleConnect {
 			y.Adaptive.Samples = l.Samples.String()

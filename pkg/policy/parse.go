@@ -214,7 +214,7 @@ func (f fields) limit(key string, v *yaml.Node) Limit {
 		}
 	case "adaptive":
 		var l Adaptive
-		keys := []string{"minimum", "maximum", "initial", "multiple", "decreaseFactor", "samples"}
+		keys := []string{"minimum", "maximum", "initial", "multiple", "decreaseFactor", "probeEvery", "probeFactor", "samples"}
 		if f.mapping(v, key+".", "adaptive", keys, func(k string, _, v *yaml.Node) {
 			path := key + "." + k
 			ok := true
@@ -229,6 +229,10 @@ func (f fields) limit(key string, v *yaml.Node) Limit {
 				l.Multiple, ok = f.defaultedNumber(path, v)
 			case "decreaseFactor":
 				l.DecreaseFactor, ok = f.defaultedNumber(path, v)
+			case "probeEvery":
+				l.ProbeEvery, ok = f.defaulted(path, v)
+			case "probeFactor":
+				l.ProbeFactor, ok = f.defaultedNumber(path, v)
 			case "samples":
 				l.Samples, _ = f.samples(path, v)
 			}

@@ -396,7 +396,7 @@ func TestParseBad(t *testing.T) {
 				// against its default.
 				{Line: 5, Column: 58, Rule: "d", Msg: "adaptive.maximum must be a whole number"},
 				{Line: 6, Column: 58, Rule: "e", Msg: "adaptive.samples must be connect or request"},
-				{Line: 7, Column: 48, Rule: "f", Msg: "adaptive must be a mapping of minimum, maximum, initial, multiple, decreaseFactor, samples"},
+				{Line: 7, Column: 48, Rule: "f", Msg: "adaptive must be a mapping of minimum, maximum, initial, multiple, decreaseFactor, probeEvery, probeFactor, samples"},
 				{Line: 8, Column: 59, Rule: "g", Msg: "adaptive.multiple must be a number"},
 				{Line: 8, Column: 81, Rule: "g", Msg: "adaptive.decreaseFactor must be a number"},
 				{Line: 8, Column: 101, Rule: "g", Msg: "adaptive.samples must be a string"},

@@ -89,6 +89,13 @@ type Adaptive struct {
 	Initial        int
 	Multiple       float64
 	DecreaseFactor float64
+	// ProbeEvery turns on drain probes (package adaptive): every
+	// ProbeEvery rounds the limit drops to ProbeFactor of itself for one
+	// probe, and the baseline is learned from the calls admitted then. Off
+	// (0) is the specified loop, whose baseline learns a standing queue
+	// under sustained overload.
+	ProbeEvery  int
+	ProbeFactor float64
 	// Samples is the latency the daemon judges by: connection setup (the
 	// default, cheap, and all a non-request protocol has) or request
 	// latency, which tracks every packet of the rule's connections but
@@ -105,6 +112,8 @@ func (a Adaptive) Options() adaptive.Options {
 		Initial:        a.Initial,
 		Multiple:       a.Multiple,
 		DecreaseFactor: a.DecreaseFactor,
+		ProbeEvery:     a.ProbeEvery,
+		ProbeFactor:    a.ProbeFactor,
 	}
 }
 
