@@ -23,6 +23,7 @@ func TestDependencies(t *testing.T) {
 		{"pkg/sdk", []string{module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
 		{"pkg/limit", []string{module + "pkg/adaptive", module + "pkg/sdk", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
 		{"pkg/control", []string{"golang.org/x/sys/"}},
+		{"pkg/sdk/sdkhttp", []string{module + "pkg/sdk", module + "pkg/limit", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
 		{"internal/sdnotify", []string{"golang.org/x/sys/"}},
 		{"internal/dns", nil},
 	}

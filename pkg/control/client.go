@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,7 +18,8 @@ import (
 )
 
 // Client talks to the daemon's control socket. Its zero value uses
-// DefaultSocket and no timeout beyond the caller's context. Set the fields
+// $EGRESSD_SOCKET, or DefaultSocket when that is unset, and no timeout
+// beyond the caller's context. Set the fields
 // before the first call; a Client is safe for concurrent use after that and
 // must not be copied (it keeps its connections).
 //
@@ -28,7 +30,8 @@ import (
 //		return &st, c.Get(ctx, "status", &st)
 //	}
 type Client struct {
-	// Socket is the socket's path; empty means DefaultSocket.
+	// Socket is the socket's path; empty means $EGRESSD_SOCKET, else
+	// DefaultSocket (the CLI's --socket reads the same variable).
 	Socket string
 	// Timeout bounds each call, including reading the response; for
 	// Stream it bounds only the wait for the response to start. Zero means
@@ -45,11 +48,18 @@ type Client struct {
 // host is the Host header of every request; the socket is the address.
 const host = "egressd"
 
+// SocketEnv names the environment variable that moves the socket for
+// every zero-value Client in a process: the CLI, and services using the SDK.
+const SocketEnv = "EGRESSD_SOCKET"
+
 func (c *Client) socket() string {
-	if c.Socket == "" {
-		return DefaultSocket
+	switch {
+	case c.Socket != "":
+		return c.Socket
+	case os.Getenv(SocketEnv) != "":
+		return os.Getenv(SocketEnv)
 	}
-	return c.Socket
+	return DefaultSocket
 }
 
 func (c *Client) init() {

@@ -1,0 +1,197 @@
+package sdkhttp
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/limit"
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
+)
+
+// Delays short enough to keep the tests quick and distinct enough to tell
+// the curves and a Retry-After apart in the attempt log.
+const (
+	transientDelay = 2 * time.Millisecond
+	throttledDelay = 20 * time.Millisecond
+	maxDelay       = 30 * time.Millisecond
+)
+
+// testPolicy makes attempts attempts on short curves without jitter, with
+// no budget or breaker unless the test adds them.
+func testPolicy(attempts int) *sdk.Policy {
+	return &sdk.Policy{
+		MaxAttempts: attempts,
+		Backoff: sdk.Backoff{
+			Transient: sdk.Curve{Initial: transientDelay, Multiplier: 1},
+			Throttled: sdk.Curve{Initial: throttledDelay, Multiplier: 1},
+			MaxDelay:  maxDelay,
+		},
+	}
+}
+
+// server is a loopback HTTP server whose handler plays a script, one step
+// per request, repeating the last step once the script runs out.
+type server struct {
+	*httptest.Server
+	hits atomic.Int32
+
+	mu     sync.Mutex
+	bodies []string
+}
+
+func serve(t *testing.T, steps ...http.HandlerFunc) *server {
+	t.Helper()
+	s := &server{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := int(s.hits.Add(1)) - 1
+		b, _ := io.ReadAll(r.Body)
+		s.mu.Lock()
+		s.bodies = append(s.bodies, string(b))
+		s.mu.Unlock()
+		steps[min(n, len(steps)-1)](w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *server) received() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.bodies...)
+}
+
+// host is the server's quota key.
+func (s *server) host() string { return strings.TrimPrefix(s.URL, "http://") }
+
+// reply answers with code, headers given as name, value pairs, and body.
+func reply(code int, body string, headers ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		for i := 0; i+1 < len(headers); i += 2 {
+			w.Header().Set(headers[i], headers[i+1])
+		}
+		w.WriteHeader(code)
+		io.WriteString(w, body)
+	}
+}
+
+var okReply = reply(http.StatusOK, "ok")
+
+// build builds s, failing the test on an error, and closes its idle
+// connections when the test ends.
+func build(t *testing.T, s *Stack) *http.Client {
+	t.Helper()
+	rt, err := s.Build()
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	t.Cleanup(rt.CloseIdleConnections)
+	return &http.Client{Transport: rt}
+}
+
+// get makes a GET to url with a Result in its context, reads and closes the
+// body, and returns the status (0 on an error), the body and the Result.
+func get(t *testing.T, c *http.Client, url string) (int, string, Result, error) {
+	t.Helper()
+	return do(t, c, mustRequest(t, context.Background(), http.MethodGet, url, nil))
+}
+
+func do(t *testing.T, c *http.Client, req *http.Request) (int, string, Result, error) {
+	t.Helper()
+	var res Result
+	resp, err := c.Do(req.WithContext(WithResult(req.Context(), &res)))
+	if err != nil {
+		return 0, "", res, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), res, err
+}
+
+func mustRequest(t *testing.T, ctx context.Context, method, url string, body io.Reader) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+func kinds(log []verdict.Attempt) []string {
+	var ks []string
+	for _, a := range log {
+		k := a.Kind().String()
+		if a.SelfImposed() {
+			k += "(self-imposed)"
+		}
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+// counter is a limit.Observer that counts acquires.
+type counter struct {
+	acquired, denied atomic.Int64
+}
+
+func (c *counter) OnLease(o limit.Outcome) {
+	if o == limit.Acquired {
+		c.acquired.Add(1)
+	} else {
+		c.denied.Add(1)
+	}
+}
+func (c *counter) OnWait(time.Duration) {}
+func (c *counter) OnLimit(int)          {}
+
+func newLimiter(t *testing.T, opts limit.Options) *limit.Local {
+	t.Helper()
+	l, err := limit.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// fakeClock is a Clock that moves only when told to.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_750_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// trackedBody is a request body that records whether it was closed.
+type trackedBody struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *trackedBody) Close() error { b.closed.Store(true); return nil }
+
+// eperm is the error a dial refused by the kernel returns.
+func eperm() error {
+	return &net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, Err: os.NewSyscallError("connect", syscall.EPERM)}
+}
