@@ -256,7 +256,8 @@ func runRequester(args []string) error {
 					continue
 				}
 				c.SetDeadline(time.Now().Add(5 * time.Second))
-				if _, err := c.Write(buf); err == nil {
+				_, err = c.Write(buf)
+				if err == nil {
 					_, err = io.ReadFull(c, buf)
 				}
 				c.Close()
