@@ -124,6 +124,7 @@ type Daemon struct {
 	overrides overrides
 	applied   overrides
 	entries   map[string]*entry
+	hostsMu   sync.Mutex // guards hosts, looked up without mu
 	hosts     map[string]hostEntry
 	reload    control.Reload
 

@@ -178,11 +178,13 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 	}
 	d.logChanges(d.entries, next)
 	d.policy, d.applied, d.entries = p, o, next
+	d.hostsMu.Lock()
 	for host := range d.hosts {
 		if !slices.ContainsFunc(merged, func(e *entry) bool { h, ok := e.spec.Destination.Host(); return ok && h == host }) {
 			delete(d.hosts, host)
 		}
 	}
+	d.hostsMu.Unlock()
 	return nil
 }
 
@@ -275,29 +277,50 @@ type hostEntry struct {
 // name is asked again after the resolver's retry time.
 func (d *Daemon) lookup(ctx context.Context, rule, host string) []netip.Addr {
 	now := time.Now()
-	if h, ok := d.hosts[host]; ok && now.Before(h.expires) {
+	d.hostsMu.Lock()
+	h, ok := d.hosts[host]
+	d.hostsMu.Unlock()
+	if ok && now.Before(h.expires) {
 		return h.addrs
 	}
 	addrs, ttl, err := d.cfg.Resolver.Lookup(ctx, host)
 	if err != nil {
-		addrs = d.hosts[host].addrs
+		addrs = h.addrs
 		if len(addrs) == 0 {
 			addrs = d.lastAddrs(rule)
 		}
 		d.log.Warn("host lookup failed; keeping the last addresses", "rule", rule, "host", host, "err", err, "addresses", len(addrs))
 	}
+	d.hostsMu.Lock()
 	d.hosts[host] = hostEntry{addrs: addrs, expires: now.Add(ttl)}
+	d.hostsMu.Unlock()
 	return addrs
 }
 
-// hostsDue reports whether some host name's TTL has run out.
-func (d *Daemon) hostsDue(now time.Time) bool {
-	for _, h := range d.hosts {
-		if !now.Before(h.expires) {
-			return true
+// refreshHosts looks up the host names whose TTL ran out, without holding
+// d.mu: a slow DNS server must not stall the API and the event readers.
+// It reports whether any was due.
+func (d *Daemon) refreshHosts(ctx context.Context, now time.Time) bool {
+	type use struct{ rule, host string }
+	var uses []use
+	d.mu.Lock()
+	for name, e := range d.entries {
+		if host, ok := e.spec.Destination.Host(); ok {
+			uses = append(uses, use{name, host})
 		}
 	}
-	return false
+	d.mu.Unlock()
+	due := false
+	for _, u := range uses {
+		d.hostsMu.Lock()
+		h, ok := d.hosts[u.host]
+		d.hostsMu.Unlock()
+		if !ok || !now.Before(h.expires) {
+			due = true
+			d.lookup(ctx, u.rule, u.host)
+		}
+	}
+	return due
 }
 
 // scopeOf finds a rule's cgroup; a non-empty reason means it has none now.
@@ -375,13 +398,13 @@ func (d *Daemon) refreshLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			d.mu.Lock()
-			due := now.Sub(last) >= d.cfg.Refresh || d.hostsDue(now)
+			due := d.refreshHosts(ctx, now) || now.Sub(last) >= d.cfg.Refresh
 			var err error
 			if due {
+				d.mu.Lock()
 				err = d.installLocked(ctx, d.policy, d.applied)
+				d.mu.Unlock()
 			}
-			d.mu.Unlock()
 			if err != nil {
 				d.log.Error("refresh", "err", err)
 			}
