@@ -202,10 +202,13 @@ func TestDaemonLimitsAnyLanguage(t *testing.T) {
 	py.call(t, "close 1")
 	eventually(t, "live back to 0", func() bool { return e.limit(t, "web").Live == 0 })
 
-	// Uninstall: the daemon detaches, removes its pins and exits.
+	// Uninstall: the daemon detaches, removes its pins and exits with
+	// status 3, which keeps systemd (RestartPreventExitStatus=3) from
+	// starting it again.
 	e.ok(t, "uninstall")
-	if err := d.wait(10 * time.Second); err != nil {
-		t.Fatalf("daemon after uninstall: %v", err)
+	var exit *exec.ExitError
+	if err := d.wait(10 * time.Second); !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Fatalf("daemon after uninstall: %v, want exit status 3", err)
 	}
 	if _, err := os.Stat(e.pins); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pins after uninstall: %v", err)

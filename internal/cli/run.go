@@ -2,10 +2,13 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -16,6 +19,10 @@ import (
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
+
+// exitUninstalled is egressd run's status after an uninstall request; the
+// unit's RestartPreventExitStatus keeps systemd from starting it again.
+const exitUninstalled = 3
 
 func runCommand() *cli.Command {
 	return &cli.Command{
@@ -32,6 +39,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "metrics", Value: daemon.DefaultMetricsAddr, Usage: "address for /metrics; empty turns it off"},
 			&cli.StringFlag{Name: "state-dir", Value: daemon.DefaultStateDir, Usage: "where limits set at run time are kept"},
 			&cli.StringFlag{Name: "socket-group", Usage: "group allowed to change limits through the socket"},
+			&cli.StringFlag{Name: "socket-mode", Value: "0660", Usage: "socket permissions; 0666 lets every local service's SDK ask about its own refusals (read-only)"},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "remove the datapath when the daemon stops (fail-open)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 		},
@@ -40,15 +48,20 @@ func runCommand() *cli.Command {
 			if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 				return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
 			}
+			mode, err := strconv.ParseUint(c.String("socket-mode"), 8, 32)
+			if err != nil || mode&^0o777 != 0 {
+				return cli.Exit(fmt.Sprintf("--socket-mode %q: want octal permission bits such as 0660", c.String("socket-mode")), 2)
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return daemon.Run(ctx, daemon.Config{
+			err = daemon.Run(ctx, daemon.Config{
 				PolicyFile:   c.String("policy"),
 				Cgroup:       c.String("cgroup"),
 				PinDir:       c.String("bpffs"),
 				Socket:       socketFlag(c),
 				SocketGroup:  c.String("socket-group"),
+				SocketMode:   fs.FileMode(mode),
 				MetricsAddr:  c.String("metrics"),
 				StateDir:     c.String("state-dir"),
 				DetachOnExit: c.Bool("detach-on-exit"),
@@ -56,6 +69,10 @@ func runCommand() *cli.Command {
 				Logger:       log,
 				Notify:       systemdNotifier{log},
 			})
+			if errors.Is(err, daemon.ErrUninstalled) {
+				return cli.Exit("", exitUninstalled)
+			}
+			return err
 		},
 	}
 }

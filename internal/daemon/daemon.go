@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -43,8 +44,11 @@ type Config struct {
 	// PinDir is the bpffs directory of the datapath's pins.
 	PinDir string
 	// Socket is the control socket; SocketGroup may write to it.
+	// SocketMode 0 is 0660; 0666 lets every local service's SDK ask
+	// whether a refusal was egressd's (read-only, about its own process).
 	Socket      string
 	SocketGroup string
+	SocketMode  fs.FileMode
 	// MetricsAddr serves /metrics; empty turns it off.
 	MetricsAddr string
 	// StateDir keeps the changes made at run time.
@@ -142,7 +146,7 @@ func Run(ctx context.Context, cfg Config) error {
 	d.events = newEventLog()
 	d.metrics = newMetrics(d)
 
-	pol, err := d.loadPolicyFile()
+	pol, err := d.loadPolicyFile(true)
 	if err != nil {
 		return err
 	}
@@ -151,7 +155,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The socket first: a second daemon started by mistake stops here,
 	// before it touches the datapath of the first.
-	srv, err := control.NewServer(control.Config{Socket: c.Socket, Group: c.SocketGroup, Routes: d.routes(), Logger: d.log})
+	srv, err := control.NewServer(control.Config{Socket: c.Socket, Group: c.SocketGroup, Mode: c.SocketMode, Routes: d.routes(), Logger: d.log})
 	if err != nil {
 		return err
 	}
@@ -245,17 +249,29 @@ func Run(ctx context.Context, cfg Config) error {
 	cancel()
 	d.events.close()
 	wg.Wait()
-	if uninstall || c.DetachOnExit {
+	switch {
+	case uninstall:
+		if err := d.dp.Uninstall(); err != nil {
+			return err
+		}
+		return ErrUninstalled
+	case c.DetachOnExit:
 		return d.dp.Uninstall()
 	}
 	return d.dp.Close()
 }
 
-// loadPolicyFile reads the policy file; a missing default file is an
-// empty policy, so that a fresh install starts.
-func (d *Daemon) loadPolicyFile() (*policy.Policy, error) {
+// ErrUninstalled is Run's result after an uninstall request: the datapath
+// is gone and the daemon must not be restarted (egressd run exits with
+// status 3, which the unit's RestartPreventExitStatus honours).
+var ErrUninstalled = errors.New("uninstalled")
+
+// loadPolicyFile reads the policy file. At start a missing default file
+// is an empty policy, so that a fresh install starts; on a reload it is a
+// mistake that must not remove every rule.
+func (d *Daemon) loadPolicyFile(atStart bool) (*policy.Policy, error) {
 	p, err := policy.Load(d.cfg.PolicyFile)
-	if errors.Is(err, os.ErrNotExist) && d.cfg.PolicyFile == DefaultPolicyFile {
+	if errors.Is(err, os.ErrNotExist) && atStart && d.cfg.PolicyFile == DefaultPolicyFile {
 		d.log.Warn("no policy file; starting with no rules", "path", d.cfg.PolicyFile)
 		return &policy.Policy{}, nil
 	}
@@ -265,7 +281,7 @@ func (d *Daemon) loadPolicyFile() (*policy.Policy, error) {
 // reloadPolicy reads the policy file again and applies it whole, or
 // changes nothing and says why.
 func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
-	p, err := d.loadPolicyFile()
+	p, err := d.loadPolicyFile(false)
 	if errors.Is(err, os.ErrNotExist) {
 		err = control.Errorf(control.CodeInvalid, "policy file: %v", err)
 	}

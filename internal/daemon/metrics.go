@@ -35,7 +35,7 @@ func newMetrics(d *Daemon) *metrics {
 		inFlight:       prometheus.NewDesc("egressd_in_flight_requests", "Requests sent and not yet answered on the rule's connections (rules that track requests).", rule, nil),
 		connectFailed:  prometheus.NewDesc("egressd_connect_failures_total", "Admitted connections that ended before reaching ESTABLISHED.", rule, nil),
 		limit:          prometheus.NewDesc("egressd_limit", "The limit in force: live connections, permits per second or permits per window; an adaptive rule's current limit.", rule, nil),
-		baseline:       prometheus.NewDesc("egressd_baseline_latency_seconds", "An adaptive rule's baseline: the 10th percentile latency of the last five minutes.", rule, nil),
+		baseline:       prometheus.NewDesc("egressd_baseline_latency_seconds", "An adaptive rule's baseline latency: the 10th percentile of the last five minutes of calls, or of its last drain probes when it probes.", rule, nil),
 		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from connect() to ESTABLISHED.", rule, nil),
 		requestLatency: prometheus.NewDesc("egressd_request_latency_seconds", "Time from a request's first outbound payload to the next inbound payload.", rule, nil),
 		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events the kernel dropped because a ring buffer was full, by kind.", []string{"kind"}, nil),

@@ -1,0 +1,243 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+)
+
+var update = flag.Bool("update", false, "rewrite docs/cli.md from the CLI definition")
+
+// cliDocPath is docs/cli.md, from this package's directory.
+var cliDocPath = filepath.Join("..", "..", "docs", "cli.md")
+
+// TestCLIDocs holds docs/cli.md to what App() defines: every command,
+// subcommand and flag, with its usage and default. Run
+//
+//	go test ./internal/cli -run TestCLIDocs -update
+//
+// after changing a command or a flag, and commit the file it writes.
+func TestCLIDocs(t *testing.T) {
+	got := renderCLIDocs(App())
+	if *update {
+		if err := os.WriteFile(cliDocPath, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(cliDocPath)
+	if err != nil {
+		t.Fatalf("%v\nrun: go test ./internal/cli -run TestCLIDocs -update", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("docs/cli.md is stale: it differs from the CLI definition in internal/cli (first difference at line %d).\n"+
+			"Run: go test ./internal/cli -run TestCLIDocs -update\nand commit docs/cli.md.", firstDiffLine(got, want))
+	}
+}
+
+// TestCLIDocsDeterministic: two renderings of two App()s are the same
+// bytes, so the check above never flaps.
+func TestCLIDocsDeterministic(t *testing.T) {
+	if a, b := renderCLIDocs(App()), renderCLIDocs(App()); !bytes.Equal(a, b) {
+		t.Fatal("renderCLIDocs is not deterministic")
+	}
+}
+
+// TestCLIDocsCoverEveryFlag: every flag of every command appears in the
+// rendering, so a new kind of flag the renderer does not know is caught.
+func TestCLIDocsCoverEveryFlag(t *testing.T) {
+	app := App()
+	doc := string(renderCLIDocs(app))
+	var walk func(prefix string, flags []cli.Flag, cmds []*cli.Command)
+	walk = func(prefix string, flags []cli.Flag, cmds []*cli.Command) {
+		for _, f := range flags {
+			if !strings.Contains(doc, "`--"+f.Names()[0]) {
+				t.Errorf("%s: flag --%s is missing from docs/cli.md's rendering", prefix, f.Names()[0])
+			}
+		}
+		for _, c := range cmds {
+			if !strings.Contains(doc, "## "+prefix+" "+c.Name+"\n") && !strings.Contains(doc, "### "+prefix+" "+c.Name+"\n") {
+				t.Errorf("command %s %s is missing", prefix, c.Name)
+			}
+			walk(prefix+" "+c.Name, c.Flags, c.Subcommands)
+		}
+	}
+	walk(app.Name, app.Flags, app.Commands)
+}
+
+func firstDiffLine(a, b []byte) int {
+	la, lb := bytes.Split(a, []byte("\n")), bytes.Split(b, []byte("\n"))
+	for i := range min(len(la), len(lb)) {
+		if !bytes.Equal(la[i], lb[i]) {
+			return i + 1
+		}
+	}
+	return min(len(la), len(lb)) + 1
+}
+
+// renderCLIDocs writes the command line as Markdown, in the order App()
+// defines it. It reads only the definition, never the environment: a
+// flag's default is its Value as written in the code.
+func renderCLIDocs(app *cli.App) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# %s command line\n\n", app.Name)
+	b.WriteString("<!-- Generated from internal/cli (cli.App()) by TestCLIDocs; do not edit.\n")
+	b.WriteString("     Regenerate: go test ./internal/cli -run TestCLIDocs -update -->\n\n")
+	fmt.Fprintf(&b, "`%s` — %s.\n\n", app.Name, app.Usage)
+	fmt.Fprintf(&b, "```\n%s [global options] command [command options] [arguments...]\n```\n\n", app.Name)
+	b.WriteString("Every command also takes `--help` (`-h`), and `" + app.Name + " help [command]` prints the same text;\n")
+	b.WriteString("`" + app.Name + " --version` (`-v`) prints the version. Flags go before a command's arguments,\n")
+	b.WriteString("except that `limit set NAME --flags…` is accepted as written.\n")
+	b.WriteString("Global options go before the command; `--json` may also follow it.\n\n")
+
+	b.WriteString("## Global options\n\n")
+	flagTable(&b, app.Flags)
+
+	b.WriteString("## Commands\n\n")
+	for _, c := range app.Commands {
+		fmt.Fprintf(&b, "- [`%s %s`](#%s) — %s\n", app.Name, c.Name, anchor(app.Name+" "+c.Name), c.Usage)
+		for _, s := range c.Subcommands {
+			fmt.Fprintf(&b, "  - [`%s %s %s`](#%s) — %s\n", app.Name, c.Name, s.Name, anchor(app.Name+" "+c.Name+" "+s.Name), s.Usage)
+		}
+	}
+	b.WriteString("\n")
+
+	for _, c := range app.Commands {
+		command(&b, "##", app.Name, c)
+		for _, s := range c.Subcommands {
+			command(&b, "###", app.Name+" "+c.Name, s)
+		}
+	}
+	return append(bytes.TrimRight(b.Bytes(), "\n"), '\n')
+}
+
+func command(b *bytes.Buffer, heading, parent string, c *cli.Command) {
+	full := parent + " " + c.Name
+	fmt.Fprintf(b, "%s %s\n\n", heading, full)
+	fmt.Fprintf(b, "%s.\n\n", upperFirst(c.Usage))
+	synopsis := full
+	if len(c.Subcommands) > 0 {
+		synopsis += " command"
+	}
+	if len(c.Flags) > 0 {
+		synopsis += " [command options]"
+	}
+	if c.ArgsUsage != "" {
+		synopsis += " " + c.ArgsUsage
+	}
+	fmt.Fprintf(b, "```\n%s\n```\n\n", synopsis)
+	if len(c.Aliases) > 0 {
+		fmt.Fprintf(b, "Also: %s.\n\n", codeList(c.Aliases))
+	}
+	if c.Description != "" {
+		fmt.Fprintf(b, "%s\n\n", c.Description)
+	}
+	if len(c.Subcommands) > 0 {
+		names := make([]string, len(c.Subcommands))
+		for i, s := range c.Subcommands {
+			names[i] = s.Name
+		}
+		fmt.Fprintf(b, "Subcommands: %s.\n\n", codeList(names))
+	}
+	if len(c.Flags) > 0 {
+		flagTable(b, c.Flags)
+	}
+}
+
+func flagTable(b *bytes.Buffer, flags []cli.Flag) {
+	b.WriteString("| Flag | Default | Usage |\n| --- | --- | --- |\n")
+	for _, f := range flags {
+		names := f.Names()
+		spell := "`--" + names[0]
+		doc, ok := f.(cli.DocGenerationFlag)
+		if ok && doc.TakesValue() {
+			spell += " " + valueName(f)
+		}
+		spell += "`"
+		for _, alias := range names[1:] {
+			dash := "--"
+			if len(alias) == 1 {
+				dash = "-"
+			}
+			spell += ", `" + dash + alias + "`"
+		}
+		usage, def := "", ""
+		if ok {
+			usage = doc.GetUsage()
+			def = defaultText(doc)
+			if env := doc.GetEnvVars(); len(env) > 0 {
+				usage += " (environment: " + codeList(prefixAll("$", env)) + ")"
+			}
+		}
+		if r, isReq := f.(cli.RequiredFlag); isReq && r.IsRequired() {
+			usage = "**required**; " + usage
+		}
+		fmt.Fprintf(b, "| %s | %s | %s |\n", spell, cell(def), cell(usage))
+	}
+	b.WriteString("\n")
+}
+
+// valueName names a flag's value by its type.
+func valueName(f cli.Flag) string {
+	switch f.(type) {
+	case *cli.DurationFlag:
+		return "DURATION"
+	case *cli.IntFlag, *cli.UintFlag, *cli.Int64Flag, *cli.Uint64Flag:
+		return "N"
+	case *cli.Float64Flag:
+		return "X"
+	}
+	return "VALUE"
+}
+
+// defaultText is the flag's default as written in the code; a zero value
+// (no default) is shown as a dash, since the usage says what leaving the
+// flag out means.
+func defaultText(f cli.DocGenerationFlag) string {
+	d := f.GetDefaultText()
+	if u, err := strconv.Unquote(d); err == nil {
+		d = u
+	}
+	switch d {
+	case "", "0", "false", "0s":
+		return "—"
+	}
+	return "`" + d + "`"
+}
+
+func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+func codeList(xs []string) string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = "`" + x + "`"
+	}
+	return strings.Join(out, ", ")
+}
+
+func prefixAll(p string, xs []string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = p + x
+	}
+	return out
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// anchor is the GitHub heading anchor of a heading of plain words.
+func anchor(heading string) string {
+	return strings.ReplaceAll(strings.ToLower(heading), " ", "-")
+}
