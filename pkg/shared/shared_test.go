@@ -1,0 +1,409 @@
+package shared
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/limit"
+	"github.com/egressd/egressd/pkg/sdk"
+)
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		opts Options
+		want []string // substrings, one per problem, in order
+	}{
+		{"zero", Options{}, []string{"Key is required", "no shape"}},
+		{"two shapes", Options{Key: "k", FixedWindow: &FixedWindowOptions{1, time.Second}, TokenBucket: &TokenBucketOptions{1, 1, time.Second}},
+			[]string{"FixedWindow and TokenBucket are set"}},
+		{"fixed", Options{Key: "k", FixedWindow: &FixedWindowOptions{0, time.Microsecond}},
+			[]string{"FixedWindow.Permits 0", "FixedWindow.Window 1µs"}},
+		{"sliding segments", Options{Key: "k", SlidingWindow: &SlidingWindowOptions{1, time.Second, 1001}},
+			[]string{"SlidingWindow.Segments 1001"}},
+		{"sliding short", Options{Key: "k", SlidingWindow: &SlidingWindowOptions{0, 999 * time.Millisecond, 1000}},
+			[]string{"SlidingWindow.Permits 0", "segments shorter than 1ms"}},
+		{"bucket", Options{Key: "k", TokenBucket: &TokenBucketOptions{0, 0, 0}},
+			[]string{"TokenLimit 0", "TokensPerPeriod 0", "ReplenishmentPeriod 0s"}},
+		{"concurrency", Options{Key: "k", Concurrency: &ConcurrencyOptions{0, 29 * time.Millisecond}},
+			[]string{"Concurrency.Permits 0", "LeaseDuration 29ms"}},
+		{"common", Options{Key: "k", Concurrency: &ConcurrencyOptions{Permits: 1}, QueueLimit: -1, QueueOrder: 7,
+			QueuePollInterval: time.Microsecond, FailureMode: 3, MaxRetries: -2},
+			[]string{"QueueLimit -1", "QueueOrder 7", "QueuePollInterval 1µs", "FailureMode 3", "MaxRetries -2"}},
+		{"valid", Options{Key: "k", SlidingWindow: &SlidingWindowOptions{1, time.Second, 1000}, MaxRetries: NoRetries}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.opts.Validate()
+			oe, _ := AsOptionsError(err)
+			var got []string
+			if oe != nil {
+				got = oe.Problems
+			}
+			if len(got) != len(tt.want) || (err != nil) != errors.Is(err, ErrInvalidOptions) {
+				t.Fatalf("Validate = %v, want problems %q", err, tt.want)
+			}
+			for i, w := range tt.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("problem %d = %q, want it to contain %q", i, got[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestKeyFor(t *testing.T) {
+	tests := []struct{ prefix, partition, want string }{
+		{"tenant-api", "", "tenant-api"},
+		{"tenant-api", "acme", "tenant-api/acme"},
+		{"tenant-api", "a/b", "tenant-api/a%2Fb"},
+		{"tenant-api", "a%2Fb", "tenant-api/a%252Fb"},
+	}
+	for _, tt := range tests {
+		if got := KeyFor(tt.prefix, tt.partition); got != tt.want {
+			t.Errorf("KeyFor(%q, %q) = %q, want %q", tt.prefix, tt.partition, got, tt.want)
+		}
+	}
+}
+
+func TestNameTablesCoverEveryValue(t *testing.T) {
+	for i, n := range failureModeNames {
+		if n == "" {
+			t.Errorf("FailureMode %d has no name", i)
+		}
+	}
+}
+
+func newLimiter(t testing.TB, s *server, opts Options) *Limiter {
+	t.Helper()
+	if opts.Key == "" {
+		opts.Key = t.Name()
+	}
+	l, err := New(s.client(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// hammer runs 16 goroutines calling acquire on l for d, and calls admitted
+// with every lease's result, under a lock.
+func hammer(t *testing.T, l *Limiter, d time.Duration, admitted func(result)) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for range 16 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				lease, res, err := l.acquire(context.Background())
+				if err != nil {
+					if !sdk.IsRateLimited(err) {
+						t.Errorf("acquire: %v", err)
+						return
+					}
+					continue
+				}
+				lease.Release()
+				mu.Lock()
+				admitted(res)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestFixedWindowExactPerWindow(t *testing.T) {
+	s := startRedis(t)
+	const permits = 20
+	l := newLimiter(t, s, Options{FixedWindow: &FixedWindowOptions{Permits: permits, Window: 50 * time.Millisecond}})
+	counts := map[int64]int{}
+	hammer(t, l, 500*time.Millisecond, func(r result) { counts[r.id]++ })
+	lo, hi := int64(1<<62), int64(0)
+	for id := range counts {
+		lo, hi = min(lo, id), max(hi, id)
+	}
+	if hi-lo < 5 {
+		t.Fatalf("only windows %d..%d seen", lo, hi)
+	}
+	for id := lo; id <= hi; id++ {
+		c := counts[id]
+		if c > permits || (id != lo && id != hi && c != permits) {
+			t.Errorf("window %d admitted %d, want %d", id, c, permits)
+		}
+	}
+}
+
+func TestSlidingWindowNeverExceeds(t *testing.T) {
+	s := startRedis(t)
+	const permits, n = 20, 5
+	l := newLimiter(t, s, Options{SlidingWindow: &SlidingWindowOptions{Permits: permits, Window: 100 * time.Millisecond, Segments: n}})
+	counts := map[int64]int{}
+	hammer(t, l, 500*time.Millisecond, func(r result) { counts[r.id]++ })
+	lo, hi := int64(1<<62), int64(0)
+	for id := range counts {
+		lo, hi = min(lo, id), max(hi, id)
+	}
+	full := 0
+	for cur := lo; cur <= hi; cur++ {
+		sum := 0
+		for id := cur - n + 1; id <= cur; id++ {
+			sum += counts[id]
+		}
+		if sum > permits {
+			t.Errorf("segments %d..%d admitted %d, over %d", cur-n+1, cur, sum, permits)
+		}
+		if sum == permits {
+			full++
+		}
+	}
+	if full == 0 {
+		t.Errorf("no window was ever full: %v", counts)
+	}
+}
+
+func TestTokenBucketSpendsAtMostLimitPlusRefill(t *testing.T) {
+	s := startRedis(t)
+	const limit, per, period = 10, 2, 20 * time.Millisecond
+	l := newLimiter(t, s, Options{TokenBucket: &TokenBucketOptions{TokenLimit: limit, TokensPerPeriod: per, ReplenishmentPeriod: period}})
+	start := time.Now()
+	spent := 0
+	hammer(t, l, 400*time.Millisecond, func(result) { spent++ })
+	periods := int(time.Since(start) / period)
+	if max := limit + periods*per; spent > max {
+		t.Errorf("spent %d tokens in %d periods, more than %d", spent, periods, max)
+	}
+	if min := limit + (periods-3)*per; spent < min {
+		t.Errorf("spent %d tokens in %d periods, fewer than %d", spent, periods, min)
+	}
+}
+
+func TestConcurrencyNeverExceeds(t *testing.T) {
+	s := startRedis(t)
+	const permits = 4
+	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: permits, LeaseDuration: time.Second}})
+	var held, most atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(300 * time.Millisecond)
+	for range 16 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				lease, err := l.Acquire(context.Background())
+				if err != nil {
+					if rl, ok := sdk.AsRateLimited(err); !ok || rl.RetryAfter != 0 {
+						t.Errorf("acquire: %v", err)
+						return
+					}
+					continue
+				}
+				n := held.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				time.Sleep(time.Millisecond)
+				held.Add(-1)
+				lease.Release()
+			}
+		})
+	}
+	wg.Wait()
+	if m := most.Load(); m != permits {
+		t.Errorf("at most %d leases held at once, want %d", m, permits)
+	}
+	st := l.Statistics()
+	if st.SuccessfulLeases == 0 || st.FailedLeases == 0 || st.QueuedPermits != 0 {
+		t.Errorf("statistics %+v", st)
+	}
+}
+
+func TestConcurrencyLeaseExpiryFreesCapacity(t *testing.T) {
+	s := startRedis(t)
+	lease := 60 * time.Millisecond
+	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: lease}})
+	// A holder in another process that died without releasing.
+	if err := concurrencyLua.Run(context.Background(), l.client, l.key, 1, lease.Microseconds(), "dead").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
+		t.Fatalf("Acquire with the dead holder's lease live = %v, want a refusal", err)
+	}
+	time.Sleep(lease + 10*time.Millisecond)
+	ls, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatalf("Acquire after the dead holder's lease expired: %v", err)
+	}
+	ls.Release()
+}
+
+func TestConcurrencyRenewalKeepsLease(t *testing.T) {
+	s := startRedis(t)
+	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: 60 * time.Millisecond}})
+	held, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // five lease durations
+	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
+		t.Fatalf("Acquire while a renewed lease is held = %v, want a refusal", err)
+	}
+	held.Release()
+	held.Release() // a second call does nothing
+	again, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatalf("Acquire after Release: %v", err)
+	}
+	again.Release()
+}
+
+func TestFailureModes(t *testing.T) {
+	s := startRedis(t)
+	opts := func(m FailureMode) Options {
+		return Options{Key: "modes", FailureMode: m, TokenBucket: &TokenBucketOptions{TokenLimit: 100, TokensPerPeriod: 1, ReplenishmentPeriod: time.Second}}
+	}
+	throw := newLimiter(t, s, opts(Throw))
+	allow := newLimiter(t, s, opts(Allow))
+	deny := newLimiter(t, s, opts(Deny))
+	for _, l := range []*Limiter{throw, allow, deny} {
+		if _, err := l.Acquire(context.Background()); err != nil {
+			t.Fatalf("%v with Redis up: %v", l.mode, err)
+		}
+	}
+
+	s.stop()
+	if _, err := throw.Acquire(context.Background()); !errors.Is(err, ErrStore) || sdk.IsRateLimited(err) {
+		t.Errorf("Throw with Redis down = %v, want a *StoreError", err)
+	}
+	if _, err := allow.Acquire(context.Background()); err != nil {
+		t.Errorf("Allow with Redis down = %v, want a lease", err)
+	}
+	_, err := deny.Acquire(context.Background())
+	if rl, ok := sdk.AsRateLimited(err); !ok || !errors.Is(err, ErrStore) || rl.RetryAfter != 0 {
+		t.Errorf("Deny with Redis down = %v, want a refusal wrapping a *StoreError", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, l := range []*Limiter{throw, allow, deny} {
+		if _, err := l.Acquire(ctx); !errors.Is(err, context.Canceled) || errors.Is(err, ErrStore) {
+			t.Errorf("%v, cancelled, with Redis down = %v, want context.Canceled", l.mode, err)
+		}
+	}
+	// Deny with a queue keeps a caller waiting through the outage, until
+	// its context ends.
+	q := newLimiter(t, s, Options{Key: "modes-q", FailureMode: Deny, QueueLimit: 1, QueuePollInterval: 5 * time.Millisecond,
+		Concurrency: &ConcurrencyOptions{Permits: 1}})
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := q.Acquire(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("queued Deny with Redis down = %v, want its deadline", err)
+	}
+
+	s.start()
+	for _, l := range []*Limiter{throw, allow, deny} {
+		if _, err := l.Acquire(context.Background()); err != nil {
+			t.Errorf("%v after Redis came back: %v", l.mode, err)
+		}
+	}
+	if st := throw.Statistics(); st.SuccessfulLeases != 2 || st.FailedLeases != 2 {
+		t.Errorf("Throw statistics %+v, want 2 and 2", st)
+	}
+}
+
+func TestConcurrencyQueue(t *testing.T) {
+	s := startRedis(t)
+	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: time.Second}, QueueLimit: 2, QueuePollInterval: time.Second})
+	first, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int, 2)
+	cancelled, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(cancelled)
+		errs <- err
+	}()
+	waitQueued(t, l, 1)
+	go func() {
+		ls, err := l.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- 2
+		ls.Release()
+	}()
+	waitQueued(t, l, 2)
+	if _, err := l.Acquire(context.Background()); !errors.Is(err, limit.ErrQueueFull) || !sdk.IsRateLimited(err) {
+		t.Errorf("Acquire with the queue full = %v, want ErrQueueFull", err)
+	}
+	cancel()
+	if err := <-errs; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled waiter = %v", err)
+	}
+	waitQueued(t, l, 1)
+	start := time.Now()
+	first.Release() // wakes the waiter at once, not after the poll interval
+	<-got
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("waiter took %v after a local Release", d)
+	}
+	waitQueued(t, l, 0)
+}
+
+func waitQueued(t *testing.T, l *Limiter, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); l.Statistics().QueuedPermits != n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued %d, want %d", l.Statistics().QueuedPermits, n)
+		}
+	}
+}
+
+func TestWindowQueueWaitsRetryAfter(t *testing.T) {
+	s := startRedis(t)
+	l := newLimiter(t, s, Options{FixedWindow: &FixedWindowOptions{Permits: 2, Window: 50 * time.Millisecond}, QueueLimit: 8})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if _, err := l.Acquire(ctx); err != nil {
+				t.Errorf("queued Acquire: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if st := l.Statistics(); st.SuccessfulLeases != 8 || st.QueuedPermits != 0 {
+		t.Errorf("statistics %+v", st)
+	}
+}
+
+func TestRefusalRetryAfter(t *testing.T) {
+	s := startRedis(t)
+	tests := []struct {
+		name string
+		opts Options
+		max  time.Duration
+	}{
+		{"fixed", Options{FixedWindow: &FixedWindowOptions{1, time.Second}}, time.Second},
+		{"sliding", Options{SlidingWindow: &SlidingWindowOptions{1, time.Second, 10}}, time.Second},
+		{"bucket", Options{TokenBucket: &TokenBucketOptions{1, 1, time.Second}}, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLimiter(t, s, tt.opts)
+			if _, err := l.Acquire(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			_, err := l.Acquire(context.Background())
+			rl, ok := sdk.AsRateLimited(err)
+			if !ok || rl.RetryAfter <= 0 || rl.RetryAfter > tt.max || rl.Limiter != t.Name() {
+				t.Errorf("second Acquire = %v, want a refusal with 0 < RetryAfter ≤ %v", err, tt.max)
+			}
+		})
+	}
+}
