@@ -1,0 +1,141 @@
+//go:build linux
+
+package loader
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Stats reads a rule's counters.
+func (d *Datapath) Stats(name string) (Stats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	idx, ok := d.byName[name]
+	if !ok {
+		return Stats{}, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
+	}
+	return d.stats(idx)
+}
+
+// Status reads every rule with its counters.
+func (d *Datapath) Status() ([]RuleStatus, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []RuleStatus
+	for i, s := range d.slots {
+		if !s.active {
+			continue
+		}
+		st, err := d.stats(uint32(i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, RuleStatus{Rule: s.rule, Stats: st})
+	}
+	return out, nil
+}
+
+func (d *Datapath) stats(idx uint32) (Stats, error) {
+	var state egressdRuleState
+	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
+		return Stats{}, fmt.Errorf("read rule state: %w", err)
+	}
+	var perCPU []egressdCounters
+	if err := d.objs.RuleCounters.Lookup(idx, &perCPU); err != nil {
+		return Stats{}, fmt.Errorf("read counters: %w", err)
+	}
+	var c [egressdCounterCOUNTER_LEN]uint64
+	for _, pc := range perCPU {
+		for i, v := range pc.V {
+			c[i] += v
+		}
+	}
+	s := Stats{
+		Live:          state.Live,
+		Admitted:      c[egressdCounterCOUNTER_ADMITTED],
+		Refused:       c[egressdCounterCOUNTER_REFUSED],
+		ShadowRefused: c[egressdCounterCOUNTER_SHADOW_REFUSED],
+		Released:      c[egressdCounterCOUNTER_RELEASED],
+		Established:   c[egressdCounterCOUNTER_ESTABLISHED],
+		ConnectFailed: c[egressdCounterCOUNTER_CONNECT_FAILED],
+		Untracked:     c[egressdCounterCOUNTER_UNTRACKED],
+		Requests:      c[egressdCounterCOUNTER_REQUESTS],
+		Responses:     c[egressdCounterCOUNTER_RESPONSES],
+		Aborted:       c[egressdCounterCOUNTER_ABORTED],
+		// Per-CPU +1s and -1s wrap individually; their sum is exact.
+		InFlight: int64(c[egressdCounterCOUNTER_IN_FLIGHT]),
+	}
+	for kind, h := range []*Histogram{&s.ConnectLatency, &s.RequestLatency} {
+		var kh egressdHist
+		if err := d.objs.Latency.Lookup(idx*uint32(egressdSampleKindSAMPLE_LEN)+uint32(kind), &kh); err != nil {
+			return Stats{}, fmt.Errorf("read latency: %w", err)
+		}
+		*h = Histogram{Count: kh.Count, Sum: time.Duration(kh.SumNs), Buckets: kh.Buckets}
+	}
+	return s, nil
+}
+
+// Lost reads how many events the kernel dropped.
+func (d *Datapath) Lost() (Lost, error) {
+	read := func(i egressdGlobalCounter) (uint64, error) {
+		var perCPU []uint64
+		if err := d.objs.GlobalCounters.Lookup(uint32(i), &perCPU); err != nil {
+			return 0, fmt.Errorf("read lost events: %w", err)
+		}
+		var sum uint64
+		for _, v := range perCPU {
+			sum += v
+		}
+		return sum, nil
+	}
+	refusals, err := read(egressdGlobalCounterGLOBAL_REFUSALS_LOST)
+	if err != nil {
+		return Lost{}, err
+	}
+	samples, err := read(egressdGlobalCounterGLOBAL_SAMPLES_LOST)
+	return Lost{Refusals: refusals, Samples: samples}, err
+}
+
+// ruleName resolves a kernel (slot, generation) pair; "" if the rule is gone.
+func (d *Datapath) ruleName(idx, gen uint32) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if int(idx) >= len(d.slots) || d.slots[idx].gen != gen || !d.slots[idx].active {
+		return ""
+	}
+	return d.slots[idx].rule.Name
+}
+
+// ProgramStats reads each attached program's run statistics. They count
+// only while kernel.bpf_stats_enabled is on (see EnableStats).
+func (d *Datapath) ProgramStats() (map[string]ProgramStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]ProgramStats{}
+	for _, p := range append(slices.Clone(connPrograms), requestPrograms...) {
+		if _, ok := d.links[p.name]; !ok {
+			continue
+		}
+		st, err := p.prog(&d.objs).Stats()
+		if err != nil {
+			return nil, fmt.Errorf("stats %s: %w", p.name, err)
+		}
+		out[p.name] = ProgramStats{Runs: st.RunCount, Runtime: st.Runtime}
+	}
+	return out, nil
+}
+
+// EnableStats turns on the kernel's per-program run statistics until the
+// returned closer is closed.
+func EnableStats() (interface{ Close() error }, error) {
+	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enable bpf stats: %w", err)
+	}
+	return c, nil
+}
