@@ -35,6 +35,11 @@ func limitCommand() *cli.Command {
 					&cli.IntFlag{Name: "min", Usage: "with --adaptive: floor (default 4)"},
 					&cli.IntFlag{Name: "max", Usage: "with --adaptive: ceiling (default 200)"},
 					&cli.IntFlag{Name: "initial", Usage: "with --adaptive: starting limit (default 20)"},
+					&cli.Float64Flag{Name: "multiple", Usage: "with --adaptive: how many times the baseline latency counts as queueing (default 2.0)"},
+					&cli.Float64Flag{Name: "decrease-factor", Usage: "with --adaptive: what the limit is multiplied by on queueing (default 0.9)"},
+					&cli.IntFlag{Name: "probe-every", Usage: "with --adaptive: rounds between drain probes that relearn the baseline (default: no probes)"},
+					&cli.Float64Flag{Name: "probe-factor", Usage: "with --probe-every: the limit during a probe, as a fraction (default 0.5)"},
+					&cli.StringFlag{Name: "samples", Usage: "with --adaptive: connect (default) or request latency"},
 					&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"},
 					&cli.StringFlag{Name: "errno", Usage: "errno a refused connect() returns (default EPERM)"},
 					jsonFlag,
@@ -133,8 +138,10 @@ func limitSet(c *cli.Context) error {
 	if c.IsSet("per-window") || c.IsSet("window") || c.IsSet("segments") {
 		nested("perWindow", "permits", "per-window", "window", "window", "segments", "segments")
 	}
-	if c.Bool("adaptive") || c.IsSet("min") || c.IsSet("max") || c.IsSet("initial") {
-		nested("adaptive", "minimum", "min", "maximum", "max", "initial", "initial")
+	if c.Bool("adaptive") || c.IsSet("min") || c.IsSet("max") || c.IsSet("initial") || c.IsSet("multiple") ||
+		c.IsSet("decrease-factor") || c.IsSet("probe-every") || c.IsSet("probe-factor") || c.IsSet("samples") {
+		nested("adaptive", "minimum", "min", "maximum", "max", "initial", "initial", "multiple", "multiple",
+			"decreaseFactor", "decrease-factor", "probeEvery", "probe-every", "probeFactor", "probe-factor", "samples", "samples")
 	}
 	if c.Bool("shadow") {
 		field("shadow", true)
