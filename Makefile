@@ -33,8 +33,9 @@ run: build
 test:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
+# Runs every benchmark (privileged ones need root) and writes docs/bench.md.
 bench:
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime 2s ./...
+	$(GO) run ./internal/tools/benchreport -o docs/bench.md
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
