@@ -335,7 +335,7 @@ func checkWindows(t *testing.T, all []admission, permits, n int, seg time.Durati
 		if cur != lo && cur != hi && sum == permits {
 			exact++
 		}
-		if len(ps) == helperProcs {
+		if len(ps) > 1 {
 			mixed++
 		}
 	}
@@ -343,9 +343,9 @@ func checkWindows(t *testing.T, all []admission, permits, n int, seg time.Durati
 		t.Errorf("only %d of %d inner windows admitted exactly %d under continuous demand", exact, inner, permits)
 	}
 	if mixed == 0 {
-		t.Errorf("no window admitted calls from all %d processes: %v", helperProcs, counts)
+		t.Errorf("no window admitted calls from more than one process: %v", counts)
 	}
-	t.Logf("%d admitted in segments %d..%d (%d windows of %d segment(s)): %d inner windows exactly %d, none over; %d windows shared by all %d processes",
+	t.Logf("%d admitted in segments %d..%d (%d windows of %d segment(s)): %d inner windows exactly %d, none over; %d windows shared by processes (of %d)",
 		len(all), lo, hi, hi-lo+1, n, exact, permits, mixed, helperProcs)
 }
 
