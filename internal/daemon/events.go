@@ -248,8 +248,8 @@ func (d *Daemon) watchSaturation(ctx context.Context) {
 		}
 		d.mu.Unlock()
 		for _, e := range adaptive {
-			st, err := d.dp.Stats(e.spec.Name)
-			if err == nil && st.Live >= int64(e.ctrl.Limit()) {
+			live, err := d.dp.Live(e.spec.Name)
+			if err == nil && live >= int64(e.ctrl.Limit()) {
 				e.ctrl.Constrained()
 			}
 		}

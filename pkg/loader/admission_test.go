@@ -42,6 +42,9 @@ func TestConcurrencyLimit(t *testing.T) {
 			dial(t, tt.target)
 			dialRefused(t, tt.target, syscall.EPERM)
 			s := stats(t, d, tt.name)
+			if live, err := d.Live(tt.name); err != nil || live != s.Live {
+				t.Fatalf("Live %d, %v; Stats says %d", live, err, s.Live)
+			}
 			if s.Admitted != limit+1 || s.Refused != 2 || s.Live != limit {
 				t.Fatalf("stats %+v: want admitted %d refused 2 live %d", s, limit+1, limit)
 			}

@@ -22,6 +22,22 @@ func (d *Datapath) Stats(name string) (Stats, error) {
 	return d.stats(idx)
 }
 
+// Live reads only a rule's live connections: one map lookup, for callers
+// that poll it often (an adaptive loop watching for saturation).
+func (d *Datapath) Live(name string) (int64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	idx, ok := d.byName[name]
+	if !ok {
+		return 0, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
+	}
+	var state egressdRuleState
+	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
+		return 0, fmt.Errorf("read rule state: %w", err)
+	}
+	return state.Live, nil
+}
+
 // Status reads every rule with its counters.
 func (d *Datapath) Status() ([]RuleStatus, error) {
 	d.mu.Lock()

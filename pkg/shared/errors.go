@@ -2,34 +2,26 @@ package shared
 
 import (
 	"errors"
-	"strings"
+
+	"github.com/egressd/egressd/pkg/limit"
 )
 
+// Options problems are reported as in package limit: the same sentinel and
+// typed error, so a caller handles a bad local or shared limiter alike.
 var (
 	// ErrInvalidOptions is what every [OptionsError] matches with
-	// [errors.Is].
-	ErrInvalidOptions = errors.New("invalid shared limiter options")
+	// [errors.Is]; it is [limit.ErrInvalidOptions].
+	ErrInvalidOptions = limit.ErrInvalidOptions
 	// ErrStore is what every [StoreError] matches: no decision could be had
 	// from Redis.
 	ErrStore = errors.New("shared limiter store")
 )
 
 // OptionsError lists every problem [Options.Validate] found.
-type OptionsError struct {
-	Problems []string
-}
-
-func (e *OptionsError) Error() string {
-	return ErrInvalidOptions.Error() + ": " + strings.Join(e.Problems, "; ")
-}
-
-// Is reports whether target is [ErrInvalidOptions].
-func (e *OptionsError) Is(target error) bool { return target == ErrInvalidOptions }
+type OptionsError = limit.OptionsError
 
 // AsOptionsError returns the *OptionsError in err's chain, if any.
-func AsOptionsError(err error) (*OptionsError, bool) {
-	return errors.AsType[*OptionsError](err)
-}
+func AsOptionsError(err error) (*OptionsError, bool) { return limit.AsOptionsError(err) }
 
 // StoreError is a decision Redis did not give: Acquire returns it under
 // FailureMode Throw, and a Deny refusal wraps it. Err is the client's error.
