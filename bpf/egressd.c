@@ -6,7 +6,8 @@
 //
 // Admission (cgroup/connect4, cgroup/connect6): find the most specific rule for
 // (socket cgroup, destination address, port) and check its one shape:
-// concurrency (live connections), per-second token bucket, or sliding window.
+// concurrency (live connections), per-second token bucket, sliding window, or
+// permits granted by user space (a host's share of a budget kept in Redis).
 // A refusal returns 0, which the caller's connect() sees as EPERM, or as the
 // rule's errno when one is set (bpf_set_retval).
 //
@@ -48,6 +49,7 @@ enum shape {
 	SHAPE_CONCURRENCY,
 	SHAPE_PER_SECOND,
 	SHAPE_PER_WINDOW,
+	SHAPE_GRANTED, /* admit while spent < granted: user space grants permits */
 	SHAPE_LEN,
 };
 
@@ -120,6 +122,10 @@ struct rule {
 	__u32 segments;
 	__u32 epoch; /* bumped when the shape's parameters change: state restarts */
 	__u64 segment_ns;
+	/* SHAPE_GRANTED: permits granted since the slot was created. User
+	 * space raises it as it claims a share of a budget kept elsewhere, and
+	 * lowers it no further than what is spent when it hands permits back. */
+	__u64 granted;
 };
 
 /* What user space needs, with the rule's keys in rule_keys, to rebuild its
@@ -135,6 +141,7 @@ struct rule_state {
 	struct bpf_spin_lock lock;
 	__u32 epoch; /* rule.epoch this state was started for; under the lock */
 	__s64 live;  /* atomic; not under the lock */
+	__u64 spent; /* SHAPE_GRANTED permits taken; atomic, never restarted */
 	/* token bucket, under the lock */
 	__u64 tokens; /* permits scaled by NSEC_PER_SEC */
 	__u64 refilled_ns;
@@ -610,6 +617,19 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	case SHAPE_PER_WINDOW:
 		wait = take_window(st, r, now);
 		refuse = wait != 0;
+		if (!refuse || shadow)
+			__sync_fetch_and_add(&st->live, 1);
+		break;
+	case SHAPE_GRANTED:
+		/* Count first, then compare: user space handing permits back
+		 * lowers granted and then reads spent, so every permit it sees
+		 * unspent stays so. No wait is known: more come when user space
+		 * claims them. */
+		if (__sync_fetch_and_add(&st->spent, 1) >= r->granted) {
+			refuse = 1;
+			if (!shadow)
+				__sync_fetch_and_add(&st->spent, -1);
+		}
 		if (!refuse || shadow)
 			__sync_fetch_and_add(&st->live, 1);
 		break;

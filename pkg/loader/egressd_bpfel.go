@@ -89,6 +89,7 @@ type egressdRule struct {
 	Segments    uint32
 	Epoch       uint32
 	SegmentNs   uint64
+	Granted     uint64
 }
 
 type egressdRuleKey struct {
@@ -115,6 +116,7 @@ type egressdRuleState struct {
 	}
 	Epoch        uint32
 	Live         int64
+	Spent        uint64
 	Tokens       uint64
 	RefilledNs   uint64
 	SegmentId    [32]uint64
@@ -144,7 +146,8 @@ const (
 	egressdShapeSHAPE_CONCURRENCY egressdShape = 0
 	egressdShapeSHAPE_PER_SECOND  egressdShape = 1
 	egressdShapeSHAPE_PER_WINDOW  egressdShape = 2
-	egressdShapeSHAPE_LEN         egressdShape = 3
+	egressdShapeSHAPE_GRANTED     egressdShape = 3
+	egressdShapeSHAPE_LEN         egressdShape = 4
 )
 
 type egressdSockState struct {

@@ -91,6 +91,8 @@ func ruleFromKernel(kr *egressdRule, meta *egressdRuleMeta) Rule {
 	case ShapePerWindow:
 		r.Segments = kr.Segments
 		r.Window = time.Duration(kr.SegmentNs) * time.Duration(kr.Segments)
+	case ShapeGranted:
+		r.Granted = kr.Granted
 	}
 	return r
 }
@@ -119,6 +121,8 @@ func (r *Rule) kernel(gen, epoch uint32) egressdRule {
 	case ShapePerWindow:
 		kr.Segments = r.Segments
 		kr.SegmentNs = uint64(r.Window) / uint64(r.Segments)
+	case ShapeGranted:
+		kr.Granted = r.Granted
 	}
 	return kr
 }
@@ -283,6 +287,44 @@ func keysOf(s slot) []ruleKey {
 		return nil
 	}
 	return s.rule.keys()
+}
+
+// Reclaim takes back a granted rule's unspent permits but keep: it lowers
+// Granted to what is spent plus keep, then reads what is spent again, so a
+// permit the kernel took meanwhile is never counted as taken back (the
+// kernel counts a permit before it compares). It returns the permits taken
+// back and the rule's Granted now.
+func (d *Datapath) Reclaim(name string, keep uint64) (taken, granted uint64, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	idx, ok := d.byName[name]
+	if !ok {
+		return 0, 0, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
+	}
+	s := d.slots[idx]
+	if s.rule.Shape != ShapeGranted {
+		return 0, 0, fmt.Errorf("rule %s: reclaim: %s rule", name, s.rule.Shape)
+	}
+	before, err := d.spent(idx)
+	if err != nil {
+		return 0, 0, err
+	}
+	old := s.rule.Granted
+	if before+keep >= old {
+		return 0, old, nil
+	}
+	s.rule.Granted = before + keep
+	kr := s.rule.kernel(s.gen, s.epoch)
+	if err := d.objs.Rules.Update(idx, &kr, ebpf.UpdateAny); err != nil {
+		return 0, old, fmt.Errorf("write rule: %w", err)
+	}
+	d.slots[idx] = s
+	after, err := d.spent(idx)
+	if err != nil {
+		// Unknown how many were spent meanwhile: claim none came back.
+		return 0, s.rule.Granted, err
+	}
+	return old - max(s.rule.Granted, after), s.rule.Granted, nil
 }
 
 // Delete removes a rule. Its connections stay open; their slots are given

@@ -259,3 +259,49 @@ func TestSync(t *testing.T) {
 		t.Fatalf("after a refused sync: %v", got)
 	}
 }
+
+// A granted rule admits exactly the permits user space gave it, and
+// Reclaim takes back only unspent ones.
+func TestGrantedPermits(t *testing.T) {
+	d, cg := open(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	privtest.Join(t, cg)
+	r := Rule{Name: "granted", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Port: srv.Port(), Shape: ShapeGranted, Granted: 3}
+	put(t, d, r)
+	for range 3 {
+		dial(t, srv).Close()
+	}
+	dialRefused(t, srv, syscall.EPERM)
+	if s := stats(t, d, r.Name); s.Spent != 3 || s.Admitted != 3 || s.Refused != 1 {
+		t.Fatalf("after 3 granted: %+v", s)
+	}
+
+	r.Granted = 8 // five more
+	put(t, d, r)
+	dial(t, srv).Close()
+	taken, granted, err := d.Reclaim(r.Name, 1)
+	if err != nil || taken != 3 || granted != 5 {
+		t.Fatalf("Reclaim keeping 1 of 4 unspent: took %d, granted %d, %v; want 3, 5", taken, granted, err)
+	}
+	if got, _ := d.Rule(r.Name); got.Granted != 5 {
+		t.Fatalf("Rule says granted %d after Reclaim, want 5", got.Granted)
+	}
+	dial(t, srv).Close()
+	dialRefused(t, srv, syscall.EPERM)
+	if taken, granted, err := d.Reclaim(r.Name, 0); err != nil || taken != 0 || granted != 5 {
+		t.Fatalf("Reclaim with nothing unspent: took %d, granted %d, %v", taken, granted, err)
+	}
+	if spent, err := d.Spent(r.Name); err != nil || spent != 5 {
+		t.Fatalf("Spent %d, %v; want 5", spent, err)
+	}
+	// Another shape keeps the count: granting again later starts from it.
+	r.Shape, r.Granted, r.Limit = ShapeConcurrency, 0, 1
+	put(t, d, r)
+	if _, _, err := d.Reclaim(r.Name, 0); err == nil {
+		t.Fatal("Reclaim on a concurrency rule succeeded")
+	}
+	r.Shape, r.Granted, r.Limit = ShapeGranted, 6, 0
+	put(t, d, r)
+	dial(t, srv).Close()
+	dialRefused(t, srv, syscall.EPERM)
+}

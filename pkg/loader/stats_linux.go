@@ -38,6 +38,26 @@ func (d *Datapath) Live(name string) (int64, error) {
 	return state.Live, nil
 }
 
+// Spent reads only a granted rule's permits spent since it was created,
+// for the loop that tops its grant up.
+func (d *Datapath) Spent(name string) (uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	idx, ok := d.byName[name]
+	if !ok {
+		return 0, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
+	}
+	return d.spent(idx)
+}
+
+func (d *Datapath) spent(idx uint32) (uint64, error) {
+	var state egressdRuleState
+	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
+		return 0, fmt.Errorf("read rule state: %w", err)
+	}
+	return state.Spent, nil
+}
+
 // Status reads every rule with its counters.
 func (d *Datapath) Status() ([]RuleStatus, error) {
 	d.mu.Lock()
@@ -73,6 +93,7 @@ func (d *Datapath) stats(idx uint32) (Stats, error) {
 	}
 	s := Stats{
 		Live:          state.Live,
+		Spent:         state.Spent,
 		Admitted:      c[egressdCounterCOUNTER_ADMITTED],
 		Refused:       c[egressdCounterCOUNTER_REFUSED],
 		ShadowRefused: c[egressdCounterCOUNTER_SHADOW_REFUSED],

@@ -27,7 +27,7 @@ func TestTablesMatchKernelEnums(t *testing.T) {
 			t.Errorf("%s: %d entries, kernel has %d", tt.name, tt.got, tt.want)
 		}
 	}
-	if ShapeConcurrency != Shape(egressdShapeSHAPE_CONCURRENCY) || ShapePerSecond != Shape(egressdShapeSHAPE_PER_SECOND) || ShapePerWindow != Shape(egressdShapeSHAPE_PER_WINDOW) {
+	if ShapeConcurrency != Shape(egressdShapeSHAPE_CONCURRENCY) || ShapePerSecond != Shape(egressdShapeSHAPE_PER_SECOND) || ShapePerWindow != Shape(egressdShapeSHAPE_PER_WINDOW) || ShapeGranted != Shape(egressdShapeSHAPE_GRANTED) {
 		t.Error("Shape constants differ from the kernel's enum shape")
 	}
 	if SampleConnect != SampleKind(egressdSampleKindSAMPLE_CONNECT) || SampleRequest != SampleKind(egressdSampleKindSAMPLE_REQUEST) {

@@ -20,10 +20,14 @@ const (
 	ShapePerSecond
 	// ShapePerWindow is a sliding window of new connections.
 	ShapePerWindow
+	// ShapeGranted admits new connections while fewer than Granted have
+	// been admitted: user space hands out the permits, as a host's share
+	// of a budget that other hosts spend too.
+	ShapeGranted
 )
 
 // shapeNames is indexed by Shape; a test checks it against SHAPE_LEN.
-var shapeNames = [...]string{"concurrency", "per_second", "per_window"}
+var shapeNames = [...]string{"concurrency", "per_second", "per_window", "granted"}
 
 func (s Shape) String() string {
 	if int(s) < len(shapeNames) {
@@ -79,14 +83,18 @@ type Rule struct {
 	// Port is the destination port; 0 means any port.
 	Port  uint16
 	Shape Shape
-	// Limit is live connections (concurrency), permits per second
-	// (per second), or permits per window (per window).
+	// Limit is live connections (concurrency; 0 refuses every new one),
+	// permits per second (per second), or permits per window (per window).
 	Limit uint32
 	// Burst is the per-second bucket size; 0 means one second of permits.
 	Burst uint32
 	// Window and Segments describe a per-window rule; Segments 0 means 8.
 	Window   time.Duration
 	Segments uint32
+	// Granted is the permits a granted rule has been given since it was
+	// created; compare Stats.Spent. Raise it to grant more; lowering it
+	// takes back only what is not yet spent (see Datapath.Reclaim).
+	Granted uint64
 	// Shadow counts what would be refused and refuses nothing.
 	Shadow bool
 	// Errno is what a refused connect() returns; 0 means EPERM.
@@ -181,13 +189,20 @@ func (r Rule) Validate() error {
 	if r.Scope.CgroupID != 0 && (r.Scope.Level == 0 || r.Scope.Level > 15) {
 		add("scope level %d is outside 1..15", r.Scope.Level)
 	}
-	if r.Limit == 0 {
+	if r.Limit == 0 && (r.Shape == ShapePerSecond || r.Shape == ShapePerWindow) {
 		add("limit must be at least 1")
+	}
+	if r.Granted != 0 && r.Shape != ShapeGranted {
+		add("only granted rules take granted permits")
 	}
 	switch r.Shape {
 	case ShapeConcurrency:
 		if r.Burst != 0 || r.Window != 0 || r.Segments != 0 {
 			add("concurrency rules take no burst, window or segments")
+		}
+	case ShapeGranted:
+		if r.Limit != 0 || r.Burst != 0 || r.Window != 0 || r.Segments != 0 {
+			add("granted rules take no limit, burst, window or segments")
 		}
 	case ShapePerSecond:
 		if r.Limit > MaxRate {
@@ -285,7 +300,10 @@ func UpperBound(i int) time.Duration {
 // Stats are a rule's counters since it was created.
 type Stats struct {
 	// Live is connections holding a slot now.
-	Live          int64
+	Live int64
+	// Spent is the permits a granted rule has admitted since it was
+	// created (see Rule.Granted).
+	Spent         uint64
 	Admitted      uint64
 	Refused       uint64
 	ShadowRefused uint64
