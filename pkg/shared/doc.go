@@ -35,6 +35,17 @@
 // fails (WRONGTYPE) or counts wrongly. Reserve separate keys for unrelated
 // budgets; [KeyFor] builds per-tenant keys.
 //
+// [Slots] and [Grants] hold one holder's share of such a budget, for a
+// daemon that enforces its host's share locally (in the kernel) instead of
+// asking Redis per admission. Slots holds a number of a Concurrency budget's
+// leases under a stable Holder id, grown, shrunk and renewed together by one
+// Resize, and found again after a restart; Grants claims several of a
+// TokenBucket's or SlidingWindow's permits at once, as many as are left,
+// and returns those not spent. Both keep the Limiter's state layout, so
+// Limiters and holders on one key spend one budget. Neither queues, renews
+// by itself or has a FailureMode: a *StoreError goes to the caller, who
+// decides what its host may do meanwhile.
+//
 // Queues and statistics are local: QueueLimit permits may wait in this
 // process, served in QueueOrder, polling Redis after each refusal's
 // RetryAfter (or every QueuePollInterval when there is none; a local Release

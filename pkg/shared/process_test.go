@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/redis/go-redis/v9"
 )
@@ -178,7 +179,7 @@ type helperReport struct {
 
 // runHelpers runs helperProcs helper processes of shape against key on s,
 // starts them together once all are connected, and returns their reports.
-func runHelpers(t *testing.T, s *server, key, shape string) []helperReport {
+func runHelpers(t *testing.T, s *redistest.Server, key, shape string) []helperReport {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -195,7 +196,7 @@ func runHelpers(t *testing.T, s *server, key, shape string) []helperReport {
 	procs := make([]*proc, helperProcs)
 	for i := range procs {
 		p := &proc{}
-		p.cmd = exec.CommandContext(ctx, exe, s.addr(), key, shape, helperRun.String(), strconv.Itoa(helperWorkers))
+		p.cmd = exec.CommandContext(ctx, exe, s.Addr(), key, shape, helperRun.String(), strconv.Itoa(helperWorkers))
 		p.cmd.Env = append(os.Environ(), helperEnv+"=1")
 		p.cmd.Stderr = &p.stderr
 		if p.stdin, err = p.cmd.StdinPipe(); err != nil {

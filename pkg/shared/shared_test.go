@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
 )
@@ -79,12 +80,12 @@ func TestNameTablesCoverEveryValue(t *testing.T) {
 	}
 }
 
-func newLimiter(t testing.TB, s *server, opts Options) *Limiter {
+func newLimiter(t testing.TB, s *redistest.Server, opts Options) *Limiter {
 	t.Helper()
 	if opts.Key == "" {
 		opts.Key = t.Name()
 	}
-	l, err := New(s.client(t), opts)
+	l, err := New(s.Client(t), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +275,7 @@ func TestFailureModes(t *testing.T) {
 		}
 	}
 
-	s.stop()
+	s.Stop()
 	if _, err := throw.Acquire(context.Background()); !errors.Is(err, ErrStore) || sdk.IsRateLimited(err) {
 		t.Errorf("Throw with Redis down = %v, want a *StoreError", err)
 	}
@@ -302,7 +303,7 @@ func TestFailureModes(t *testing.T) {
 		t.Errorf("queued Deny with Redis down = %v, want its deadline", err)
 	}
 
-	s.start()
+	s.Restart()
 	for _, l := range []*Limiter{throw, allow, deny} {
 		if _, err := l.Acquire(context.Background()); err != nil {
 			t.Errorf("%v after Redis came back: %v", l.mode, err)

@@ -1,0 +1,126 @@
+package shared
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// GrantsOptions configure [Grants]: Key and exactly one shape, with the
+// settings every Limiter and holder on Key uses.
+type GrantsOptions struct {
+	// Key is the Redis key of the rate budget: a Limiter's Key, when
+	// in-process users share it. Required.
+	Key string
+
+	TokenBucket   *TokenBucketOptions
+	SlidingWindow *SlidingWindowOptions
+}
+
+const noGrantsShape = "no shape: set one of TokenBucket or SlidingWindow"
+
+// Validate reports every problem with o at once, as an [*OptionsError].
+// The shapes are checked by [Options.Validate] itself, so that a budget
+// Grants accepts is one a Limiter accepts too.
+func (o *GrantsOptions) Validate() error {
+	if o == nil {
+		o = &GrantsOptions{}
+	}
+	err := (&Options{Key: o.Key, TokenBucket: o.TokenBucket, SlidingWindow: o.SlidingWindow}).Validate()
+	oe, ok := AsOptionsError(err)
+	if !ok {
+		return err
+	}
+	for i, p := range oe.Problems {
+		if p == noShape {
+			oe.Problems[i] = noGrantsShape
+		}
+	}
+	return oe
+}
+
+// Grants is one holder's claims on a shared rate budget, a TokenBucket or a
+// SlidingWindow in the layout a [Limiter] of that shape keeps: a daemon
+// claims permits for its host and hands them to the kernel, while Limiters
+// in other processes spend from the same budget. A claimed permit is spent
+// in Redis at once, as if a Limiter had admitted it, and stays spent unless
+// it is returned.
+//
+// Claiming many at once, rather than one per Acquire, keeps Redis off the
+// path of each admission; Return gives back what the holder did not spend
+// (what the kernel did not use before its share was taken back) so that
+// other holders may. It is safe for concurrent use and keeps no goroutine.
+type Grants struct {
+	name   string
+	key    []string
+	client redis.Scripter
+	claim  *redis.Script
+	back   *redis.Script // Return's
+	args   []any         // the shape's ARGV, as a Limiter's; Claim and Return append n
+}
+
+// NewGrants returns claims over client (as [New]'s), or an
+// [*OptionsError] listing every problem with opts.
+func NewGrants(client redis.Scripter, opts GrantsOptions) (*Grants, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	g := &Grants{name: opts.Key, key: []string{opts.Key}, client: client}
+	if p := opts.TokenBucket; p != nil {
+		g.claim, g.back = bucketClaimLua, bucketReturnLua
+		g.args = []any{p.TokenLimit, p.TokensPerPeriod, p.ReplenishmentPeriod.Microseconds()}
+	} else {
+		p := opts.SlidingWindow
+		g.claim, g.back = windowClaimLua, windowReturnLua
+		g.args = []any{p.Permits, p.Window.Microseconds() / int64(p.Segments), p.Segments}
+	}
+	return g, nil
+}
+
+// Claim takes up to n permits at once, as many as the budget has now: a
+// partial grant rather than none, so that a holder asking for its share
+// gets what there is. When it gets none, retryAfter is until at least one
+// permit is available (the next token, or the oldest counted segment's
+// leaving the window), as a Limiter's RetryAfter: a computed wait, not a
+// reservation. It is 0 when got is not.
+//
+// n must be at least 1. A failure is a [*StoreError] (retryable Redis
+// replies are retried first), or ctx's error once ctx is done; after one a
+// claim may have been made all the same, since a lost reply may have been
+// applied.
+func (g *Grants) Claim(ctx context.Context, n int) (got int, retryAfter time.Duration, err error) {
+	if n < 1 {
+		return 0, 0, fmt.Errorf("shared grants %s claim: n %d must be at least 1", g.name, n)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	vals, err := runScript(ctx, g.client, g.claim, g.name, "claim", g.key, 2, append(g.args[:len(g.args):len(g.args)], n)...)
+	if err != nil {
+		return 0, 0, err
+	}
+	return int(vals[0]), time.Duration(vals[1]) * time.Microsecond, nil
+}
+
+// Return gives back n permits claimed and not spent, so that others may
+// spend them. A token bucket gets them back as tokens, never above
+// TokenLimit: the bucket is then what it would have been had they never
+// been claimed. A sliding window subtracts them from its newest counted
+// segments, never below zero: return them within a Window of their Claim,
+// since a permit claimed longer ago has stopped counting already, and
+// returning it would uncount another's.
+//
+// n must be at least 1; return only what Claim gave and was not spent, or
+// the budget is exceeded by the difference. Failures are as Claim's.
+func (g *Grants) Return(ctx context.Context, n int) error {
+	if n < 1 {
+		return fmt.Errorf("shared grants %s return: n %d must be at least 1", g.name, n)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := runScript(ctx, g.client, g.back, g.name, "return", g.key, 1, append(g.args[:len(g.args):len(g.args)], n)...)
+	return err
+}

@@ -1,0 +1,278 @@
+package shared
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestGrantsValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		opts GrantsOptions
+		want []string // substrings, one per problem, in order
+	}{
+		{"zero", GrantsOptions{}, []string{"Key is required", noGrantsShape}},
+		{"two shapes", GrantsOptions{Key: "k", SlidingWindow: &SlidingWindowOptions{1, time.Second, 1}, TokenBucket: &TokenBucketOptions{1, 1, time.Second}},
+			[]string{"SlidingWindow and TokenBucket are set"}},
+		{"bucket", GrantsOptions{TokenBucket: &TokenBucketOptions{0, -1, time.Microsecond}},
+			[]string{"Key is required", "TokenLimit 0", "TokensPerPeriod -1", "ReplenishmentPeriod 1µs"}},
+		{"sliding", GrantsOptions{Key: "k", SlidingWindow: &SlidingWindowOptions{0, 0, 0}},
+			[]string{"SlidingWindow.Permits 0", "SlidingWindow.Segments 0", "SlidingWindow.Window 0s"}},
+		{"valid bucket", GrantsOptions{Key: "k", TokenBucket: &TokenBucketOptions{1, 1, time.Millisecond}}, nil},
+		{"valid sliding", GrantsOptions{Key: "k", SlidingWindow: &SlidingWindowOptions{1, time.Second, 1000}}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewGrants(nil, tt.opts)
+			checkProblems(t, err, tt.want)
+		})
+	}
+}
+
+func newGrants(t testing.TB, c redis.Scripter, opts GrantsOptions) *Grants {
+	t.Helper()
+	if opts.Key == "" {
+		opts.Key = t.Name()
+	}
+	g, err := NewGrants(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// claim calls g.Claim and fails the test unless it got want, with a
+// RetryAfter in (0, most] when it got none and 0 otherwise. It returns the
+// RetryAfter.
+func claim(t *testing.T, g *Grants, n, want int, most time.Duration) time.Duration {
+	t.Helper()
+	got, retry, err := g.Claim(context.Background(), n)
+	if err != nil {
+		t.Fatalf("Claim(%d): %v", n, err)
+	}
+	if got != want || (got == 0) != (retry > 0) || retry > most {
+		t.Fatalf("Claim(%d) = %d, retry after %v; want %d, and a retry in (0, %v] only with none", n, got, retry, want, most)
+	}
+	return retry
+}
+
+func giveBack(t *testing.T, g *Grants, n int) {
+	t.Helper()
+	if err := g.Return(context.Background(), n); err != nil {
+		t.Fatalf("Return(%d): %v", n, err)
+	}
+}
+
+func TestGrantsTokenBucketClaimReturn(t *testing.T) {
+	s := startRedis(t)
+	c := s.Client(t)
+	const period = time.Hour // no refill during the test
+	g := newGrants(t, c, GrantsOptions{TokenBucket: &TokenBucketOptions{TokenLimit: 10, TokensPerPeriod: 1, ReplenishmentPeriod: period}})
+	giveBack(t, g, 5) // to a full (missing) bucket: nothing, and no key
+	if n := c.Exists(context.Background(), t.Name()).Val(); n != 0 {
+		t.Errorf("Return to a missing bucket created it")
+	}
+	claim(t, g, 4, 4, 0)
+	claim(t, g, 10, 6, 0) // partial
+	claim(t, g, 1, 0, period)
+	giveBack(t, g, 3)
+	claim(t, g, 5, 3, 0)
+	giveBack(t, g, 100) // capped at the limit
+	if tokens := c.HGet(context.Background(), t.Name(), "t").Val(); tokens != "10" {
+		t.Errorf("bucket has %s tokens after returning 100 to an empty one, want the limit, 10", tokens)
+	}
+	claim(t, g, 100, 10, 0)
+}
+
+func TestGrantsTokenBucketSpendsAtMostLimitPlusRefill(t *testing.T) {
+	s := startRedis(t)
+	c := s.Client(t)
+	const limit, per, period = 10, 2, 20 * time.Millisecond
+	g := newGrants(t, c, GrantsOptions{TokenBucket: &TokenBucketOptions{TokenLimit: limit, TokensPerPeriod: per, ReplenishmentPeriod: period}})
+	// The server's clock around every claim: the bucket is created (full,
+	// its refill clock at the first claim) after t0, and the last claim
+	// refills before t1, so no more than the periods in t1 - t0 refill.
+	t0, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	spent := 0
+	var wg sync.WaitGroup
+	end := time.Now().Add(400 * time.Millisecond)
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				got, _, err := g.Claim(context.Background(), 1+rand.N(5))
+				if err != nil {
+					t.Errorf("Claim: %v", err)
+					return
+				}
+				mu.Lock()
+				spent += got
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t1, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	periods := int(t1.Sub(t0) / period)
+	if most := limit + periods*per; spent > most {
+		t.Errorf("claimed %d tokens in %d periods, more than %d", spent, periods, most)
+	}
+	// Under continuous demand most refills are claimed; a busy machine may
+	// stall the claimers for a few periods.
+	if least := limit + (periods/2)*per; spent < least {
+		t.Errorf("claimed %d tokens in %d periods, fewer than %d", spent, periods, least)
+	}
+	t.Logf("claimed %d tokens in %v (%d periods): bound %d", spent, t1.Sub(t0), periods, limit+periods*per)
+}
+
+func TestGrantsSlidingWindowClaimReturn(t *testing.T) {
+	s := startRedis(t)
+	c := s.Client(t)
+	const window = 600 * time.Millisecond
+	g := newGrants(t, c, GrantsOptions{SlidingWindow: &SlidingWindowOptions{Permits: 10, Window: window, Segments: 3}})
+	giveBack(t, g, 5) // nothing counted: nothing to subtract
+	claim(t, g, 4, 4, 0)
+	claim(t, g, 10, 6, 0) // partial
+	claim(t, g, 1, 0, window)
+	giveBack(t, g, 3)
+	claim(t, g, 5, 3, 0)
+	retry := claim(t, g, 1, 0, window)
+	// RetryAfter is until the oldest counted segment leaves the window.
+	time.Sleep(retry + 10*time.Millisecond)
+	if got, _, err := g.Claim(context.Background(), 10); err != nil || got == 0 {
+		t.Errorf("Claim after its RetryAfter = %d, %v; want some", got, err)
+	}
+}
+
+func TestGrantsSlidingWindowReturnsNewestFirst(t *testing.T) {
+	s := startRedis(t)
+	c := s.Client(t)
+	ctx := context.Background()
+	key := t.Name()
+	// Segments of ten days: the current one does not change during the
+	// test.
+	g := newGrants(t, c, GrantsOptions{SlidingWindow: &SlidingWindowOptions{Permits: 10, Window: 100 * 24 * time.Hour, Segments: 10}})
+	claim(t, g, 1, 1, 0)
+	fields := c.HKeys(ctx, key).Val()
+	if len(fields) != 1 {
+		t.Fatalf("window has segments %q after one claim", fields)
+	}
+	cur, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg := func(d int64) string { return strconv.FormatInt(cur-d, 10) }
+	// Older claims, made by others.
+	c.HSet(ctx, key, seg(2), 3, seg(1), 2)
+
+	giveBack(t, g, 2)
+	want := map[string]string{seg(2): "3", seg(1): "1"} // cur's 1, then one of cur-1's
+	if got := c.HGetAll(ctx, key).Val(); !equalMaps(got, want) {
+		t.Errorf("window %v after returning 2, want %v", got, want)
+	}
+	claim(t, g, 10, 6, 0)
+	giveBack(t, g, 100) // never below zero
+	if n := c.Exists(ctx, key).Val(); n != 0 {
+		t.Errorf("window left with %v after returning more than was counted", c.HGetAll(ctx, key).Val())
+	}
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestGrantsShareBudgetWithLimiter(t *testing.T) {
+	s := startRedis(t)
+	c := s.Client(t)
+	bucket := &TokenBucketOptions{TokenLimit: 5, TokensPerPeriod: 1, ReplenishmentPeriod: time.Hour}
+	sliding := &SlidingWindowOptions{Permits: 5, Window: 100 * 24 * time.Hour, Segments: 10}
+	tests := []struct {
+		name string
+		opts Options
+	}{
+		{"bucket", Options{TokenBucket: bucket}},
+		{"sliding", Options{SlidingWindow: sliding}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLimiter(t, s, tt.opts)
+			g := newGrants(t, c, GrantsOptions{Key: t.Name(), TokenBucket: tt.opts.TokenBucket, SlidingWindow: tt.opts.SlidingWindow})
+			acquire := func(ok bool) {
+				t.Helper()
+				_, err := l.Acquire(context.Background())
+				if ok && err != nil {
+					t.Fatalf("Acquire: %v", err)
+				}
+				if rl, refused := sdk.AsRateLimited(err); !ok && (!refused || rl.RetryAfter <= 0) {
+					t.Fatalf("Acquire = %v, want a refusal with a RetryAfter", err)
+				}
+			}
+			claim(t, g, 3, 3, 0)
+			acquire(true) // the Limiter sees the claimed permits spent
+			acquire(true)
+			acquire(false)
+			claim(t, g, 1, 0, 100*24*time.Hour) // and the claims the Limiter's
+			giveBack(t, g, 2)
+			acquire(true) // returned permits are the Limiter's to spend
+			claim(t, g, 3, 1, 0)
+			acquire(false)
+		})
+	}
+}
+
+func TestGrantsErrors(t *testing.T) {
+	s := startRedis(t)
+	g := newGrants(t, s.Client(t), GrantsOptions{TokenBucket: &TokenBucketOptions{TokenLimit: 5, TokensPerPeriod: 1, ReplenishmentPeriod: time.Second}})
+	ctx := context.Background()
+	for _, n := range []int{0, -1} {
+		if _, _, err := g.Claim(ctx, n); err == nil || errors.Is(err, ErrStore) {
+			t.Errorf("Claim(%d) = %v, want an argument error", n, err)
+		}
+		if err := g.Return(ctx, n); err == nil || errors.Is(err, ErrStore) {
+			t.Errorf("Return(%d) = %v, want an argument error", n, err)
+		}
+	}
+	claim(t, g, 1, 1, 0)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, _, err := g.Claim(cancelled, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("Claim with a cancelled context = %v, want context.Canceled", err)
+	}
+	if err := g.Return(cancelled, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("Return with a cancelled context = %v, want context.Canceled", err)
+	}
+	s.Stop()
+	if _, _, err := g.Claim(ctx, 1); !isStoreOp(err, "claim", t.Name()) {
+		t.Errorf("Claim with Redis down = %v, want a *StoreError", err)
+	}
+	if err := g.Return(ctx, 1); !isStoreOp(err, "return", t.Name()) {
+		t.Errorf("Return with Redis down = %v, want a *StoreError", err)
+	}
+}
+
+func isStoreOp(err error, op, name string) bool {
+	se, ok := AsStoreError(err)
+	return ok && se.Op == op && se.Limiter == name
+}
