@@ -24,10 +24,11 @@ type OptionsError = limit.OptionsError
 func AsOptionsError(err error) (*OptionsError, bool) { return limit.AsOptionsError(err) }
 
 // StoreError is a decision Redis did not give: Acquire returns it under
-// FailureMode Throw, and a Deny refusal wraps it. Err is the client's error.
+// FailureMode Throw, and a Deny refusal wraps it; Slots and Grants return it
+// for every failure. Err is the client's error.
 type StoreError struct {
-	Limiter string
-	Op      string // "acquire", "renew" or "release"
+	Limiter string // the limiter's name, or Slots' and Grants' key
+	Op      string // "acquire", "renew", "release", "resize", "claim" or "return"
 	Err     error
 }
 
