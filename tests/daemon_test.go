@@ -673,6 +673,8 @@ func checkLimits(t *testing.T, got []control.Limit, want map[string]control.Limi
 // restarted daemon does.
 type env struct {
 	cg, pins, state, socket, policy, metrics string
+	// args are more flags for egressd run.
+	args []string
 }
 
 func newEnv(t *testing.T) *env {
@@ -780,6 +782,7 @@ func (e *env) startWrapped(t *testing.T, wrapper ...string) *daemon {
 	d := &daemon{log: &syncBuffer{}, done: make(chan struct{})}
 	args := append(wrapper, egressd, "run", "--cgroup", e.cg, "--bpffs", e.pins, "--socket", e.socket,
 		"--state-dir", e.state, "--policy", e.policy, "--metrics", e.metrics, "--log-level", "debug")
+	args = append(args, e.args...)
 	d.cmd = exec.Command(args[0], args[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -42,6 +43,9 @@ func limitCommand() *cli.Command {
 					&cli.StringFlag{Name: "samples", Usage: "with --adaptive: connect (default) or request latency"},
 					&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"},
 					&cli.StringFlag{Name: "errno", Usage: "errno a refused connect() returns (default EPERM)"},
+					&cli.StringFlag{Name: "shared-redis", Usage: "share the limit with every host naming the same --shared-key: URL of the Redis server keeping it"},
+					&cli.StringFlag{Name: "shared-key", Usage: "with --shared-redis: the budget's Redis key"},
+					&cli.StringFlag{Name: "shared-failure-mode", Usage: "with --shared-redis: throw (keep the last share, default), allow (the whole limit) or deny while Redis is unreachable"},
 					jsonFlag,
 				},
 				Action: limitSet,
@@ -146,6 +150,9 @@ func limitSet(c *cli.Context) error {
 	if c.Bool("shadow") {
 		field("shadow", true)
 	}
+	if c.IsSet("shared-redis") || c.IsSet("shared-key") || c.IsSet("shared-failure-mode") {
+		nested("shared", "redis", "shared-redis", "key", "shared-key", "failureMode", "shared-failure-mode")
+	}
 	if c.IsSet("errno") {
 		field("errno", c.String("errno"))
 	}
@@ -180,6 +187,18 @@ func printLimit(w io.Writer, l control.Limit) {
 	if l.BaselineSeconds > 0 {
 		fmt.Fprintf(w, "baseline: %s\n", seconds(l.BaselineSeconds))
 	}
+	if s := l.Shared; s != nil {
+		state := "reachable"
+		if !s.Reachable {
+			state = fmt.Sprintf("UNREACHABLE since %s (%s in force): %s", s.Since.Format(time.TimeOnly), s.FailureMode, s.Error)
+		}
+		fmt.Fprintf(w, "shared: key %s, %s\n", s.Key, state)
+		if l.Shape == "concurrency" {
+			fmt.Fprintf(w, "  this host holds %d slots\n", s.Slots)
+		} else {
+			fmt.Fprintf(w, "  this host claimed %d permits, spent %d, handed back %d\n", s.Granted, s.Spent, s.Returned)
+		}
+	}
 }
 
 func printLimits(w io.Writer, ls []control.Limit) {
@@ -191,6 +210,10 @@ func printLimits(w io.Writer, ls []control.Limit) {
 			state = "pending: " + l.Pending
 		} else if l.Shadow {
 			state = "shadow"
+		} else if l.Shared != nil && !l.Shared.Reachable {
+			state = "shared, Redis unreachable: " + l.Shared.FailureMode
+		} else if l.Shared != nil {
+			state = "shared"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, l.Shape, l.Limit, l.Live, l.InFlight, l.Admitted, l.Refused, l.Source, state)
 	}

@@ -41,6 +41,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "socket-group", Usage: "group allowed to change limits through the socket"},
 			&cli.StringFlag{Name: "socket-mode", Value: "0660", Usage: "socket permissions; 0666 lets every local service's SDK ask about its own refusals (read-only)"},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "remove the datapath when the daemon stops (fail-open)"},
+			&cli.StringFlag{Name: "host-id", Usage: "this host's name to the hosts sharing a budget in Redis; unique among them (default: the host name)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 		},
 		Action: func(c *cli.Context) error {
@@ -65,6 +66,7 @@ func runCommand() *cli.Command {
 				MetricsAddr:  c.String("metrics"),
 				StateDir:     c.String("state-dir"),
 				DetachOnExit: c.Bool("detach-on-exit"),
+				HostID:       c.String("host-id"),
 				Version:      Version,
 				Logger:       log,
 				Notify:       systemdNotifier{log},

@@ -126,6 +126,12 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 		return control.Limit{}, err
 	}
 	l.Limit = kr.Limit
+	if e.share != nil {
+		l.Shared = e.share.control(st)
+		if v := e.share.view(); v.rate {
+			l.Limit = e.base.Limit
+		}
+	}
 	l.Live, l.InFlight = st.Live, st.InFlight
 	l.Admitted, l.Refused, l.ShadowRefused = st.Admitted, st.Refused, st.ShadowRefused
 	l.SettledLimit = l.Limit
@@ -144,7 +150,8 @@ func shapeName(e *entry) string {
 	if _, ok := e.spec.Limit.(policy.Adaptive); ok {
 		return "adaptive"
 	}
-	return e.kernel.Shape.String()
+	// The policy's shape: a shared rate is granted in the kernel.
+	return e.spec.LoaderRule(loader.Scope{}, nil).Shape.String()
 }
 
 func (d *Daemon) handleSetLimit(r *http.Request, in control.SetLimitRequest) (control.Limit, error) {

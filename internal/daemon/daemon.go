@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/pkg/control"
@@ -63,8 +64,12 @@ type Config struct {
 	// Resolver looks host names up; nil is /etc/hosts then the servers of
 	// /etc/resolv.conf.
 	Resolver *dns.Resolver
-	Version  string
-	Logger   *slog.Logger
+	// HostID names this host to the others sharing a budget (its slots
+	// in Redis are its own); empty is the host name. Two daemons sharing
+	// a budget must not have the same one.
+	HostID  string
+	Version string
+	Logger  *slog.Logger
 	// Notify hears of the daemon's lifecycle (systemd's sd_notify).
 	Notify Notifier
 }
@@ -111,6 +116,9 @@ func (c *Config) withDefaults() Config {
 	if out.Notify == nil {
 		out.Notify = noNotifier{}
 	}
+	if out.HostID == "" {
+		out.HostID, _ = os.Hostname()
+	}
 	return out
 }
 
@@ -131,6 +139,8 @@ type Daemon struct {
 	hostsMu   sync.Mutex // guards hosts, looked up without mu
 	hosts     map[string]hostEntry
 	reload    control.Reload
+	redisMu   sync.Mutex
+	redis     map[string]*redis.Client // by URL, for shared budgets
 
 	events   *eventLog
 	metrics  *metrics
@@ -142,7 +152,7 @@ type Daemon struct {
 // uninstall request. SIGHUP reloads the policy.
 func Run(ctx context.Context, cfg Config) error {
 	c := cfg.withDefaults()
-	d := &Daemon{cfg: c, log: c.Logger, started: time.Now(), entries: map[string]*entry{}, hosts: map[string]hostEntry{}, stop: make(chan struct{})}
+	d := &Daemon{cfg: c, log: c.Logger, started: time.Now(), entries: map[string]*entry{}, hosts: map[string]hostEntry{}, redis: map[string]*redis.Client{}, stop: make(chan struct{})}
 	d.events = newEventLog()
 	d.metrics = newMetrics(d)
 
@@ -172,6 +182,7 @@ func Run(ctx context.Context, cfg Config) error {
 	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", c.Cgroup)
 
 	if err := d.installAtStart(ctx, pol); err != nil {
+		d.endShares(false)
 		srv.Close()
 		dp.Close()
 		return fmt.Errorf("apply policy: %w", err)
@@ -180,6 +191,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var metricsLn net.Listener
 	if c.MetricsAddr != "" {
 		if metricsLn, err = net.Listen("tcp", c.MetricsAddr); err != nil {
+			d.endShares(false)
 			srv.Close()
 			dp.Close()
 			return fmt.Errorf("metrics listener: %w", err)
@@ -249,6 +261,7 @@ func Run(ctx context.Context, cfg Config) error {
 	cancel()
 	d.events.close()
 	wg.Wait()
+	d.endShares(uninstall || c.DetachOnExit)
 	switch {
 	case uninstall:
 		if err := d.dp.Uninstall(); err != nil {
@@ -321,6 +334,24 @@ func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
 	d.reload = control.Reload{Time: time.Now(), Error: "run-time limits not applied: " + err.Error()}
 	d.log.Error("run-time limits conflict with the policy; running with the policy alone", "err", err)
 	return nil
+}
+
+// endShares stops the shared budgets' loops. Their slots go back only when
+// the datapath goes too; otherwise the kernel keeps enforcing them, so they
+// stay claimed until their leases run out or a restarted daemon takes them.
+func (d *Daemon) endShares(release bool) {
+	d.mu.Lock()
+	var shares []*share
+	for _, e := range d.entries {
+		if e.share != nil {
+			shares = append(shares, e.share)
+		}
+	}
+	d.mu.Unlock()
+	for _, s := range shares {
+		s.end(release)
+	}
+	d.closeRedis()
 }
 
 func (d *Daemon) requestStop() { d.stopOnce.Do(func() { close(d.stop) }) }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,8 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/egressd/egressd/internal/privtest"
+	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -57,7 +60,7 @@ func newTestDaemon(t *testing.T, text string) *Daemon {
 	cg := privtest.Cgroup(t, "metrics")
 	pins := privtest.PinDir(t)
 	cfg := (&Config{Cgroup: cg, PinDir: pins, StateDir: t.TempDir(), Version: "test", Logger: slog.New(slog.DiscardHandler)}).withDefaults()
-	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), entries: map[string]*entry{}, stop: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), entries: map[string]*entry{}, redis: map[string]*redis.Client{}, stop: make(chan struct{})}
 	d.events = newEventLog()
 	d.metrics = newMetrics(d)
 	dp, err := loader.Open(&loader.Config{Cgroup: cg, PinDir: pins})
@@ -74,6 +77,7 @@ func newTestDaemon(t *testing.T, text string) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d.endShares(true) })
 	if err := d.install(context.Background(), p); err != nil {
 		t.Fatalf("install: %v", err)
 	}
@@ -83,7 +87,16 @@ func newTestDaemon(t *testing.T, text string) *Daemon {
 // TestMetricsLint lints the daemon's collector with every family present,
 // on a pedantic registry that also checks samples against descriptions.
 func TestMetricsLint(t *testing.T) {
-	d := newTestDaemon(t, everyShape)
+	rds := redistest.Start(t)
+	d := newTestDaemon(t, everyShape+fmt.Sprintf(`  - name: shared-pool
+    destination: 127.0.0.4
+    concurrency: 5
+    shared: {redis: %[1]q, key: pool}
+  - name: shared-rate
+    destination: 127.0.0.5
+    perSecond: {permits: 100}
+    shared: {redis: %[1]q, key: rate, failureMode: deny}
+`, rds.URL()))
 	// Give the adaptive rule a baseline and take a recount, the two
 	// families that need them.
 	ctrl := d.entries["adapt"].ctrl
@@ -127,12 +140,18 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_recount_drift",
 		"egressd_request_latency_seconds",
 		"egressd_rules",
+		"egressd_shared_failure_mode_info",
+		"egressd_shared_granted_permits_total",
+		"egressd_shared_returned_permits_total",
+		"egressd_shared_slots",
+		"egressd_shared_store_errors_total",
+		"egressd_shared_store_up",
 	}
 	if !slices.Equal(names, want) {
 		t.Errorf("families:\n got %q\nwant %q", names, want)
 	}
-	if n := testutil.CollectAndCount(d.metrics, "egressd_leases_total"); n != 3*5 {
-		t.Errorf("egressd_leases_total has %d samples, want 3 outcomes × 5 installed rules", n)
+	if n := testutil.CollectAndCount(d.metrics, "egressd_leases_total"); n != 3*7 {
+		t.Errorf("egressd_leases_total has %d samples, want 3 outcomes × 7 installed rules", n)
 	}
 }
 

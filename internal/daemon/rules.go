@@ -31,10 +31,13 @@ const (
 type entry struct {
 	spec   policy.Rule
 	source string
-	// kernel is the rule as installed; pending says why it is not.
+	// kernel is the rule as installed; pending says why it is not. base
+	// is the kernel rule the policy gives, before a share shapes it.
 	kernel  loader.Rule
+	base    loader.Rule
 	pending string
 	ctrl    *adaptive.Controller
+	share   *share
 }
 
 func (e *entry) installed() bool { return e.pending == "" }
@@ -161,9 +164,21 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 	next := map[string]*entry{}
 	var kernel []loader.Rule
 	for _, e := range merged {
-		if old, ok := d.entries[e.spec.Name]; ok && old.spec == e.spec {
-			// Unchanged: keep the adaptive loop where it is.
-			e.ctrl = old.ctrl
+		old := d.entries[e.spec.Name]
+		if old != nil && old.spec == e.spec {
+			// Unchanged: keep the adaptive loop and the share where
+			// they are.
+			e.ctrl, e.share = old.ctrl, old.share
+		}
+		if e.spec.IsShared() && e.share == nil {
+			s, err := d.newShare(e.spec)
+			if err != nil {
+				return fmt.Errorf("rule %s: %w", e.spec.Name, err)
+			}
+			if old != nil {
+				s.inherit(old.share)
+			}
+			e.share = s
 		}
 		if err := d.resolve(ctx, e); err != nil {
 			return fmt.Errorf("rule %s: %w", e.spec.Name, err)
@@ -177,6 +192,17 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 		return err
 	}
 	d.logChanges(d.entries, next)
+	for name, old := range d.entries {
+		if n := next[name]; old.share != nil && (n == nil || n.share != old.share) {
+			// Its loop may be waiting for d.mu.
+			go old.share.end(old.share.releases(n))
+		}
+	}
+	for _, e := range next {
+		if e.share != nil && e.share.stop == nil {
+			e.share.start()
+		}
+	}
 	d.policy, d.applied, d.entries = p, o, next
 	d.hostsMu.Lock()
 	for host := range d.hosts {
@@ -235,6 +261,10 @@ func (d *Daemon) resolve(ctx context.Context, e *entry) error {
 	if len(e.kernel.Dests) == 0 {
 		e.pending = "host name has no addresses"
 		return nil
+	}
+	e.base = e.kernel
+	if e.share != nil {
+		e.share.shape(&e.kernel)
 	}
 	if a, ok := e.spec.Limit.(policy.Adaptive); ok {
 		if e.ctrl == nil {

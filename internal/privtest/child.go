@@ -61,14 +61,39 @@ type Child struct {
 // killed when the test ends if it is still running.
 func Spawn(t testing.TB, dir, helper string, args ...string) *Child {
 	t.Helper()
+	c, err := spawn(dir, helper, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cleanup(t)
+	return c
+}
+
+// Spawn starts the helper as the package-level Spawn does, inside the
+// namespace: its sockets are the namespace's.
+func (ns *NetNS) Spawn(t testing.TB, dir, helper string, args ...string) *Child {
+	t.Helper()
+	var c *Child
+	err := ns.Do(func() (err error) {
+		c, err = spawn(dir, helper, args)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cleanup(t)
+	return c
+}
+
+func spawn(dir, helper string, args []string) (*Child, error) {
 	cg, err := os.Open(dir)
 	if err != nil {
-		t.Fatalf("open cgroup: %v", err)
+		return nil, fmt.Errorf("open cgroup: %w", err)
 	}
 	defer cg.Close()
 	exe, err := os.Executable()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), helperEnv+"="+helper)
@@ -76,23 +101,25 @@ func Spawn(t testing.TB, dir, helper string, args ...string) *Child {
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start helper: %v", err)
+		return nil, fmt.Errorf("start helper: %w", err)
 	}
-	c := &Child{cmd: cmd, stdin: stdin, stdout: bufio.NewScanner(stdout)}
+	return &Child{cmd: cmd, stdin: stdin, stdout: bufio.NewScanner(stdout)}, nil
+}
+
+func (c *Child) cleanup(t testing.TB) {
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
+		if c.cmd.ProcessState == nil {
+			c.cmd.Process.Kill()
+			c.cmd.Wait()
 		}
 	})
-	return c
 }
 
 // Call sends one command line and returns the reply line.

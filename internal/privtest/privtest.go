@@ -161,7 +161,7 @@ func NewNetNS(t testing.TB) *NetNS {
 		}
 		ns.handle = h
 		if err := netns.Set(orig); err != nil {
-			return fmt.Errorf("back to original netns: %w", err)
+			return fmt.Errorf("%w: %w", errThreadLost, err)
 		}
 		return nil
 	})
@@ -198,20 +198,30 @@ func (ns *NetNS) Do(fn func() error) error {
 		}
 		fnErr := fn()
 		if err := netns.Set(orig); err != nil {
-			return errors.Join(fnErr, fmt.Errorf("back to original netns: %w", err))
+			return errors.Join(fnErr, fmt.Errorf("%w: %w", errThreadLost, err))
 		}
 		return fnErr
 	})
 }
 
-// onLockedThread runs fn on a goroutine locked to its thread. If fn leaves
-// the thread in another namespace, the thread dies with the goroutine
-// instead of going back to the scheduler.
+// errThreadLost means a thread could not go back to the test's network
+// namespace.
+var errThreadLost = errors.New("back to the original netns")
+
+// onLockedThread runs fn on a goroutine locked to its thread. A thread fn
+// could not bring back to the test's namespace dies with the goroutine
+// instead of going back to the scheduler. One that came back is unlocked
+// and lives on: a thread's death sends the parent-death signal to every
+// process started from it, such as a daemon a test runs.
 func onLockedThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		errc <- fn()
+		err := fn()
+		if !errors.Is(err, errThreadLost) {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }

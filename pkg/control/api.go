@@ -63,7 +63,9 @@ type Limit struct {
 	Rule string `json:"rule"`
 	// Shape is concurrency, per_second, per_window or adaptive.
 	Shape string `json:"shape"`
-	// Limit is the limit in force: for an adaptive rule, where its loop is.
+	// Limit is the limit in force: for an adaptive rule, where its loop
+	// is; for a shared concurrency rule, this host's share; for a shared
+	// rate, the whole budget's (Shared says what this host holds).
 	Limit  uint32 `json:"limit"`
 	Shadow bool   `json:"shadow"`
 	// Destinations are the prefixes in the kernel: a host name's
@@ -83,6 +85,27 @@ type Limit struct {
 	// lowered for it, and SettledLimit is where it goes back to.
 	Probing      bool   `json:"probing,omitempty"`
 	SettledLimit uint32 `json:"settledLimit,omitempty"`
+	// Shared is this host's part of a shared budget, for a shared rule.
+	Shared *Share `json:"shared,omitempty"`
+}
+
+// Share is one host's part of a budget kept in Redis.
+type Share struct {
+	Key         string `json:"key"`
+	FailureMode string `json:"failureMode"`
+	// Reachable is false while Redis cannot be reached; FailureMode is
+	// then in force, since Since, and Error says why.
+	Reachable bool      `json:"reachable"`
+	Error     string    `json:"error,omitempty"`
+	Since     time.Time `json:"since,omitzero"`
+	// Slots are the concurrency slots this host holds in Redis.
+	Slots int `json:"slots"`
+	// Granted is the permits of a shared rate this host claimed and the
+	// kernel may spend, Spent those its connections used, Returned those
+	// handed back unspent.
+	Granted  uint64 `json:"granted"`
+	Spent    uint64 `json:"spent"`
+	Returned uint64 `json:"returned"`
 }
 
 // SetLimitRequest carries one rule as policy YAML: "name: x\ndestination: …".

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"net/url"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -242,9 +244,74 @@ func (c checker) check(r Rule) {
 			c.add("adaptive.samples", "adaptive.samples must be connect or request")
 		}
 	}
+	if r.IsShared() {
+		c.checkShared(r)
+	}
 	if r.Errno != "" && errnos[r.Errno] == 0 {
 		c.add("errno", "errno %q is not one a refusal may use: %s", r.Errno, strings.Join(errnoNames(), ", "))
 	}
+}
+
+// maxSharedKey bounds a shared budget's key; Redis takes far longer ones,
+// but a key this long is a mistake, and it travels in every request.
+const maxSharedKey = 512
+
+func (c checker) checkShared(r Rule) {
+	s := r.Shared
+	switch {
+	case s.Redis == "":
+		c.add("shared.redis", "shared.redis is missing: the URL of the Redis server that keeps the budget")
+	default:
+		if msg := redisURLProblem(s.Redis); msg != "" {
+			c.add("shared.redis", "shared.redis %q %s", s.Redis, msg)
+		}
+	}
+	switch {
+	case s.Key == "":
+		c.add("shared.key", "shared.key is missing: the Redis key every host sharing the budget names")
+	case len(s.Key) > maxSharedKey:
+		c.add("shared.key", "shared.key is longer than %d bytes", maxSharedKey)
+	case strings.ContainsFunc(s.Key, func(ch rune) bool { return unicode.IsSpace(ch) || !unicode.IsPrint(ch) }):
+		c.add("shared.key", "shared.key has whitespace or unprintable characters")
+	}
+	switch s.FailureMode {
+	case "", FailureThrow, FailureAllow, FailureDeny:
+	default:
+		c.add("shared.failureMode", "shared.failureMode %q is not throw, allow or deny", s.FailureMode)
+	}
+	switch r.Limit.(type) {
+	case Adaptive:
+		c.add("shared", "an adaptive limit cannot be shared: each host's loop sizes its own")
+	}
+	if r.Shadow {
+		c.add("shared", "a shadow rule cannot be shared: it would spend the budget it only watches")
+	}
+}
+
+// redisURLProblem says what is wrong with a Redis URL, or returns "".
+func redisURLProblem(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "is not a URL"
+	}
+	switch u.Scheme {
+	case "redis", "rediss":
+		if u.Host == "" {
+			return "has no host"
+		}
+		if db := strings.TrimPrefix(u.Path, "/"); db != "" {
+			if n, err := strconv.Atoi(db); err != nil || n < 0 {
+				return "has a path that is not a database number"
+			}
+		}
+	case "unix":
+		if u.Path == "" {
+			return "has no socket path"
+		}
+	default:
+		return "is not a redis://, rediss:// or unix:// URL"
+	}
+	return ""
 }
 
 // errnoNames lists the errnos a rule may name, sorted.

@@ -49,6 +49,12 @@ type (
 		Adaptive    *adaptiveYAML  `yaml:"adaptive,omitempty,flow"`
 		Shadow      bool           `yaml:"shadow,omitempty"`
 		Errno       string         `yaml:"errno,omitempty"`
+		Shared      *sharedYAML    `yaml:"shared,omitempty,flow"`
+	}
+	sharedYAML struct {
+		Redis       string `yaml:"redis"`
+		Key         string `yaml:"key"`
+		FailureMode string `yaml:"failureMode,omitempty"`
 	}
 	perSecondYAML struct {
 		Permits int `yaml:"permits"`
@@ -80,6 +86,9 @@ func formatRule(r Rule) ruleYAML {
 		Cgroup:      r.Scope.Cgroup,
 		Shadow:      r.Shadow,
 		Errno:       r.Errno,
+	}
+	if r.IsShared() {
+		y.Shared = &sharedYAML{Redis: r.Shared.Redis, Key: r.Shared.Key, FailureMode: r.Shared.FailureMode}
 	}
 	switch l := r.Limit.(type) {
 	case Concurrency:

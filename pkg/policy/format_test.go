@@ -57,6 +57,7 @@ func TestFormatRoundTrip(t *testing.T) {
 				{Name: "c", Destination: mustDest(t, "::1"), Limit: PerWindow{Permits: 9, Window: 1500 * time.Microsecond, Segments: 1}},
 				{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, Samples: loader.SampleRequest}},
 				{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2}},
+				{Name: "f", Destination: mustDest(t, "10.9.0.1"), Limit: PerWindow{Permits: 9, Window: time.Second}, Shared: Shared{Redis: "redis://r:6379", Key: "k:{f}", FailureMode: FailureAllow}},
 			},
 		},
 		{

@@ -128,7 +128,7 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	}
 	f := fields{d: d, rule: label(name, i), w: w}
 	var r Rule
-	keys := append([]string{"name", "destination", "port", "unit", "cgroup", "shadow", "errno"}, limitKeys...)
+	keys := append(append([]string{"name", "destination", "port", "unit", "cgroup", "shadow", "errno"}, limitKeys...), "shared")
 	limitKey := ""
 	isMapping := f.mapping(n, "", "a rule", keys, func(key string, k, v *yaml.Node) {
 		switch key {
@@ -158,6 +158,17 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 			r.Shadow, _ = f.boolean(key, v)
 		case "errno":
 			r.Errno, _ = f.nonEmpty(key, v, "; leave it out for EPERM")
+		case "shared":
+			f.mapping(v, "shared.", "shared", []string{"redis", "key", "failureMode"}, func(k string, _, v *yaml.Node) {
+				switch k {
+				case "redis":
+					r.Shared.Redis, _ = f.nonEmpty("shared.redis", v, "")
+				case "key":
+					r.Shared.Key, _ = f.nonEmpty("shared.key", v, "")
+				case "failureMode":
+					r.Shared.FailureMode, _ = f.nonEmpty("shared.failureMode", v, "; leave it out for throw")
+				}
+			})
 		default:
 			if limitKey != "" {
 				f.problem(k, "", "%s and %s are both given; a rule has one limit", limitKey, key)

@@ -110,6 +110,23 @@ func TestParseGood(t *testing.T) {
 			}},
 		},
 		{
+			name: "shared budgets",
+			in: `rules:
+  - name: quota
+    destination: api.example.com
+    perSecond: {permits: 100}
+    shared: {redis: "redis://:secret@10.0.0.9:6379/2", key: "egressd:api"}
+  - name: pool
+    destination: 10.0.0.5
+    concurrency: 10
+    shared: {redis: unix:///run/redis.sock, key: pool, failureMode: deny}
+`,
+			want: []Rule{
+				{Name: "quota", Destination: mustDest(t, "api.example.com"), Limit: PerSecond{Permits: 100}, Shared: Shared{Redis: "redis://:secret@10.0.0.9:6379/2", Key: "egressd:api"}},
+				{Name: "pool", Destination: mustDest(t, "10.0.0.5"), Limit: Concurrency(10), Shared: Shared{Redis: "unix:///run/redis.sock", Key: "pool", FailureMode: FailureDeny}},
+			},
+		},
+		{
 			// Same destination, told apart by port or by scope: no conflict.
 			name: "distinct matches",
 			in: `rules:
@@ -376,6 +393,29 @@ func TestParseBad(t *testing.T) {
 			},
 		},
 		{
+			name: "shared budgets",
+			in: `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1, shared: {key: k}}
+  - {name: b, destination: 10.0.0.2, concurrency: 1, shared: {redis: "http://x", key: "a b", failureMode: open}}
+  - {name: c, destination: 10.0.0.3, adaptive: {}, shared: {redis: "redis://", key: k}, shadow: true}
+  - {name: d, destination: 10.0.0.4, concurrency: 1, shared: {redis: "redis://h/x", key: "", ttl: 1}}
+  - {name: e, destination: 10.0.0.5, concurrency: 1, shared: redis}
+`,
+			want: []Problem{
+				{Line: 2, Column: 62, Rule: "a", Msg: "shared.redis is missing: the URL of the Redis server that keeps the budget"},
+				{Line: 3, Column: 70, Rule: "b", Msg: `shared.redis "http://x" is not a redis://, rediss:// or unix:// URL`},
+				{Line: 3, Column: 87, Rule: "b", Msg: "shared.key has whitespace or unprintable characters"},
+				{Line: 3, Column: 107, Rule: "b", Msg: `shared.failureMode "open" is not throw, allow or deny`},
+				{Line: 4, Column: 60, Rule: "c", Msg: "an adaptive limit cannot be shared: each host's loop sizes its own"},
+				{Line: 4, Column: 60, Rule: "c", Msg: "a shadow rule cannot be shared: it would spend the budget it only watches"},
+				{Line: 4, Column: 68, Rule: "c", Msg: `shared.redis "redis://" has no host`},
+				{Line: 5, Column: 70, Rule: "d", Msg: `shared.redis "redis://h/x" has a path that is not a database number`},
+				{Line: 5, Column: 90, Rule: "d", Msg: "shared.key is empty"},
+				{Line: 5, Column: 94, Rule: "d", Msg: `unknown field "shared.ttl"`},
+				{Line: 6, Column: 62, Rule: "e", Msg: "shared must be a mapping of redis, key, failureMode"},
+			},
+		},
+		{
 			name: "adaptive options",
 			in: `rules:
   - {name: a, destination: 10.0.0.1, adaptive: {minimum: 10, maximum: 5}}
@@ -447,7 +487,7 @@ func TestParseBad(t *testing.T) {
 `,
 			want: []Problem{
 				{Line: 2, Column: 64, Rule: "a", Msg: "port is given twice; the first is at line 2"},
-				{Line: 3, Column: 5, Rule: "#2", Msg: "a rule must be a mapping of name, destination, port, unit, cgroup, shadow, errno, concurrency, perSecond, perWindow, adaptive"},
+				{Line: 3, Column: 5, Rule: "#2", Msg: "a rule must be a mapping of name, destination, port, unit, cgroup, shadow, errno, concurrency, perSecond, perWindow, adaptive, shared"},
 				{Line: 4, Column: 49, Rule: "c", Msg: "perSecond must be a mapping of permits, burst"},
 				{Line: 5, Column: 62, Rule: "d", Msg: "shadow must be true or false"},
 				{Line: 6, Column: 54, Rule: "e", Msg: "field names must be strings"},
@@ -578,7 +618,7 @@ func TestLoad(t *testing.T) {
 
 	_, err = Load(bad)
 	want := bad + ":2:51: rule a: concurrency must be at least 1\n" +
-		bad + ":3:5: rule #2: a rule must be a mapping of name, destination, port, unit, cgroup, shadow, errno, concurrency, perSecond, perWindow, adaptive"
+		bad + ":3:5: rule #2: a rule must be a mapping of name, destination, port, unit, cgroup, shadow, errno, concurrency, perSecond, perWindow, adaptive, shared"
 	if err == nil || err.Error() != want || !errors.Is(err, ErrInvalid) {
 		t.Errorf("Load(bad) error\n%v\nwant\n%s", err, want)
 	}

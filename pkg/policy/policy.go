@@ -38,7 +38,38 @@ type Rule struct {
 	// Errno is what a refused connect() returns, by name ("ECONNREFUSED");
 	// empty means EPERM.
 	Errno string
+	// Shared makes the limit one budget for every host that names the
+	// same Redis key; the zero Shared keeps it this host's own.
+	Shared Shared
 }
+
+// Shared is a budget kept in Redis and spent by several hosts, each of
+// which enforces its share in its own kernel. Every host sharing Key must
+// give the rule the same limit. Concurrency, PerSecond and PerWindow rules
+// can be shared.
+type Shared struct {
+	// Redis is the server's URL: redis://[user:password@]host:port[/db],
+	// rediss:// for TLS, or unix:///path/to/socket.
+	Redis string
+	// Key is the budget's key in Redis.
+	Key string
+	// FailureMode is what the host enforces while Redis cannot be
+	// reached: FailureThrow (the default) keeps the share it last held,
+	// FailureAllow enforces the whole limit as if the host were alone,
+	// FailureDeny admits no new connections.
+	FailureMode string
+}
+
+// FailureMode values: the names the distributed rate-limiting reference
+// uses, read for a host enforcing its share in the kernel.
+const (
+	FailureThrow = "throw"
+	FailureAllow = "allow"
+	FailureDeny  = "deny"
+)
+
+// IsShared reports whether the rule's limit is a shared budget.
+func (r Rule) IsShared() bool { return r.Shared != Shared{} }
 
 // Scope says whose connections a rule limits. The zero Scope is the whole
 // host. A systemd unit is the usual way to name a service; a cgroup path
