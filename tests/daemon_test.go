@@ -39,7 +39,8 @@ var egressd string
 
 func TestMain(m *testing.M) {
 	if privtest.IsHelper() {
-		privtest.Main(m) // a client process a test started; it exits
+		// A client process a test started; it exits.
+		privtest.Main(m, privtest.Role{Name: "sdkservice", Run: runSDKService})
 	}
 	os.Exit(run(m))
 }
@@ -1060,7 +1061,14 @@ type pyProc struct {
 
 func (e *env) startPython(t *testing.T, script string, args ...string) *pyProc {
 	t.Helper()
-	cg, err := os.Open(e.cg)
+	return startPythonIn(t, nil, e.cg, script, args...)
+}
+
+// startPythonIn starts python3 in cgroup dir and, unless ns is nil, in
+// network namespace ns.
+func startPythonIn(t *testing.T, ns *privtest.NetNS, dir, script string, args ...string) *pyProc {
+	t.Helper()
+	cg, err := os.Open(dir)
 	if err != nil {
 		t.Fatalf("open cgroup: %v", err)
 	}
@@ -1078,7 +1086,11 @@ func (e *env) startPython(t *testing.T, script string, args ...string) *pyProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	start := func() error { return cmd.Start() }
+	if ns != nil {
+		start = func() error { return ns.Do(cmd.Start) }
+	}
+	if err := start(); err != nil {
 		t.Fatalf("start python3: %v", err)
 	}
 	p := &pyProc{cmd: cmd, stdin: stdin, out: make(chan string, 16), pid: cmd.Process.Pid, done: make(chan struct{})}

@@ -161,5 +161,9 @@ func (c *Child) Wait(t testing.TB) {
 	}
 }
 
+// CloseInput closes the helper's input, which tells a helper that runs
+// until then to finish; read what it prints, then Wait.
+func (c *Child) CloseInput() { c.stdin.Close() }
+
 // PID is the helper's process id.
 func (c *Child) PID() int { return c.cmd.Process.Pid }
