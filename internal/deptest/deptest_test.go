@@ -11,6 +11,13 @@ import (
 
 const module = "github.com/egressd/egressd/"
 
+// servingDeps are what the serving side may import besides its own
+// packages: the SDK core, and the Redis client with its dependencies.
+var servingDeps = []string{
+	module + "pkg/sdk", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/",
+	"github.com/redis/go-redis/v9", "github.com/cespare/xxhash/", "go.uber.org/atomic",
+}
+
 func TestDependencies(t *testing.T) {
 	tests := []struct {
 		pkg string
@@ -24,6 +31,10 @@ func TestDependencies(t *testing.T) {
 		{"pkg/limit", []string{module + "pkg/adaptive", module + "pkg/sdk", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
 		{"pkg/control", []string{"golang.org/x/sys/"}},
 		{"pkg/sdk/sdkhttp", []string{module + "pkg/sdk", module + "pkg/limit", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
+		// The serving side: Redis through package shared, for shared
+		// partitions; no Prometheus (servemetrics has it) and no kernel.
+		{"pkg/partition", append([]string{module + "pkg/limit", module + "pkg/shared"}, servingDeps...)},
+		{"pkg/serve", append([]string{module + "pkg/partition", module + "pkg/limit", module + "pkg/shared"}, servingDeps...)},
 		{"internal/sdnotify", []string{"golang.org/x/sys/"}},
 		{"internal/dns", nil},
 	}

@@ -111,6 +111,16 @@
 // reset} wrapping ErrQuotaExhausted. A Retry-After refuses the host until it
 // passes, whatever the allowance. See QuotaOptions for the details.
 //
+// # Criticality and deadlines across the process edge
+//
+// Propagate makes every attempt carry the caller's criticality and the
+// attempt's remaining time in two headers (sdk.CriticalityHeader,
+// sdk.TimeoutHeader), which package serve's middleware reads into the
+// context of the handler on the other side: its own calls, their Admit
+// hooks and their retry budgets see the level the first caller set, and
+// none of them outlives the caller's deadline. It is off by default, since
+// only servers that read the headers have a use for them.
+//
 // # Kernel refusals
 //
 // A connect() egressd refuses fails with EPERM, which http.Transport returns

@@ -163,26 +163,6 @@ func newLimiter(t *testing.T, opts limit.Options) *limit.Local {
 	return l
 }
 
-// fakeClock is a Clock that moves only when told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_750_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // trackedBody is a request body that records whether it was closed.
 type trackedBody struct {
 	io.Reader

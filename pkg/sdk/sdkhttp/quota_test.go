@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
 )
@@ -146,7 +147,7 @@ type quotaServer struct {
 	remaining atomic.Int64
 }
 
-func serveQuota(t *testing.T, clock *fakeClock, publish func(h http.Header, remaining int64, now time.Time)) *quotaServer {
+func serveQuota(t *testing.T, clock *clocktest.Manual, publish func(h http.Header, remaining int64, now time.Time)) *quotaServer {
 	t.Helper()
 	q := &quotaServer{}
 	q.server = serve(t, func(w http.ResponseWriter, r *http.Request) {
@@ -192,7 +193,7 @@ func TestQuotaRefusesInsideTheReserveUntilReset(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := newFakeClock()
+			clock := clocktest.New()
 			srv := serveQuota(t, clock, tt.publish)
 			srv.remaining.Store(3)
 			c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Reserve: tt.reserve, Clock: clock}))
@@ -223,7 +224,7 @@ func TestQuotaRefusesInsideTheReserveUntilReset(t *testing.T) {
 
 // A Retry-After refuses the host until it passes, whatever the allowance.
 func TestQuotaHonoursRetryAfter(t *testing.T) {
-	clock := newFakeClock()
+	clock := clocktest.New()
 	srv := serve(t, reply(429, "", "Retry-After", "5", "RateLimit-Remaining", "100", "RateLimit-Reset", "60"), okReply)
 	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Clock: clock}))
 	if code, _, _, err := get(t, c, srv.URL); err != nil || code != 429 {
@@ -242,7 +243,7 @@ func TestQuotaHonoursRetryAfter(t *testing.T) {
 
 // One host's spent allowance refuses nothing to another.
 func TestQuotaIsPerHost(t *testing.T) {
-	clock := newFakeClock()
+	clock := clocktest.New()
 	spent := serve(t, reply(200, "", "RateLimit-Remaining", "0", "RateLimit-Reset", "60"))
 	other := serve(t, reply(200, "", "RateLimit-Remaining", "50", "RateLimit-Reset", "60"))
 	silent := serve(t, okReply)
@@ -266,7 +267,7 @@ func TestQuotaIsPerHost(t *testing.T) {
 // limiter's: retried at its hint (capped by MaxDelay), no charge to the
 // retry budget, no evidence for the breaker.
 func TestQuotaRefusalInsideRetries(t *testing.T) {
-	clock := newFakeClock()
+	clock := clocktest.New()
 	srv := serve(t, reply(200, "", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", strconv.FormatInt(clock.Now().Add(time.Hour).Unix(), 10)))
 	p := testPolicy(3)
 	p.Budget = sdk.NewRetryBudget(0.1, 10)
@@ -295,7 +296,7 @@ func TestQuotaRefusalInsideRetries(t *testing.T) {
 // Concurrent attempts count against the allowance as they go, so a burst
 // does not all spend the last unit.
 func TestQuotaCountsAttemptsInFlight(t *testing.T) {
-	clock := newFakeClock()
+	clock := clocktest.New()
 	release := make(chan struct{})
 	srv := serve(t, reply(200, "", "RateLimit-Remaining", "2", "RateLimit-Reset", "60"), func(w http.ResponseWriter, r *http.Request) {
 		<-release
@@ -340,7 +341,7 @@ func TestQuotaCountsAttemptsInFlight(t *testing.T) {
 // An attempt the quota let through and a limiter further in refused never
 // went out, so it is given back to the allowance.
 func TestQuotaGivesBackAttemptsRefusedFurtherIn(t *testing.T) {
-	clock := newFakeClock()
+	clock := clocktest.New()
 	srv := serve(t, reply(200, "", "RateLimit-Remaining", "1", "RateLimit-Reset", "60"))
 	l := limit.Concurrency(1)
 	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Clock: clock}).Limit(l))

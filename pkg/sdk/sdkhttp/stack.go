@@ -46,12 +46,14 @@ type step struct {
 }
 
 // Stack describes a Transport, outermost step first. Add steps with Retry,
-// Quota and Limit, then Build. Nothing is checked until Build, which lists
-// every problem at once. A Stack may be built more than once; each
-// Transport it builds keeps quota state of its own.
+// Quota and Limit (and, anywhere, Propagate), then Build. Nothing is
+// checked until Build, which lists every problem at once. A Stack may be
+// built more than once; each Transport it builds keeps quota state of its
+// own.
 type Stack struct {
-	base  http.RoundTripper
-	steps []step
+	base      http.RoundTripper
+	steps     []step
+	propagate bool // see Propagate
 }
 
 // NewStack returns an empty stack over base, the transport that makes the
@@ -91,6 +93,9 @@ func (s *Stack) Build() (*Transport, error) {
 		base = http.DefaultTransport
 	}
 	rt := base
+	if s.propagate {
+		rt = &propagateLayer{next: rt}
+	}
 	for i := len(s.steps) - 1; i >= 0; i-- {
 		st := s.steps[i]
 		switch st.kind {

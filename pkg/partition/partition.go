@@ -1,0 +1,255 @@
+package partition
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/egressd/egressd/pkg/limit"
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/shared"
+)
+
+// Partitioned is a limiter per partition key, each made on first use and
+// evicted once idle. It is safe for concurrent use, and holds no goroutine.
+type Partitioned struct {
+	name    string
+	make    func(key string) (Limiter, error)
+	idleFor int64 // ticks a partition must go unused: max(IdleTimeout, retention)
+	every   int64 // ticks between lazy sweeps
+	max     int
+	clock   Clock     // nil: the real clock
+	origin  time.Time // ticks are nanoseconds since this, on clock
+	onCount func(int)
+	full    *sdk.RateLimitedError
+
+	mu        sync.Mutex
+	parts     map[string]*part
+	lastSweep int64 // tick
+}
+
+// part is one partition.
+type part struct {
+	l Limiter
+	// busy counts the Acquires in progress and the leases held. It rises
+	// only under the Partitioned's lock, where eviction reads it, so that
+	// nothing enters a partition being evicted; it falls without the lock.
+	busy atomic.Int64
+	// last is the tick of the latest Acquire or Release, stored before busy
+	// falls, so that an evictor that sees busy at zero sees it too.
+	last atomic.Int64
+}
+
+// New returns a partitioned limiter, or an [*OptionsError] listing every
+// problem with opts.
+func New(opts Options) (*Partitioned, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Partitioned{
+		name:    opts.Name,
+		max:     opts.MaxPartitions,
+		clock:   opts.Clock,
+		onCount: opts.OnCount,
+		parts:   map[string]*part{},
+	}
+	if p.name == "" {
+		p.name = "partition"
+	}
+	if p.max == 0 {
+		p.max = DefaultMaxPartitions
+	}
+	idle := opts.IdleTimeout
+	if idle == 0 {
+		idle = DefaultIdleTimeout
+	}
+	var keep time.Duration
+	switch {
+	case opts.Local != nil:
+		lo := cloneLocal(*opts.Local)
+		keep = retention(&lo)
+		if p.clock == nil && lo.Clock != nil {
+			p.clock = lo.Clock
+		}
+		p.make = func(string) (Limiter, error) {
+			l, err := limit.New(lo)
+			if err != nil {
+				return nil, err
+			}
+			return Adapt(l), nil
+		}
+	case opts.Shared != nil:
+		so, client := cloneShared(*opts.Shared), opts.Redis
+		prefix := so.Key
+		if so.Name == "" {
+			so.Name = prefix
+		}
+		p.make = func(key string) (Limiter, error) {
+			o := so
+			o.Key = shared.KeyFor(prefix, key)
+			l, err := shared.New(client, o)
+			if err != nil {
+				return nil, err
+			}
+			return Adapt(l), nil
+		}
+	default:
+		p.make = opts.New
+	}
+	p.idleFor = int64(max(idle, keep))
+	p.every = int64(max(idle/2, time.Millisecond))
+	p.full = &sdk.RateLimitedError{Limiter: p.name, Err: ErrTooManyPartitions}
+	if p.clock != nil {
+		p.origin = p.clock.Now()
+	} else {
+		p.origin = time.Now() // with its monotonic reading, for time.Since
+	}
+	return p, nil
+}
+
+// Name returns the partitioned limiter's name.
+func (p *Partitioned) Name() string { return p.name }
+
+// Len returns how many partitions are held.
+func (p *Partitioned) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.parts)
+}
+
+func (p *Partitioned) tick() int64 {
+	if p.clock == nil {
+		return int64(time.Since(p.origin))
+	}
+	return int64(p.clock.Now().Sub(p.origin))
+}
+
+// Lease is a permit held in one partition, with package limit's contract:
+// Release it once, through the variable Acquire returned, however the work
+// ended; Release zeroes it, so a second call does nothing. Until it is
+// released its partition is not evicted. The zero Lease holds nothing.
+type Lease struct {
+	r Releaser
+	p *Partitioned
+	e *part
+}
+
+// Release returns the permit to its partition's limiter. It is safe on the
+// zero Lease and on one already released.
+func (ls *Lease) Release() {
+	e := ls.e
+	if e == nil {
+		return
+	}
+	r, p := ls.r, ls.p
+	*ls = Lease{}
+	r.Release()
+	p.done(e)
+}
+
+// done marks the end of an Acquire that came to nothing, or of a lease.
+func (p *Partitioned) done(e *part) {
+	e.last.Store(p.tick())
+	e.busy.Add(-1)
+}
+
+// Acquire takes a permit from key's partition, making the partition if it
+// has none. It returns what that partition's limiter returns: a lease; a
+// refusal, an *sdk.RateLimitedError; the context's error, when it ended
+// while the caller waited; or the limiter's error. A key that would be a
+// partition beyond MaxPartitions is refused with an *sdk.RateLimitedError
+// wrapping ErrTooManyPartitions; one whose limiter cannot be made returns
+// the factory's error.
+func (p *Partitioned) Acquire(ctx context.Context, key string) (Lease, error) {
+	e, err := p.enter(key)
+	if err != nil {
+		return Lease{}, err
+	}
+	r, err := e.l.Acquire(ctx)
+	if err != nil {
+		p.done(e)
+		return Lease{}, err
+	}
+	return Lease{r: r, p: p, e: e}, nil
+}
+
+// enter returns key's partition, made if need be, counted busy.
+func (p *Partitioned) enter(key string) (*part, error) {
+	now := p.tick()
+	p.mu.Lock()
+	if now-p.lastSweep >= p.every {
+		p.sweepLocked(now)
+	}
+	e := p.parts[key]
+	if e == nil {
+		if !p.roomLocked(now) {
+			p.mu.Unlock()
+			return nil, p.full
+		}
+		p.mu.Unlock()
+		l, err := p.make(key) // a factory may be slow: not under the lock
+		if err != nil {
+			return nil, fmt.Errorf("partition %q of %s: %w", key, p.name, err)
+		}
+		p.mu.Lock()
+		if e = p.parts[key]; e == nil {
+			if !p.roomLocked(now) {
+				p.mu.Unlock()
+				return nil, p.full
+			}
+			e = &part{l: l}
+			p.parts[key] = e
+			if p.onCount != nil {
+				p.onCount(len(p.parts))
+			}
+		}
+	}
+	e.busy.Add(1)
+	e.last.Store(now)
+	p.mu.Unlock()
+	return e, nil
+}
+
+// roomLocked reports whether there is room for one more partition at now,
+// sweeping first when the map is full and a second has passed since the
+// last sweep: often enough to let newcomers in soon after partitions go
+// idle, seldom enough that a flood of new keys does not sweep on every
+// request. Call with mu held.
+func (p *Partitioned) roomLocked(now int64) bool {
+	if len(p.parts) < p.max {
+		return true
+	}
+	if now-p.lastSweep >= min(p.every, int64(time.Second)) {
+		p.sweepLocked(now)
+	}
+	return len(p.parts) < p.max
+}
+
+// Sweep evicts every partition that is idle now, and returns how many it
+// evicted. Acquire sweeps by itself; call Sweep to free memory on a
+// schedule of your own, when traffic may stop altogether.
+func (p *Partitioned) Sweep() int {
+	now := p.tick()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sweepLocked(now)
+}
+
+// sweepLocked evicts the partitions with nothing inside that have gone
+// unused for idleFor at now. Call with mu held.
+func (p *Partitioned) sweepLocked(now int64) int {
+	p.lastSweep = now
+	n := 0
+	for key, e := range p.parts {
+		if e.busy.Load() == 0 && now-e.last.Load() >= p.idleFor {
+			delete(p.parts, key)
+			n++
+		}
+	}
+	if n > 0 && p.onCount != nil {
+		p.onCount(len(p.parts))
+	}
+	return n
+}

@@ -1,0 +1,428 @@
+package partition_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/clocktest"
+	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/limit"
+	"github.com/egressd/egressd/pkg/partition"
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/shared"
+	"github.com/redis/go-redis/v9"
+)
+
+func newPartitioned(t *testing.T, opts partition.Options) *partition.Partitioned {
+	t.Helper()
+	p, err := partition.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestValidate(t *testing.T) {
+	local := &limit.Options{Concurrency: 1}
+	sharedOpts := &shared.Options{Key: "k", TokenBucket: &shared.TokenBucketOptions{TokenLimit: 1, TokensPerPeriod: 1, ReplenishmentPeriod: time.Second}}
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { client.Close() })
+	newFn := func(string) (partition.Limiter, error) { return partition.Adapt(limit.Concurrency(1)), nil }
+	tests := []struct {
+		name string
+		opts partition.Options
+		want []string // substrings, one per problem, in order
+	}{
+		{"zero", partition.Options{}, []string{"no limiter"}},
+		{"local and new", partition.Options{Local: local, New: newFn}, []string{"Local and New are set"}},
+		{"all three", partition.Options{Local: local, Shared: sharedOpts, Redis: client, New: newFn}, []string{"Local and Shared and New are set"}},
+		{"bad local", partition.Options{Local: &limit.Options{PerSecond: &limit.PerSecondOptions{}, Concurrency: 2}},
+			[]string{"Local.PerSecond and Concurrency are set", "Local.PerSecond.Permits 0"}},
+		{"bad shared, no client", partition.Options{Shared: &shared.Options{FixedWindow: &shared.FixedWindowOptions{Permits: 0, Window: time.Second}}},
+			[]string{"Shared.Key is required", "Shared.FixedWindow.Permits 0", "Redis is required with Shared"}},
+		{"client without shared", partition.Options{Local: local, Redis: client}, []string{"Redis is set without Shared"}},
+		{"bounds", partition.Options{New: newFn, IdleTimeout: -time.Second, MaxPartitions: -1},
+			[]string{"IdleTimeout -1s must not be negative", "MaxPartitions -1 must not be negative"}},
+		{"local", partition.Options{Local: local}, nil},
+		{"shared", partition.Options{Shared: sharedOpts, Redis: client, IdleTimeout: time.Hour, MaxPartitions: 10}, nil},
+		{"new", partition.Options{New: newFn}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.opts.Validate()
+			oe, _ := partition.AsOptionsError(err)
+			var got []string
+			if oe != nil {
+				got = oe.Problems
+			}
+			if len(got) != len(tt.want) || (err != nil) != errors.Is(err, partition.ErrInvalidOptions) {
+				t.Fatalf("Validate = %v, want problems %q", err, tt.want)
+			}
+			for i, w := range tt.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("problem %d = %q, want it to contain %q", i, got[i], w)
+				}
+			}
+			if _, err := partition.New(tt.opts); (err != nil) != (len(tt.want) > 0) {
+				t.Errorf("New = %v; want an error exactly when Validate finds problems", err)
+			}
+		})
+	}
+}
+
+// One partition spending its budget leaves every other partition's whole.
+func TestPartitionsAreIsolated(t *testing.T) {
+	clock := clocktest.New()
+	p := newPartitioned(t, partition.Options{
+		Name:  "tenant-api",
+		Local: &limit.Options{Name: "tenant-api", PerWindow: &limit.PerWindowOptions{Permits: 2, Window: time.Hour}, Clock: clock},
+	})
+	ctx := context.Background()
+	admitted := func(key string, n int) (got int) {
+		for range n {
+			lease, err := p.Acquire(ctx, key)
+			if err == nil {
+				got++
+			} else if rl, ok := sdk.AsRateLimited(err); !ok || rl.Limiter != "tenant-api" {
+				t.Fatalf("Acquire(%q) = %v; want a refusal by tenant-api", key, err)
+			}
+			lease.Release()
+		}
+		return got
+	}
+	if got := admitted("noisy", 10); got != 2 {
+		t.Errorf("noisy got %d of 10; want its 2", got)
+	}
+	if got := admitted("quiet", 2); got != 2 {
+		t.Errorf("quiet got %d of 2 after noisy spent its budget; want 2", got)
+	}
+	if got := admitted("", 3); got != 2 {
+		t.Errorf("the empty partition got %d of 3; want 2: it is a partition like any other", got)
+	}
+	if p.Len() != 3 {
+		t.Errorf("Len = %d, want 3", p.Len())
+	}
+}
+
+// A partition is evicted once it has been idle for IdleTimeout - a local
+// rate partition only once it would be back to a full budget - and never
+// while a lease is out.
+func TestEviction(t *testing.T) {
+	const idle = time.Second
+	tests := []struct {
+		name     string
+		local    *limit.Options
+		acquired int           // leases taken from the partition
+		released int           // of which released
+		after    time.Duration // idle time then, before a Sweep
+		want     int           // partitions left
+	}{
+		{"concurrency held", &limit.Options{Concurrency: 2}, 1, 0, time.Hour, 1},
+		{"concurrency one of two held", &limit.Options{Concurrency: 2}, 2, 1, time.Hour, 1},
+		{"concurrency released, not yet idle", &limit.Options{Concurrency: 2}, 2, 2, idle - time.Nanosecond, 1},
+		{"concurrency released, idle", &limit.Options{Concurrency: 2}, 2, 2, idle, 0},
+		{"adaptive released, idle", &limit.Options{Adaptive: &adaptive.Options{}}, 1, 1, idle, 0},
+		{"per second, not yet full", &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1, Burst: 10}}, 10, 10, 10*time.Second - time.Nanosecond, 1},
+		{"per second, full again", &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1, Burst: 10}}, 10, 10, 10 * time.Second, 0},
+		{"per second, fills within idle", &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 100}}, 1, 1, idle, 0},
+		{"per window, window not over", &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 5, Window: time.Minute}}, 5, 5, time.Minute - time.Nanosecond, 1},
+		{"per window, window over", &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 5, Window: time.Minute}}, 5, 5, time.Minute, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := clocktest.New()
+			tt.local.Clock = clock
+			p := newPartitioned(t, partition.Options{Local: tt.local, IdleTimeout: idle})
+			leases := make([]partition.Lease, tt.acquired)
+			for i := range leases {
+				var err error
+				if leases[i], err = p.Acquire(context.Background(), "k"); err != nil {
+					t.Fatalf("Acquire %d: %v", i, err)
+				}
+			}
+			for i := range tt.released {
+				leases[i].Release()
+			}
+			clock.Advance(tt.after)
+			p.Sweep()
+			if got := p.Len(); got != tt.want {
+				t.Errorf("%d partitions after %v idle; want %d", got, tt.after, tt.want)
+			}
+			for i := tt.released; i < tt.acquired; i++ {
+				leases[i].Release()
+			}
+		})
+	}
+}
+
+// A local rate partition kept past IdleTimeout still holds its spent
+// budget: eviction never forgives what was spent.
+func TestEvictionNeverForgivesBudget(t *testing.T) {
+	clock := clocktest.New()
+	p := newPartitioned(t, partition.Options{
+		Local:       &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Minute}, Clock: clock},
+		IdleTimeout: time.Second,
+	})
+	ctx := context.Background()
+	lease, err := p.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease.Release()
+	for _, step := range []time.Duration{time.Second, 29 * time.Second, 29 * time.Second} {
+		clock.Advance(step)
+		p.Sweep()
+		if _, err := p.Acquire(ctx, "k"); !sdk.IsRateLimited(err) {
+			t.Fatalf("Acquire within the window = %v; want a refusal", err)
+		}
+	}
+	clock.Advance(time.Minute)
+	if n := p.Sweep(); n != 1 {
+		t.Fatalf("Sweep after the window evicted %d; want 1", n)
+	}
+	if _, err := p.Acquire(ctx, "k"); err != nil {
+		t.Fatalf("Acquire in a new window = %v", err)
+	}
+}
+
+// Acquire sweeps by itself once IdleTimeout/2 has passed since the last
+// sweep.
+func TestAcquireSweepsLazily(t *testing.T) {
+	clock := clocktest.New()
+	var counts []int
+	p := newPartitioned(t, partition.Options{
+		Local:       &limit.Options{Concurrency: 1, Clock: clock},
+		IdleTimeout: time.Second,
+		OnCount:     func(n int) { counts = append(counts, n) },
+	})
+	use := func(key string) {
+		lease, err := p.Acquire(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease.Release()
+	}
+	use("a")
+	clock.Advance(400 * time.Millisecond)
+	use("b") // no sweep yet: 400ms < 500ms
+	clock.Advance(700 * time.Millisecond)
+	use("c") // sweeps at 1.1s: a idle 1.1s, b 0.7s
+	if p.Len() != 2 {
+		t.Errorf("Len = %d, want 2: a evicted, b and c kept", p.Len())
+	}
+	clock.Advance(900 * time.Millisecond)
+	use("c") // sweeps at 2s: b idle 1.6s, c 0.9s
+	if p.Len() != 1 {
+		t.Errorf("Len = %d, want 1: b evicted, c kept", p.Len())
+	}
+	if want := []int{1, 2, 1, 2, 1}; !slices.Equal(counts, want) {
+		t.Errorf("OnCount told %v, want %v", counts, want)
+	}
+}
+
+// Beyond MaxPartitions a new key is refused; an idle partition makes room
+// for it, a busy one does not.
+func TestMaxPartitions(t *testing.T) {
+	clock := clocktest.New()
+	p := newPartitioned(t, partition.Options{
+		Name:          "tenants",
+		Local:         &limit.Options{Concurrency: 1, Clock: clock},
+		IdleTimeout:   time.Minute,
+		MaxPartitions: 2,
+	})
+	ctx := context.Background()
+	a, errA := p.Acquire(ctx, "a")
+	b, errB := p.Acquire(ctx, "b")
+	if errA != nil || errB != nil {
+		t.Fatal(errA, errB)
+	}
+	_, err := p.Acquire(ctx, "c")
+	rl, ok := sdk.AsRateLimited(err)
+	if !ok || rl.Limiter != "tenants" || !errors.Is(err, partition.ErrTooManyPartitions) {
+		t.Fatalf("third key = %v; want a refusal by tenants wrapping ErrTooManyPartitions", err)
+	}
+	clock.Advance(time.Hour) // idle enough, but both are held
+	if _, err := p.Acquire(ctx, "c"); !errors.Is(err, partition.ErrTooManyPartitions) {
+		t.Fatalf("third key with both partitions held = %v; want ErrTooManyPartitions", err)
+	}
+	a.Release()
+	b.Release()
+	clock.Advance(time.Minute)
+	c, err := p.Acquire(ctx, "c")
+	if err != nil {
+		t.Fatalf("third key once the others are idle = %v", err)
+	}
+	c.Release()
+	if p.Len() != 1 {
+		t.Errorf("Len = %d, want 1", p.Len())
+	}
+}
+
+// A partition whose limiter cannot be made is not kept, and says why.
+func TestFactoryError(t *testing.T) {
+	errNoTenant := errors.New("no such tenant")
+	var made atomic.Int32
+	p := newPartitioned(t, partition.Options{
+		Name: "tenants",
+		New: func(key string) (partition.Limiter, error) {
+			made.Add(1)
+			if key == "ghost" {
+				return nil, errNoTenant
+			}
+			return partition.Adapt(limit.Concurrency(1)), nil
+		},
+	})
+	for range 2 {
+		_, err := p.Acquire(context.Background(), "ghost")
+		if !errors.Is(err, errNoTenant) || sdk.IsRateLimited(err) || !strings.Contains(err.Error(), `partition "ghost" of tenants`) {
+			t.Fatalf("Acquire(ghost) = %v; want the factory's error, named", err)
+		}
+	}
+	if p.Len() != 0 || made.Load() != 2 {
+		t.Errorf("Len = %d after %d attempts to make it; want 0 after 2", p.Len(), made.Load())
+	}
+}
+
+// Adapt fits both lease types, and releases through the pointer: a shared
+// Lease's Release is exercised against Redis in shared_test.go.
+func TestAdaptReleases(t *testing.T) {
+	l := limit.Concurrency(1)
+	a := partition.Adapt(l)
+	if a.Name() != "concurrency" {
+		t.Errorf("Name = %q", a.Name())
+	}
+	r, err := a.Acquire(context.Background())
+	if err != nil || l.InFlight() != 1 {
+		t.Fatalf("Acquire = %v with %d in flight", err, l.InFlight())
+	}
+	if _, err := a.Acquire(context.Background()); !sdk.IsRateLimited(err) {
+		t.Fatalf("second Acquire = %v; want a refusal", err)
+	}
+	r.Release()
+	if l.InFlight() != 0 {
+		t.Errorf("%d in flight after Release", l.InFlight())
+	}
+	var _ = partition.Adapt(&shared.Limiter{}) // compiles: the other lease type
+}
+
+// A rate permit is handed through Adapt and a partition without
+// allocating; a lease that holds something is boxed once.
+func TestAcquireAllocations(t *testing.T) {
+	tests := []struct {
+		name  string
+		local *limit.Options
+		want  float64
+	}{
+		{"per second", &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: limit.MaxRate}}, 0},
+		{"concurrency", &limit.Options{Concurrency: 1}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPartitioned(t, partition.Options{Local: tt.local})
+			ctx := context.Background()
+			got := testing.AllocsPerRun(100, func() {
+				lease, err := p.Acquire(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				lease.Release()
+			})
+			if got != tt.want {
+				t.Errorf("%v allocations per Acquire and Release; want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// Eviction racing acquires and releases never evicts a partition that is
+// in use: if it did, the partition would come back empty and admit a
+// second holder past its bound of one.
+func TestNeverEvictsABusyPartition(t *testing.T) {
+	clock := clocktest.New()
+	p := newPartitioned(t, partition.Options{
+		Local:       &limit.Options{Concurrency: 1, Clock: clock},
+		IdleTimeout: time.Millisecond,
+	})
+	keys := []string{"a", "b", "c", "d"}
+	var holders [4]atomic.Int32
+	var over, admitted atomic.Int64
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := rand.IntN(len(keys))
+				lease, err := p.Acquire(ctx, keys[k])
+				if err != nil {
+					continue
+				}
+				admitted.Add(1)
+				if holders[k].Add(1) > 1 {
+					over.Add(1)
+				}
+				clock.Advance(time.Millisecond) // every partition looks idle
+				holders[k].Add(-1)
+				lease.Release()
+			}
+		})
+	}
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				p.Sweep()
+			}
+		}
+	})
+	for admitted.Load() < 20_000 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if over.Load() != 0 {
+		t.Fatalf("%d admissions found their partition already held", over.Load())
+	}
+}
+
+func BenchmarkAcquire(b *testing.B) {
+	for _, bm := range []struct {
+		name  string
+		local *limit.Options
+	}{
+		{"perSecond", &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: limit.MaxRate}}},
+		{"concurrency", &limit.Options{Concurrency: 1 << 20}},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			p, err := partition.New(partition.Options{Local: bm.local})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					lease, _ := p.Acquire(ctx, keys[i%len(keys)])
+					lease.Release()
+					i++
+				}
+			})
+		})
+	}
+}
