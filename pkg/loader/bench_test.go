@@ -42,6 +42,7 @@ func BenchmarkKernelCost(b *testing.B) {
 		{"concurrency", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000}},
 		{"per-second", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapePerSecond, Limit: MaxRate}},
 		{"per-window", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapePerWindow, Limit: 1 << 30, Window: time.Second}},
+		{"granted", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapeGranted, Granted: 1 << 62}},
 		{"concurrency+requests", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000, Requests: true}},
 	}
 	srv := sinkServer(b)
