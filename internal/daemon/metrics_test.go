@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/loader"
@@ -147,6 +148,7 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_shared_store_errors_total",
 		"egressd_shared_store_up",
 	}
+	docstest.Mentions(t, "../../docs/metrics.md", names...)
 	if !slices.Equal(names, want) {
 		t.Errorf("families:\n got %q\nwant %q", names, want)
 	}

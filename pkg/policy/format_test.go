@@ -1,10 +1,15 @@
 package policy
 
 import (
+	"maps"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
+	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/pkg/loader"
 )
 
@@ -43,23 +48,53 @@ func TestFormat(t *testing.T) {
 	}
 }
 
+// everyField is a valid policy that sets every field and shape.
+func everyField(t *testing.T) []Rule {
+	return []Rule{
+		{Name: "a", Destination: mustDest(t, "10.0.0.0/8"), Port: 1, Scope: Scope{Unit: "a@1.service"}, Limit: Concurrency(1), Shadow: true, Errno: "EAGAIN"},
+		{Name: "b", Destination: mustDest(t, "db.internal."), Scope: Scope{Cgroup: "/x.slice/y"}, Limit: PerSecond{Permits: 3, Burst: 4}},
+		{Name: "c", Destination: mustDest(t, "::1"), Limit: PerWindow{Permits: 9, Window: 1500 * time.Microsecond, Segments: 1}},
+		{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, ProbeEvery: 50, ProbeFactor: 0.4, Samples: loader.SampleRequest}},
+		{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2}},
+		{Name: "f", Destination: mustDest(t, "10.9.0.1"), Limit: PerWindow{Permits: 9, Window: time.Second}, Shared: Shared{Redis: "redis://r:6379", Key: "k:{f}", FailureMode: FailureAllow}},
+	}
+}
+
+// TestDocsNameEveryField: docs/policy.md mentions every field a policy
+// can have, as Format writes them.
+func TestDocsNameEveryField(t *testing.T) {
+	data, err := Format(&Policy{Rules: everyField(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	var walk func(n *yaml.Node)
+	walk = func(n *yaml.Node) {
+		for i, c := range n.Content {
+			if n.Kind == yaml.MappingNode && i%2 == 0 {
+				keys[c.Value] = true
+			}
+			walk(c)
+		}
+	}
+	walk(&doc)
+	if len(keys) < 25 {
+		t.Fatalf("only %d fields found in\n%s", len(keys), data)
+	}
+	docstest.Mentions(t, "../../docs/policy.md", slices.Sorted(maps.Keys(keys))...)
+}
+
 func TestFormatRoundTrip(t *testing.T) {
 	tests := []struct {
 		name  string
 		rules []Rule
 	}{
 		{name: "empty"},
-		{
-			name: "every shape and field",
-			rules: []Rule{
-				{Name: "a", Destination: mustDest(t, "10.0.0.0/8"), Port: 1, Scope: Scope{Unit: "a@1.service"}, Limit: Concurrency(1), Shadow: true, Errno: "EAGAIN"},
-				{Name: "b", Destination: mustDest(t, "db.internal."), Scope: Scope{Cgroup: "/x.slice/y"}, Limit: PerSecond{Permits: 3}},
-				{Name: "c", Destination: mustDest(t, "::1"), Limit: PerWindow{Permits: 9, Window: 1500 * time.Microsecond, Segments: 1}},
-				{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, Samples: loader.SampleRequest}},
-				{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2}},
-				{Name: "f", Destination: mustDest(t, "10.9.0.1"), Limit: PerWindow{Permits: 9, Window: time.Second}, Shared: Shared{Redis: "redis://r:6379", Key: "k:{f}", FailureMode: FailureAllow}},
-			},
-		},
+		{name: "every shape and field", rules: everyField(t)},
 		{
 			// Strings YAML would read as something else unless quoted.
 			name: "strings that look like other things",

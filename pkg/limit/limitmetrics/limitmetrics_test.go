@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/limit/limitmetrics"
@@ -24,6 +25,7 @@ func TestLint(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("%s: %s", p.Metric, p.Text)
 	}
+	docstest.Mentions(t, "../../../docs/metrics.md", docstest.Families(t, m)...)
 }
 
 // use drives three limiters, so that every family has series.

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/partition"
 	"github.com/egressd/egressd/pkg/sdk"
@@ -27,6 +28,7 @@ func TestLint(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("%s: %s", p.Metric, p.Text)
 	}
+	docstest.Mentions(t, "../../../docs/metrics.md", docstest.Families(t, m)...)
 }
 
 // use serves six requests through two policies, so that every family has
