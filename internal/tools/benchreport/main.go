@@ -32,7 +32,8 @@ var suites = []struct{ title, pkg, pattern, note string }{
 	{"In-process limiters", "./pkg/limit/", ".", "Acquire+Release per shape, serial and parallel."},
 	{"SDK executor", "./pkg/sdk/", ".", "Run on the success path."},
 	{"Adaptive controller", "./pkg/adaptive/", ".", "Recording one latency sample."},
-	{"Shared limiters (Redis)", "./pkg/shared/", ".", "Admissions against a local redis-server, 1 and 8 clients."},
+	{"Shared limiters (Redis)", "./pkg/shared/", ".", "Admissions against a local redis-server, 1 and 8 clients; and the daemon's path to a shared rate, claims of 10 permits (permits/s)."},
+	{"Partitioned limiters", "./pkg/partition/", ".", "Acquire+Release on a partition found by key."},
 }
 
 // modules are the comparisons kept out of the main module; each prints
