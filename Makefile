@@ -30,8 +30,11 @@ run: build
 	./bin/egressd run --policy examples/policy.yaml --state-dir /tmp/egressd-state
 
 # Privileged tests run when this runs as root and skip, saying why, when not.
+# The packages run again under the race detector; the end-to-end tests in
+# tests/ drive a separately built binary, which the detector cannot see.
 test:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./pkg/... ./internal/...
 
 # Runs every benchmark (privileged ones need root) and writes docs/bench.md.
 bench:

@@ -227,7 +227,10 @@ func Run(ctx context.Context, cfg Config) error {
 		defer t.Stop()
 		watchdog = t.C
 	}
-	d.log.Info("egressd running", "socket", c.Socket, "metrics", c.MetricsAddr, "rules", len(d.entries))
+	d.mu.Lock()
+	rules := len(d.entries)
+	d.mu.Unlock()
+	d.log.Info("egressd running", "socket", c.Socket, "metrics", c.MetricsAddr, "rules", rules)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
