@@ -219,6 +219,9 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 	if sum > 10 {
 		t.Errorf("the hosts' shares add up to %d during the outage; the budget is 10", sum)
 	}
+	if out := hosts[0].ok(t, "status"); !strings.Contains(out, "shared budgets: 1 rules, Redis UNREACHABLE for pool") {
+		t.Errorf("status during the outage:\n%s", out)
+	}
 	m := hosts[0].scrape(t)
 	if up, ok := m.value("egressd_shared_store_up", map[string]string{"rule": "pool"}); !ok || up != 0 {
 		t.Errorf("egressd_shared_store_up = %v (present %v) during the outage, want 0", up, ok)
@@ -244,6 +247,9 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 		l.Wait(t)
 	}
 	checkPeak("Redis back")
+	if out := hosts[0].ok(t, "status"); !strings.Contains(out, "shared budgets: 1 rules, Redis reachable") {
+		t.Errorf("status after Redis came back:\n%s", out)
+	}
 	if m := hosts[0].scrape(t); func() bool {
 		v, ok := m.value("egressd_shared_store_up", map[string]string{"rule": "pool"})
 		return !ok || v != 1

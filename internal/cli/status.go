@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -28,6 +29,13 @@ func statusCommand() *cli.Command {
 				}
 				fmt.Fprintf(w, "last load: %s (%s)\n", s.LastReload.Time.Format(time.RFC3339), reload)
 				fmt.Fprintf(w, "rules: %d (%d pending)\n", s.Rules, s.Pending)
+				if s.Shared > 0 {
+					redis := "reachable"
+					if len(s.Unreachable) > 0 {
+						redis = "UNREACHABLE for " + strings.Join(s.Unreachable, ", ") + " (failure modes in force)"
+					}
+					fmt.Fprintf(w, "shared budgets: %d rules, Redis %s\n", s.Shared, redis)
+				}
 				fmt.Fprintf(w, "events lost: %d refusals, %d samples\n", s.LostRefusals, s.LostSamples)
 			})
 		},

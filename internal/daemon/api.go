@@ -52,11 +52,18 @@ func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, erro
 		LostSamples:  lost.Samples,
 		LastReload:   d.reload,
 	}
-	for _, e := range d.entries {
+	for name, e := range d.entries {
 		if !e.installed() {
 			s.Pending++
 		}
+		if e.share != nil {
+			s.Shared++
+			if e.share.view().failing {
+				s.Unreachable = append(s.Unreachable, name)
+			}
+		}
 	}
+	slices.Sort(s.Unreachable)
 	return s, nil
 }
 

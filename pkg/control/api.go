@@ -40,10 +40,14 @@ type Status struct {
 	Rules      int    `json:"rules"`
 	// Pending counts rules not in the kernel yet (unit not running, host
 	// name not resolved).
-	Pending      int    `json:"pending"`
-	LostRefusals uint64 `json:"lostRefusals"`
-	LostSamples  uint64 `json:"lostSamples"`
-	LastReload   Reload `json:"lastReload"`
+	Pending int `json:"pending"`
+	// Shared counts rules with a shared budget; Unreachable names those
+	// whose Redis cannot be reached now (their failure mode is in force).
+	Shared       int      `json:"shared"`
+	Unreachable  []string `json:"unreachable,omitempty"`
+	LostRefusals uint64   `json:"lostRefusals"`
+	LostSamples  uint64   `json:"lostSamples"`
+	LastReload   Reload   `json:"lastReload"`
 }
 
 // Reload is the outcome of the last policy load.
