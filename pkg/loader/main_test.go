@@ -159,12 +159,22 @@ func connect(ap netip.AddrPort) (io.Closer, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	return fdCloser(fd), nil
+	return &fdCloser{fd: fd}, nil
 }
 
-type fdCloser int
+// fdCloser closes its descriptor once. A second close of the number
+// could close whatever took it since - an accepted connection, a map -
+// and a test closes a connection and then closes it again in its cleanup.
+type fdCloser struct {
+	once sync.Once
+	fd   int
+}
 
-func (fd fdCloser) Close() error { return unix.Close(int(fd)) }
+func (c *fdCloser) Close() error {
+	var err error = syscall.EBADF
+	c.once.Do(func() { err = unix.Close(c.fd) })
+	return err
+}
 
 func dial(t *testing.T, ap netip.AddrPort) io.Closer {
 	t.Helper()
