@@ -177,6 +177,8 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 			}
 			if old != nil {
 				s.inherit(old.share)
+			} else if kr, err := d.dp.Rule(e.spec.Name); err == nil {
+				s.adopt(kr)
 			}
 			e.share = s
 		}

@@ -210,6 +210,22 @@ func (s *share) inherit(old *share) {
 	s.limit, s.held, s.fair, s.granted = old.limit, old.held, min(old.fair, s.fair), old.granted
 }
 
+// adopt starts a share from the kernel rule a previous daemon left
+// pinned, so that a restart neither refuses connections until the first
+// tick nor loses permits it had granted: the slots are this holder's in
+// Redis, and the first tick confirms (or cuts) them; granted permits came
+// from Redis already.
+func (s *share) adopt(kr loader.Rule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.slots != nil && kr.Shape == loader.ShapeConcurrency:
+		s.limit, s.held = int(kr.Limit), int(kr.Limit)
+	case s.grants != nil && kr.Shape == loader.ShapeGranted:
+		s.granted = kr.Granted
+	}
+}
+
 // releases reports whether a share's slots go back when its rule becomes
 // next (nil: removed): unless the same budget is still this rule's.
 func (s *share) releases(next *entry) bool {
