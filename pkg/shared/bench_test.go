@@ -28,40 +28,13 @@ func BenchmarkAdmission(b *testing.B) {
 				opts := sh.opts
 				opts.Key = b.Name()
 				l := newLimiter(b, s, opts)
-				lat := make([][]time.Duration, clients)
-				var wg sync.WaitGroup
-				b.ResetTimer()
-				start := time.Now()
-				for c := range clients {
-					n := b.N / clients
-					if c < b.N%clients {
-						n++
-					}
-					lat[c] = make([]time.Duration, 0, n)
-					wg.Go(func() {
-						for range n {
-							t0 := time.Now()
-							lease, err := l.Acquire(context.Background())
-							lat[c] = append(lat[c], time.Since(t0))
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							lease.Release()
-						}
-					})
-				}
-				wg.Wait()
-				elapsed := time.Since(start)
-				b.StopTimer()
-				all := slices.Concat(lat...)
-				slices.Sort(all)
-				if len(all) == 0 {
-					return
-				}
-				b.ReportMetric(float64(len(all))/elapsed.Seconds(), "admissions/s")
-				b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
-				b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+				n, lat, elapsed := concurrently(b, clients, func() (int, error) {
+					lease, err := l.Acquire(context.Background())
+					lease.Release()
+					return 1, err
+				})
+				b.ReportMetric(float64(n)/elapsed.Seconds(), "admissions/s")
+				reportLatency(b, lat)
 			})
 		}
 	}
@@ -80,45 +53,58 @@ func BenchmarkGrantsClaim(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			lat := make([][]time.Duration, clients)
-			granted := make([]int, clients)
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			start := time.Now()
-			for c := range clients {
-				n := b.N / clients
-				if c < b.N%clients {
-					n++
-				}
-				lat[c] = make([]time.Duration, 0, n)
-				wg.Go(func() {
-					for range n {
-						t0 := time.Now()
-						got, _, err := g.Claim(context.Background(), batch)
-						lat[c] = append(lat[c], time.Since(t0))
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						granted[c] += got
-					}
-				})
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			all := slices.Concat(lat...)
-			slices.Sort(all)
-			if len(all) == 0 {
-				return
-			}
-			total := 0
-			for _, n := range granted {
-				total += n
-			}
-			b.ReportMetric(float64(total)/elapsed.Seconds(), "permits/s")
-			b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
-			b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+			n, lat, elapsed := concurrently(b, clients, func() (int, error) {
+				got, _, err := g.Claim(context.Background(), batch)
+				return got, err
+			})
+			b.ReportMetric(float64(n)/elapsed.Seconds(), "permits/s")
+			reportLatency(b, lat)
 		})
 	}
+}
+
+// concurrently runs op b.N times over clients goroutines and returns the
+// sum of what op counted, each call's latency and the time it all took.
+func concurrently(b *testing.B, clients int, op func() (int, error)) (n int, lat []time.Duration, elapsed time.Duration) {
+	lats := make([][]time.Duration, clients)
+	counts := make([]int, clients)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for c := range clients {
+		calls := b.N / clients
+		if c < b.N%clients {
+			calls++
+		}
+		lats[c] = make([]time.Duration, 0, calls)
+		wg.Go(func() {
+			for range calls {
+				t0 := time.Now()
+				got, err := op()
+				lats[c] = append(lats[c], time.Since(t0))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				counts[c] += got
+			}
+		})
+	}
+	wg.Wait()
+	elapsed = time.Since(start)
+	b.StopTimer()
+	for _, k := range counts {
+		n += k
+	}
+	return n, slices.Concat(lats...), elapsed
+}
+
+// reportLatency reports the p50 and p99 of lat.
+func reportLatency(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
