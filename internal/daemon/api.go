@@ -132,12 +132,9 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 	if err != nil {
 		return control.Limit{}, err
 	}
-	l.Limit = kr.Limit
+	l.Limit = e.limitShown(kr.Limit)
 	if e.share != nil {
 		l.Shared = e.share.control(st)
-		if v := e.share.view(); v.rate {
-			l.Limit = e.base.Limit
-		}
 	}
 	l.Live, l.InFlight = st.Live, st.InFlight
 	l.Admitted, l.Refused, l.ShadowRefused = st.Admitted, st.Refused, st.ShadowRefused

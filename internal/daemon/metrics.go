@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"maps"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -101,13 +102,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	installed, pending := 0, 0
 	baselines := map[string]float64{}
 	shares := map[string]shareView{}
-	limits := map[string]uint32{} // shared rates: the whole budget's
+	entries := maps.Clone(m.d.entries)
 	for name, e := range m.d.entries {
 		if e.share != nil {
 			shares[name] = e.share.view()
-			if shares[name].rate {
-				limits[name] = e.base.Limit
-			}
 		}
 		if !e.installed() {
 			pending++
@@ -161,9 +159,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.live, prometheus.GaugeValue, float64(st.Live), name)
 		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(st.InFlight), name)
 		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(st.ConnectFailed), name)
-		limit, ok := limits[name]
-		if !ok {
-			limit = s.Limit
+		limit := s.Limit
+		if e, ok := entries[name]; ok {
+			limit = e.limitShown(limit)
 		}
 		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(limit), name)
 		ch <- histogram(m.connectLatency, st.ConnectLatency, name)

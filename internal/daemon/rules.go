@@ -42,6 +42,16 @@ type entry struct {
 
 func (e *entry) installed() bool { return e.pending == "" }
 
+// limitShown is the limit the CLI and metrics report, given the kernel's:
+// a shared rate's kernel rule grants permits and has no rate of its own,
+// so it is the whole budget's.
+func (e *entry) limitShown(kernel uint32) uint32 {
+	if e.share != nil && e.share.grants != nil {
+		return e.base.Limit
+	}
+	return kernel
+}
+
 // overrides are the changes made at run time, kept in the state directory.
 type overrides struct {
 	Set     []policy.Rule
