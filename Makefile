@@ -13,7 +13,8 @@ all: build
 deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		clang llvm libbpf-dev iproute2 python3 curl systemd procps redis-server >/dev/null
+		clang llvm libbpf-dev bpftool iproute2 python3 curl systemd procps \
+		redis-server redis-sentinel nftables prometheus lintian dpkg-dev >/dev/null
 
 # Rebuilds the committed BPF objects and their Go bindings (needs clang,
 # llvm and libbpf-dev; go build does not).
