@@ -26,8 +26,9 @@
 //	})
 //
 // Retries re-invoke the callback, so a permit is taken once per attempt; a
-// waiting acquire is bounded by the attempt's context; and the refusal is an
-// *sdk.RateLimitedError, which the executor turns into verdict.Refused
+// waiting acquire is bounded by the attempt's context; and the refusal is a
+// *verdict.RateLimitedError (the SDK's *sdk.RateLimitedError: one type under
+// two names), which the executor turns into verdict.Refused
 // (Throttled, SelfImposed) ahead of every classifier rule: retried on the
 // throttled curve, honouring the limiter's RetryAfter, no evidence against the
 // breaker, no charge against the retry budget. RetryAfter is the time to the
@@ -45,6 +46,6 @@
 // argument and never read a clock, so they are table-tested at fixed instants;
 // a [Local] reads an injectable [Clock]. State reaches metrics through an
 // [Observer]; package limitmetrics implements it with Prometheus. Besides the
-// standard library the package imports only package adaptive, and package sdk
-// for *sdk.RateLimitedError; a test holds it to that.
+// standard library the package imports only packages adaptive and verdict,
+// not the SDK; a test holds it to that.
 package limit

@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
-	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
 )
 
 // Limiter hands out leases. Acquire returns a lease, or an error that is
-// (or wraps) a *sdk.RateLimitedError naming the limiter when it refuses, or
+// (or wraps) a *verdict.RateLimitedError naming the limiter when it refuses, or
 // the context's error when the context ended while the caller waited.
 // Release every lease, once, however the work it guarded ended. A refusal
 // may be shared between calls (a bulkhead's is, so that saying no allocates
@@ -80,7 +80,7 @@ type Local struct {
 
 	// refused is the refusal of the shapes that give no RetryAfter: shared,
 	// so that a busy bulkhead allocates nothing to say no.
-	refused, queueFull *sdk.RateLimitedError
+	refused, queueFull *verdict.RateLimitedError
 
 	// inFlight counts the leases held (concurrency shapes). Without a
 	// queue it is the whole state, changed lock-free; with one, it changes
@@ -145,8 +145,8 @@ func New(opts Options) (*Local, error) {
 	if l.name == "" {
 		l.name = shapeNames[l.shape]
 	}
-	l.refused = &sdk.RateLimitedError{Limiter: l.name}
-	l.queueFull = &sdk.RateLimitedError{Limiter: l.name, Err: ErrQueueFull}
+	l.refused = &verdict.RateLimitedError{Limiter: l.name}
+	l.queueFull = &verdict.RateLimitedError{Limiter: l.name, Err: ErrQueueFull}
 	if l.ctrl != nil && l.obs != nil {
 		l.obs.OnLimit(l.ctrl.Limit())
 	}
@@ -282,7 +282,7 @@ func (l *Local) acquireRate() (Lease, error) {
 	wait := l.takeRate(now)
 	l.mu.Unlock()
 	if wait != 0 {
-		return Lease{}, &sdk.RateLimitedError{Limiter: l.name, RetryAfter: wait}
+		return Lease{}, &verdict.RateLimitedError{Limiter: l.name, RetryAfter: wait}
 	}
 	return Lease{}, nil
 }

@@ -80,7 +80,7 @@ func (o QueueOrder) String() string {
 // someone who expected one to win, and none does: [Options.Validate] refuses
 // it.
 type Options struct {
-	// Name says which limiter refused, in a *sdk.RateLimitedError and in
+	// Name says which limiter refused, in a *verdict.RateLimitedError and in
 	// metrics. Empty means the shape's name: "perSecond", "perWindow",
 	// "concurrency" or "adaptive".
 	Name string

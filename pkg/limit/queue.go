@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
 )
 
 // waiter is one caller in the queue.
@@ -156,7 +156,7 @@ func (l *Local) refusal(wait time.Duration, full bool) error {
 		}
 		return l.refused
 	}
-	rl := &sdk.RateLimitedError{Limiter: l.name, RetryAfter: wait}
+	rl := &verdict.RateLimitedError{Limiter: l.name, RetryAfter: wait}
 	if full {
 		rl.Err = ErrQueueFull
 	}

@@ -3,7 +3,7 @@ package partition
 import "context"
 
 // Limiter is one partition's limiter. Acquire returns a permit, or a
-// refusal (an *sdk.RateLimitedError), or the context's error when the
+// refusal (a *verdict.RateLimitedError), or the context's error when the
 // context ended while the caller waited, or another error when no decision
 // could be had (a shared limiter's *shared.StoreError). [Adapt] makes one of
 // a *limit.Local or a *shared.Limiter.

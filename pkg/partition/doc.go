@@ -44,14 +44,14 @@
 // [Clock], so eviction is table-tested without sleeping.
 //
 // At most MaxPartitions partitions are held. A new key beyond that is
-// refused, as an *sdk.RateLimitedError wrapping [ErrTooManyPartitions],
+// refused, as a *verdict.RateLimitedError wrapping [ErrTooManyPartitions],
 // rather than admitted unlimited or let to push out a partition whose
 // budget is not yet spent: a flood of new keys then costs newcomers, not
 // the partitions already there, and bounded memory.
 //
 // Keys become map keys and, for shared partitions, Redis keys in clear:
 // hash sensitive identifiers before passing them. Besides the standard
-// library the package imports packages limit, sdk and shared, and with
-// shared the Redis client; no Prometheus and nothing of the kernel's, which
-// a test holds it to.
+// library the package imports packages limit, verdict and shared, and with
+// shared the Redis client; no Prometheus, no SDK and nothing of the
+// kernel's, which a test holds it to.
 package partition

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/limit"
-	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/shared"
+	"github.com/egressd/egressd/pkg/verdict"
 )
 
 // Partitioned is a limiter per partition key, each made on first use and
@@ -23,7 +23,7 @@ type Partitioned struct {
 	clock   Clock     // nil: the real clock
 	origin  time.Time // ticks are nanoseconds since this, on clock
 	onCount func(int)
-	full    *sdk.RateLimitedError
+	full    *verdict.RateLimitedError
 
 	mu        sync.Mutex
 	parts     map[string]*part
@@ -100,7 +100,7 @@ func New(opts Options) (*Partitioned, error) {
 	}
 	p.idleFor = int64(max(idle, keep))
 	p.every = int64(max(idle/2, time.Millisecond))
-	p.full = &sdk.RateLimitedError{Limiter: p.name, Err: ErrTooManyPartitions}
+	p.full = &verdict.RateLimitedError{Limiter: p.name, Err: ErrTooManyPartitions}
 	if p.clock != nil {
 		p.origin = p.clock.Now()
 	} else {
@@ -157,9 +157,9 @@ func (p *Partitioned) done(e *part) {
 
 // Acquire takes a permit from key's partition, making the partition if it
 // has none. It returns what that partition's limiter returns: a lease; a
-// refusal, an *sdk.RateLimitedError; the context's error, when it ended
+// refusal, a *verdict.RateLimitedError; the context's error, when it ended
 // while the caller waited; or the limiter's error. A key that would be a
-// partition beyond MaxPartitions is refused with an *sdk.RateLimitedError
+// partition beyond MaxPartitions is refused with a *verdict.RateLimitedError
 // wrapping ErrTooManyPartitions; one whose limiter cannot be made returns
 // the factory's error.
 func (p *Partitioned) Acquire(ctx context.Context, key string) (Lease, error) {

@@ -11,8 +11,9 @@ import (
 
 var (
 	// ErrRateLimited is matched by every *RateLimitedError. A callback may
-	// also return it bare (or wrapped) for a refusal without a hint.
-	ErrRateLimited = errors.New("rate limited")
+	// also return it bare (or wrapped) for a refusal without a hint. It is
+	// verdict.ErrRateLimited.
+	ErrRateLimited = verdict.ErrRateLimited
 	// ErrAttemptsExhausted is matched by a *StopError whose Reason is
 	// StopAttemptsExhausted.
 	ErrAttemptsExhausted = errors.New("attempts exhausted")
@@ -29,56 +30,16 @@ var (
 // RateLimitedError is a refusal by something in this process - a limiter, a
 // concurrency bound, a lock, a load shedder - before the call left it. The
 // executor turns it into verdict.Refused, ahead of every classifier rule.
-type RateLimitedError struct {
-	// Limiter names what refused, e.g. a limiter or kernel rule name.
-	Limiter string
-	// RetryAfter is the limiter's hint, honoured verbatim (capped by the
-	// policy's MaxDelay and deadline). Zero or negative means no hint: the
-	// retry takes the throttled backoff curve.
-	RetryAfter time.Duration
-	// Err is the underlying cause, if any (e.g. the EPERM a kernel refusal
-	// surfaced as).
-	Err error
-}
-
-func (e *RateLimitedError) Error() string {
-	s := "rate limited"
-	if e.Limiter != "" {
-		s += " by " + strconv.Quote(e.Limiter)
-	}
-	if e.RetryAfter > 0 {
-		s += " (retry after " + e.RetryAfter.String() + ")"
-	}
-	if e.Err != nil {
-		s += ": " + e.Err.Error()
-	}
-	return s
-}
-
-// Is matches ErrRateLimited.
-func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
-
-// Unwrap returns the cause.
-func (e *RateLimitedError) Unwrap() error { return e.Err }
-
-// Verdict returns the refusal's verdict: Throttled, SelfImposed, with the
-// hint when one was given.
-func (e *RateLimitedError) Verdict() verdict.Verdict {
-	if e.RetryAfter > 0 {
-		return verdict.Refused(e.RetryAfter)
-	}
-	return verdict.Refused(verdict.NoRetryAfter)
-}
+//
+// It is verdict.RateLimitedError, which limiters return without importing
+// this package; the alias keeps one type under both names.
+type RateLimitedError = verdict.RateLimitedError
 
 // IsRateLimited reports whether err is, or wraps, a refusal by this process.
-func IsRateLimited(err error) bool { return errors.Is(err, ErrRateLimited) }
+func IsRateLimited(err error) bool { return verdict.IsRateLimited(err) }
 
 // AsRateLimited returns the *RateLimitedError in err's chain, if any.
-func AsRateLimited(err error) (*RateLimitedError, bool) {
-	var rl *RateLimitedError
-	ok := errors.As(err, &rl)
-	return rl, ok
-}
+func AsRateLimited(err error) (*RateLimitedError, bool) { return verdict.AsRateLimited(err) }
 
 // AttemptTimeoutError is an attempt cut short by the policy's AttemptTimeout.
 // It is classified Transient by the executor, before any classifier rule.

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
 )
 
 // Rejection is a request a policy did not admit.
@@ -23,7 +23,7 @@ type Rejection struct {
 	// leaving the window). Zero when it gave none: a concurrency limiter's
 	// refusal, and every outcome but Refused.
 	RetryAfter time.Duration
-	// Err is what the limiter returned: an *sdk.RateLimitedError for a
+	// Err is what the limiter returned: a *verdict.RateLimitedError for a
 	// refusal, the context's error, or the error that left it without a
 	// decision.
 	Err error
@@ -32,7 +32,7 @@ type Rejection struct {
 // rejection describes err, what a policy's Acquire returned for r.
 func rejection(policy, key string, r *http.Request, err error) *Rejection {
 	rej := &Rejection{Policy: policy, Partition: key, Err: err}
-	if rl, ok := sdk.AsRateLimited(err); ok {
+	if rl, ok := verdict.AsRateLimited(err); ok {
 		rej.Outcome, rej.RetryAfter = Refused, max(rl.RetryAfter, 0)
 		return rej
 	}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/limit"
-	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,7 +42,7 @@ type Limiter struct {
 
 	// refused and queueFull are the concurrency refusals: shared, since
 	// they carry no RetryAfter.
-	refused, queueFull *sdk.RateLimitedError
+	refused, queueFull *verdict.RateLimitedError
 
 	successful, failed atomic.Int64
 	available          atomic.Int64
@@ -123,8 +123,8 @@ func New(client redis.Scripter, opts Options) (*Limiter, error) {
 		_, _ = crand.Read(b[:]) // never fails (crypto/rand)
 		l.idBase = hex.EncodeToString(b[:]) + ":"
 	}
-	l.refused = &sdk.RateLimitedError{Limiter: l.name}
-	l.queueFull = &sdk.RateLimitedError{Limiter: l.name, Err: limit.ErrQueueFull}
+	l.refused = &verdict.RateLimitedError{Limiter: l.name}
+	l.queueFull = &verdict.RateLimitedError{Limiter: l.name, Err: limit.ErrQueueFull}
 	return l, nil
 }
 
@@ -221,7 +221,7 @@ func (l *Limiter) try(ctx context.Context) (Lease, result, outcome, error) {
 		case Allow:
 			return Lease{}, result{ok: true}, admitted, nil
 		case Deny:
-			return Lease{}, result{}, denied, &sdk.RateLimitedError{Limiter: l.name, Err: se}
+			return Lease{}, result{}, denied, &verdict.RateLimitedError{Limiter: l.name, Err: se}
 		default:
 			return Lease{}, result{}, failed, se
 		}
@@ -232,7 +232,7 @@ func (l *Limiter) try(ctx context.Context) (Lease, result, outcome, error) {
 		if l.conc {
 			return Lease{}, res, refused, l.refused
 		}
-		return Lease{}, res, refused, &sdk.RateLimitedError{Limiter: l.name, RetryAfter: res.retry}
+		return Lease{}, res, refused, &verdict.RateLimitedError{Limiter: l.name, RetryAfter: res.retry}
 	}
 	if !l.conc {
 		return Lease{}, res, admitted, nil

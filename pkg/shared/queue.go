@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/limit"
-	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/verdict"
 )
 
 // waiter is one caller queued in this process. Only the one at the front
@@ -164,5 +164,5 @@ func (l *Limiter) fullRefusal(wait time.Duration) error {
 	if l.conc {
 		return l.queueFull
 	}
-	return &sdk.RateLimitedError{Limiter: l.name, RetryAfter: wait, Err: limit.ErrQueueFull}
+	return &verdict.RateLimitedError{Limiter: l.name, RetryAfter: wait, Err: limit.ErrQueueFull}
 }

@@ -18,6 +18,11 @@
 // representable. Attempt records pack the same byte into the top of a 64-bit
 // duration field.
 //
+// A refusal's error form is [RateLimitedError], matched by [ErrRateLimited]:
+// limiters return it, and an executor maps it to [Refused]. It lives here so
+// that a limiter needs no more than this vocabulary; package sdk re-exports
+// it under the same names.
+//
 // The package is pure: it imports nothing beyond the standard library.
 package verdict
 
