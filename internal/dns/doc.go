@@ -61,14 +61,22 @@
 //
 // # Protocol
 //
-// Messages are built and parsed here (RFC 1035), with an EDNS(0) OPT record
-// advertising 1232-byte UDP replies (RFC 6891, the DNS Flag Day 2020 size).
-// Each query has a random ID and its own connected UDP socket, hence a
-// random source port; replies whose ID or question do not match, or that do
-// not parse, are ignored and the wait for the real reply goes on until the
-// per-query Timeout. A truncated (TC) UDP reply makes Lookup ask the same
-// server again over TCP. DNSSEC, DNS over TLS or HTTPS, and search domains
-// are not implemented.
+// Messages are built and parsed with golang.org/x/net/dns/dnsmessage, the
+// parser of Go's own resolver, with an EDNS(0) OPT record advertising
+// 1232-byte UDP replies (RFC 6891, the DNS Flag Day 2020 size). Each query
+// has a random ID and its own connected UDP socket, hence a random source
+// port; replies whose ID or question do not match, or that do not parse,
+// are ignored and the wait for the real reply goes on until the per-query
+// Timeout. A truncated (TC) UDP reply makes Lookup ask the same server again
+// over TCP, where a reply that does not match or parse fails that server.
+// DNSSEC, DNS over TLS or HTTPS, and search domains are not implemented.
 //
-// The package depends on the standard library only.
+// A reply does not parse when it is cut short, a name in it follows more
+// than 10 compression pointers, is longer than 255 octets, has a reserved
+// label type or a '.' inside a label, or an A or AAAA record's data is not
+// 4 or 16 bytes. Names in record data (CNAME, SOA) are read as dnsmessage
+// (and so Go's resolver) reads them: from the message, without checking
+// them against their record's length.
+//
+// Besides the standard library, the package depends on dnsmessage only.
 package dns

@@ -2,8 +2,9 @@ package dns
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
+
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 var (
@@ -67,25 +68,28 @@ func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
 func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
 
 // rcodeError is a reply whose RCODE says the server could not answer.
-type rcodeError int
+type rcodeError dnsmessage.RCode
 
 func (e rcodeError) Error() string {
-	if s, ok := rcodeNames[int(e)]; ok {
+	if s, ok := rcodeNames[dnsmessage.RCode(e)]; ok {
 		return "server replied " + s
 	}
 	return "server replied rcode " + strconv.Itoa(int(e))
 }
 
-var rcodeNames = map[int]string{
-	rcodeFormErr:  "FORMERR",
-	rcodeServFail: "SERVFAIL",
-	rcodeNXDomain: "NXDOMAIN",
-	rcodeNotImp:   "NOTIMP",
-	rcodeRefused:  "REFUSED",
+// rcodeNames are the mnemonics of RFC 1035 §4.1.1, which dig and logs use
+// (dnsmessage's String gives "RCodeServerFailure").
+var rcodeNames = map[dnsmessage.RCode]string{
+	dnsmessage.RCodeFormatError:    "FORMERR",
+	dnsmessage.RCodeServerFailure:  "SERVFAIL",
+	dnsmessage.RCodeNameError:      "NXDOMAIN",
+	dnsmessage.RCodeNotImplemented: "NOTIMP",
+	dnsmessage.RCodeRefused:        "REFUSED",
 }
 
 // Reasons a reply is ignored or a server's answer is not used.
 var (
+	errMalformed        = errors.New("malformed dns message")
 	errNotResponse      = errors.New("reply is not a response")
 	errIDMismatch       = errors.New("reply ID does not match the query")
 	errQuestionMismatch = errors.New("reply question does not match the query")
@@ -94,21 +98,12 @@ var (
 	errTruncatedTCP     = errors.New("truncated reply over TCP")
 )
 
-// Malformed messages.
-var (
-	errShortMessage = errors.New("dns message: too short")
-	errPointerLoop  = errors.New("dns message: too many compression pointers")
-	errNameTooLong  = errors.New("dns message: name longer than 255 octets")
-	errLabelType    = errors.New("dns message: reserved label type")
-	errRDataLength  = errors.New("dns message: bad record data length")
-)
-
-func typeName(t uint16) string {
+func typeName(t dnsmessage.Type) string {
 	switch t {
-	case typeA:
+	case dnsmessage.TypeA:
 		return "A"
-	case typeAAAA:
+	case dnsmessage.TypeAAAA:
 		return "AAAA"
 	}
-	return fmt.Sprintf("TYPE%d", t)
+	return "TYPE" + strconv.Itoa(int(t))
 }

@@ -10,6 +10,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 // maxUDPReply is the receive buffer for UDP replies: the largest UDP
@@ -19,7 +21,7 @@ const maxUDPReply = 65535
 
 // exchange asks server one question over UDP, and again over TCP if the
 // reply is truncated, and reads the answer.
-func (r *Resolver) exchange(ctx context.Context, server, qname string, qtype uint16) (result, error) {
+func (r *Resolver) exchange(ctx context.Context, server, qname string, qtype dnsmessage.Type) (result, error) {
 	m, err := r.roundTrip(ctx, "udp", server, qname, qtype)
 	if err == nil && m.truncated {
 		m, err = r.roundTrip(ctx, "tcp", server, qname, qtype)
@@ -35,7 +37,7 @@ func (r *Resolver) exchange(ctx context.Context, server, qname string, qtype uin
 
 // roundTrip sends one query, with a fresh random ID, over network ("udp" or
 // "tcp") and returns the reply, within r's Timeout.
-func (r *Resolver) roundTrip(ctx context.Context, network, server, qname string, qtype uint16) (*message, error) {
+func (r *Resolver) roundTrip(ctx context.Context, network, server, qname string, qtype dnsmessage.Type) (*message, error) {
 	timeout := r.timeout()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -73,8 +75,12 @@ func (r *Resolver) roundTrip(ctx context.Context, network, server, qname string,
 // Others - malformed, another ID, another question - are ignored: they may
 // be forged, and the real reply may still come. The socket is connected, so
 // the kernel drops datagrams from any other address.
-func roundTripUDP(conn net.Conn, id uint16, qname string, qtype uint16) (*message, error) {
-	if _, err := conn.Write(appendQuery(nil, id, qname, qtype)); err != nil {
+func roundTripUDP(conn net.Conn, id uint16, qname string, qtype dnsmessage.Type) (*message, error) {
+	query, err := appendQuery(nil, id, qname, qtype)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Write(query); err != nil {
 		return nil, err
 	}
 	buf := make([]byte, maxUDPReply)
@@ -87,10 +93,7 @@ func roundTripUDP(conn net.Conn, id uint16, qname string, qtype uint16) (*messag
 			}
 			return nil, err
 		}
-		m, err := parseMessage(buf[:n])
-		if err == nil {
-			err = checkReply(m, id, qname, qtype)
-		}
+		m, err := readReply(buf[:n], id, qname, qtype)
 		if err != nil {
 			ignored = err
 			continue
@@ -102,8 +105,11 @@ func roundTripUDP(conn net.Conn, id uint16, qname string, qtype uint16) (*messag
 // roundTripTCP sends the query with its two-byte length prefix (RFC 1035
 // §4.2.2) and reads one reply, which must be the query's: nobody can
 // inject into the connection without guessing the TCP sequence numbers.
-func roundTripTCP(conn net.Conn, id uint16, qname string, qtype uint16) (*message, error) {
-	query := appendQuery([]byte{0, 0}, id, qname, qtype)
+func roundTripTCP(conn net.Conn, id uint16, qname string, qtype dnsmessage.Type) (*message, error) {
+	query, err := appendQuery([]byte{0, 0}, id, qname, qtype)
+	if err != nil {
+		return nil, err
+	}
 	binary.BigEndian.PutUint16(query, uint16(len(query)-2))
 	if _, err := conn.Write(query); err != nil {
 		return nil, err
@@ -116,12 +122,5 @@ func roundTripTCP(conn net.Conn, id uint16, qname string, qtype uint16) (*messag
 	if _, err := io.ReadFull(conn, buf); err != nil {
 		return nil, err
 	}
-	m, err := parseMessage(buf)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkReply(m, id, qname, qtype); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return readReply(buf, id, qname, qtype)
 }

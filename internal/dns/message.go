@@ -1,66 +1,33 @@
 package dns
 
 import (
-	"encoding/binary"
+	"errors"
+	"fmt"
 	"math"
 	"net/netip"
-	"strconv"
-	"strings"
-)
 
-// Record types and class (RFC 1035 §3.2.2, RFC 3596, RFC 6891).
-const (
-	typeA     uint16 = 1
-	typeCNAME uint16 = 5
-	typeSOA   uint16 = 6
-	typeAAAA  uint16 = 28
-	typeOPT   uint16 = 41
-	classIN   uint16 = 1
-)
-
-// Response codes (RFC 1035 §4.1.1).
-const (
-	rcodeSuccess  = 0
-	rcodeFormErr  = 1
-	rcodeServFail = 2
-	rcodeNXDomain = 3
-	rcodeNotImp   = 4
-	rcodeRefused  = 5
-)
-
-// Header flags (RFC 1035 §4.1.1).
-const (
-	flagQR = 1 << 15
-	flagAA = 1 << 10
-	flagTC = 1 << 9
-	flagRD = 1 << 8
-	flagRA = 1 << 7
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 const (
-	headerLen   = 12
-	maxNameLen  = 255 // octets on the wire, length bytes and root included
 	maxLabelLen = 63
-	// maxPointers bounds the compression pointers followed in one name. A
-	// name has at most 127 labels and a sane message needs at most one
-	// pointer per label; more can only be a loop (miekg/dns uses the same
-	// bound).
-	maxPointers = 126
 	// udpPayloadSize is the UDP reply size advertised with EDNS(0): the
 	// DNS Flag Day 2020 value, which avoids IP fragmentation.
 	udpPayloadSize = 1232
 )
 
+// What a reply says, as far as answering one question needs: the fields
+// dnsmessage parsed, with names in one comparable form (see nameString).
 type question struct {
-	name   string // lower-case presentation form, trailing dot
-	qtype  uint16
-	qclass uint16
+	name   string
+	qtype  dnsmessage.Type
+	qclass dnsmessage.Class
 }
 
 type record struct {
-	name  string // lower-case presentation form, trailing dot
-	rtype uint16
-	class uint16
+	name  string
+	rtype dnsmessage.Type
+	class dnsmessage.Class
 	ttl   uint32 // seconds; values with the top bit set read as 0 (RFC 2181 §8)
 
 	addr       netip.Addr // A, AAAA (class IN)
@@ -74,7 +41,7 @@ type message struct {
 	authoritative  bool
 	truncated      bool
 	recursionAvail bool
-	rcode          int
+	rcode          dnsmessage.RCode
 	questions      []question
 	// answers and authority are not parsed when truncated is set: a
 	// truncated message is only used to decide to retry over TCP. The
@@ -83,229 +50,134 @@ type message struct {
 	authority []record
 }
 
-// appendQuery appends a recursive query for name (a validated host name
-// with a trailing dot, see checkHost) and qtype, with an EDNS(0) OPT record.
-func appendQuery(b []byte, id uint16, name string, qtype uint16) []byte {
-	b = binary.BigEndian.AppendUint16(b, id)
-	b = binary.BigEndian.AppendUint16(b, flagRD)
-	b = binary.BigEndian.AppendUint16(b, 1) // QDCOUNT
-	b = binary.BigEndian.AppendUint16(b, 0) // ANCOUNT
-	b = binary.BigEndian.AppendUint16(b, 0) // NSCOUNT
-	b = binary.BigEndian.AppendUint16(b, 1) // ARCOUNT: the OPT record
-	for label := range strings.SplitSeq(strings.TrimSuffix(name, "."), ".") {
-		b = append(b, byte(len(label)))
-		b = append(b, label...)
+// appendQuery appends a recursive query for name (a valid host name with a
+// trailing dot, see checkHost) and qtype, with an EDNS(0) OPT record.
+func appendQuery(b []byte, id uint16, name string, qtype dnsmessage.Type) ([]byte, error) {
+	qname, err := dnsmessage.NewName(name)
+	if err != nil {
+		return nil, err
 	}
-	b = append(b, 0)
-	b = binary.BigEndian.AppendUint16(b, qtype)
-	b = binary.BigEndian.AppendUint16(b, classIN)
-	// OPT (RFC 6891 §6.1.2): root owner, CLASS is the UDP payload size,
-	// TTL holds extended RCODE, version 0 and flags, no options.
-	b = append(b, 0)
-	b = binary.BigEndian.AppendUint16(b, typeOPT)
-	b = binary.BigEndian.AppendUint16(b, udpPayloadSize)
-	b = binary.BigEndian.AppendUint32(b, 0)
-	b = binary.BigEndian.AppendUint16(b, 0)
-	return b
+	m := dnsmessage.NewBuilder(b, dnsmessage.Header{ID: id, RecursionDesired: true})
+	var opt dnsmessage.ResourceHeader
+	err = errors.Join(
+		m.StartQuestions(),
+		m.Question(dnsmessage.Question{Name: qname, Type: qtype, Class: dnsmessage.ClassINET}),
+		m.StartAdditionals(),
+		opt.SetEDNS0(udpPayloadSize, dnsmessage.RCodeSuccess, false),
+		m.OPTResource(opt, dnsmessage.OPTResource{}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("query for %s: %w", name, err)
+	}
+	return m.Finish()
 }
 
-// parseMessage parses a DNS message: header, question, answer and authority
-// sections. It never reads outside msg and follows at most maxPointers
-// compression pointers per name, so it returns an error, never hangs or
-// panics, on any input.
+// parseMessage parses a DNS message with dnsmessage: header, questions, and
+// unless it is truncated the answer and authority sections. Any error
+// matches errMalformed.
 func parseMessage(msg []byte) (*message, error) {
-	if len(msg) < headerLen {
-		return nil, errShortMessage
+	var p dnsmessage.Parser
+	h, err := p.Start(msg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errMalformed, err)
 	}
-	flags := binary.BigEndian.Uint16(msg[2:])
 	m := &message{
-		id:             binary.BigEndian.Uint16(msg[0:]),
-		response:       flags&flagQR != 0,
-		authoritative:  flags&flagAA != 0,
-		truncated:      flags&flagTC != 0,
-		recursionAvail: flags&flagRA != 0,
-		rcode:          int(flags & 0xF),
+		id:             h.ID,
+		response:       h.Response,
+		authoritative:  h.Authoritative,
+		truncated:      h.Truncated,
+		recursionAvail: h.RecursionAvailable,
+		rcode:          h.RCode,
 	}
-	qdcount := int(binary.BigEndian.Uint16(msg[4:]))
-	ancount := int(binary.BigEndian.Uint16(msg[6:]))
-	nscount := int(binary.BigEndian.Uint16(msg[8:]))
-	off := headerLen
-	for range qdcount {
-		name, next, err := readName(msg, off)
-		if err != nil {
-			return nil, err
-		}
-		if next+4 > len(msg) {
-			return nil, errShortMessage
-		}
-		m.questions = append(m.questions, question{
-			name:   name,
-			qtype:  binary.BigEndian.Uint16(msg[next:]),
-			qclass: binary.BigEndian.Uint16(msg[next+2:]),
-		})
-		off = next + 4
+	qs, err := p.AllQuestions()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errMalformed, err)
+	}
+	for _, q := range qs {
+		m.questions = append(m.questions, question{nameString(q.Name), q.Type, q.Class})
 	}
 	if m.truncated {
 		return m, nil
 	}
-	var err error
-	if m.answers, off, err = parseRecords(msg, off, ancount); err != nil {
-		return nil, err
+	if m.answers, err = parseRecords(&p, p.AnswerHeader, p.SkipAnswer); err != nil {
+		return nil, fmt.Errorf("%w: answer: %w", errMalformed, err)
 	}
-	if m.authority, _, err = parseRecords(msg, off, nscount); err != nil {
-		return nil, err
+	if m.authority, err = parseRecords(&p, p.AuthorityHeader, p.SkipAuthority); err != nil {
+		return nil, fmt.Errorf("%w: authority: %w", errMalformed, err)
 	}
 	return m, nil
 }
 
-func parseRecords(msg []byte, off, n int) ([]record, int, error) {
+// parseRecords parses the records of the section that header and skip
+// read. The data of the record types answer uses is decoded; that of others
+// is skipped, its length checked against the message.
+func parseRecords(p *dnsmessage.Parser, header func() (dnsmessage.ResourceHeader, error), skip func() error) ([]record, error) {
 	var rrs []record
-	for range n {
-		var r record
-		var err error
-		if r.name, off, err = readName(msg, off); err != nil {
-			return nil, 0, err
+	for {
+		h, err := header()
+		if err == dnsmessage.ErrSectionDone {
+			return rrs, nil
 		}
-		if off+10 > len(msg) {
-			return nil, 0, errShortMessage
+		if err != nil {
+			return nil, err
 		}
-		r.rtype = binary.BigEndian.Uint16(msg[off:])
-		r.class = binary.BigEndian.Uint16(msg[off+2:])
-		r.ttl = binary.BigEndian.Uint32(msg[off+4:])
+		r := record{name: nameString(h.Name), rtype: h.Type, class: h.Class, ttl: h.TTL}
 		if r.ttl > math.MaxInt32 {
 			r.ttl = 0
 		}
-		rdlen := int(binary.BigEndian.Uint16(msg[off+8:]))
-		off += 10
-		end := off + rdlen
-		if end > len(msg) {
-			return nil, 0, errShortMessage
-		}
-		if r.class == classIN {
-			if err := parseRData(&r, msg, off, end); err != nil {
-				return nil, 0, err
-			}
+		if err := parseRData(p, &r, h, skip); err != nil {
+			return nil, err
 		}
 		rrs = append(rrs, r)
-		off = end
-	}
-	return rrs, off, nil
-}
-
-// parseRData decodes the data, msg[off:end], of the record types used;
-// others are skipped.
-func parseRData(r *record, msg []byte, off, end int) error {
-	rdata := msg[off:end]
-	switch r.rtype {
-	case typeA:
-		if len(rdata) != 4 {
-			return errRDataLength
-		}
-		r.addr = netip.AddrFrom4([4]byte(rdata))
-	case typeAAAA:
-		if len(rdata) != 16 {
-			return errRDataLength
-		}
-		r.addr = netip.AddrFrom16([16]byte(rdata))
-	case typeCNAME:
-		target, next, err := readName(msg, off)
-		if err != nil {
-			return err
-		}
-		if next != end {
-			return errRDataLength
-		}
-		r.target = target
-	case typeSOA:
-		_, next, err := readName(msg, off) // MNAME
-		if err != nil {
-			return err
-		}
-		if _, next, err = readName(msg, next); err != nil { // RNAME
-			return err
-		}
-		// SERIAL, REFRESH, RETRY, EXPIRE, MINIMUM
-		if next+20 != end {
-			return errRDataLength
-		}
-		r.soaMinimum = binary.BigEndian.Uint32(msg[next+16:])
-	}
-	return nil
-}
-
-// readName reads the domain name at msg[off:], following compression
-// pointers (RFC 1035 §4.1.4). It returns the name in lower-case
-// presentation form with a trailing dot ("." for the root) and the offset
-// just past the name where it starts, i.e. past its first pointer if any.
-// Bytes that would make the form ambiguous ('.', '\\', non-printing) are
-// escaped as in zone files, so two names are equal exactly when their
-// forms are.
-func readName(msg []byte, off int) (string, int, error) {
-	var b []byte
-	wire := 1 // the root label's length byte
-	end := -1
-	pointers := 0
-	for {
-		if off >= len(msg) {
-			return "", 0, errShortMessage
-		}
-		c := int(msg[off])
-		switch c & 0xC0 {
-		case 0x00:
-			if c == 0 {
-				if end < 0 {
-					end = off + 1
-				}
-				if len(b) == 0 {
-					return ".", end, nil
-				}
-				return string(b), end, nil
-			}
-			if off+1+c > len(msg) {
-				return "", 0, errShortMessage
-			}
-			if wire += 1 + c; wire > maxNameLen {
-				return "", 0, errNameTooLong
-			}
-			for _, ch := range msg[off+1 : off+1+c] {
-				b = appendNameByte(b, ch)
-			}
-			b = append(b, '.')
-			off += 1 + c
-		case 0xC0:
-			if off+2 > len(msg) {
-				return "", 0, errShortMessage
-			}
-			if pointers++; pointers > maxPointers {
-				return "", 0, errPointerLoop
-			}
-			if end < 0 {
-				end = off + 2
-			}
-			off = int(binary.BigEndian.Uint16(msg[off:]) & 0x3FFF)
-		default: // 0x40 (extended, RFC 6891 deprecated it) and 0x80: reserved
-			return "", 0, errLabelType
-		}
 	}
 }
 
-func appendNameByte(b []byte, c byte) []byte {
-	switch {
-	case 'A' <= c && c <= 'Z':
-		return append(b, c+'a'-'A')
-	case c == '.' || c == '\\':
-		return append(b, '\\', c)
-	case c < '!' || c > '~':
-		b = append(b, '\\')
-		if c < 100 {
-			b = append(b, '0')
-		}
-		if c < 10 {
-			b = append(b, '0')
-		}
-		return strconv.AppendUint(b, uint64(c), 10)
+func parseRData(p *dnsmessage.Parser, r *record, h dnsmessage.ResourceHeader, skip func() error) error {
+	if h.Class != dnsmessage.ClassINET {
+		return skip()
 	}
-	return append(b, c)
+	// An address whose RDLENGTH is not its size is malformed (RFC 1035
+	// §3.4.1); dnsmessage reads the size whatever RDLENGTH says.
+	switch h.Type {
+	case dnsmessage.TypeA:
+		if h.Length != 4 {
+			return fmt.Errorf("A record with %d bytes of data", h.Length)
+		}
+		a, err := p.AResource()
+		r.addr = netip.AddrFrom4(a.A)
+		return err
+	case dnsmessage.TypeAAAA:
+		if h.Length != 16 {
+			return fmt.Errorf("AAAA record with %d bytes of data", h.Length)
+		}
+		a, err := p.AAAAResource()
+		r.addr = netip.AddrFrom16(a.AAAA)
+		return err
+	case dnsmessage.TypeCNAME:
+		c, err := p.CNAMEResource()
+		r.target = nameString(c.CNAME)
+		return err
+	case dnsmessage.TypeSOA:
+		s, err := p.SOAResource()
+		r.soaMinimum = s.MinTTL
+		return err
+	}
+	return skip()
+}
+
+// nameString returns n with ASCII letters in lower case, so that names
+// compare as DNS compares them (RFC 4343). dnsmessage refuses labels that
+// hold a '.', so the form is unambiguous; other bytes, even non-printing
+// ones, are kept as they are (strings.ToLower would turn invalid UTF-8 into
+// U+FFFD and make different names equal).
+func nameString(n dnsmessage.Name) string {
+	b := []byte(n.String())
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // result is what one server's reply says about one question.
@@ -325,16 +197,16 @@ type result struct {
 // CNAME chain from qname through the answer section and takes the qtype
 // records at its end. Records off the chain, of other types or classes,
 // are ignored.
-func answer(m *message, qname string, qtype uint16) (result, error) {
+func answer(m *message, qname string, qtype dnsmessage.Type) (result, error) {
 	switch m.rcode {
-	case rcodeSuccess, rcodeNXDomain:
+	case dnsmessage.RCodeSuccess, dnsmessage.RCodeNameError:
 	default:
 		return result{}, rcodeError(m.rcode)
 	}
 	res := result{ttl: math.MaxUint32}
 	name := qname
 	for hops := 0; ; hops++ {
-		i := findRecord(m.answers, name, typeCNAME)
+		i := findRecord(m.answers, name, dnsmessage.TypeCNAME)
 		if i < 0 {
 			break
 		}
@@ -344,9 +216,9 @@ func answer(m *message, qname string, qtype uint16) (result, error) {
 		res.ttl = min(res.ttl, m.answers[i].ttl)
 		name = m.answers[i].target
 	}
-	if m.rcode == rcodeSuccess {
+	if m.rcode == dnsmessage.RCodeSuccess {
 		for _, r := range m.answers {
-			if r.rtype == qtype && r.class == classIN && r.name == name {
+			if r.rtype == qtype && r.class == dnsmessage.ClassINET && r.name == name {
 				res.addrs = append(res.addrs, r.addr)
 				res.ttl = min(res.ttl, r.ttl)
 			}
@@ -355,14 +227,14 @@ func answer(m *message, qname string, qtype uint16) (result, error) {
 	if len(res.addrs) > 0 {
 		return res, nil
 	}
-	if m.rcode == rcodeSuccess && !m.authoritative && !m.recursionAvail {
+	if m.rcode == dnsmessage.RCodeSuccess && !m.authoritative && !m.recursionAvail {
 		// An empty answer from a server that neither recursed nor owns
 		// the name: a referral, which says nothing about the name.
 		return result{}, errLameReferral
 	}
-	res.nxdomain = m.rcode == rcodeNXDomain
+	res.nxdomain = m.rcode == dnsmessage.RCodeNameError
 	for _, r := range m.authority {
-		if r.rtype == typeSOA && r.class == classIN {
+		if r.rtype == dnsmessage.TypeSOA && r.class == dnsmessage.ClassINET {
 			res.ttl = min(res.ttl, r.ttl, r.soaMinimum)
 			res.cacheable = true
 			break
@@ -371,24 +243,37 @@ func answer(m *message, qname string, qtype uint16) (result, error) {
 	return res, nil
 }
 
-func findRecord(rrs []record, name string, rtype uint16) int {
+func findRecord(rrs []record, name string, rtype dnsmessage.Type) int {
 	for i, r := range rrs {
-		if r.rtype == rtype && r.class == classIN && r.name == name {
+		if r.rtype == rtype && r.class == dnsmessage.ClassINET && r.name == name {
 			return i
 		}
 	}
 	return -1
 }
 
+// readReply parses msg and returns it if it is the reply to query id for
+// (qname, qtype), or why not.
+func readReply(msg []byte, id uint16, qname string, qtype dnsmessage.Type) (*message, error) {
+	m, err := parseMessage(msg)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkReply(m, id, qname, qtype); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // checkReply reports why m is not the reply to query id for (qname,
 // qtype), or nil if it is.
-func checkReply(m *message, id uint16, qname string, qtype uint16) error {
+func checkReply(m *message, id uint16, qname string, qtype dnsmessage.Type) error {
 	switch {
 	case !m.response:
 		return errNotResponse
 	case m.id != id:
 		return errIDMismatch
-	case len(m.questions) != 1 || m.questions[0] != question{qname, qtype, classIN}:
+	case len(m.questions) != 1 || m.questions[0] != question{qname, qtype, dnsmessage.ClassINET}:
 		return errQuestionMismatch
 	}
 	return nil

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 // Defaults for a Resolver's zero fields. See the package documentation for
@@ -93,8 +95,8 @@ func (r *Resolver) lookupDNS(ctx context.Context, host, qname string, servers []
 	var a, aaaa result
 	var errA, errAAAA error
 	var wg sync.WaitGroup
-	wg.Go(func() { a, errA = r.ask(ctx, servers, qname, typeA) })
-	wg.Go(func() { aaaa, errAAAA = r.ask(ctx, servers, qname, typeAAAA) })
+	wg.Go(func() { a, errA = r.ask(ctx, servers, qname, dnsmessage.TypeA) })
+	wg.Go(func() { aaaa, errAAAA = r.ask(ctx, servers, qname, dnsmessage.TypeAAAA) })
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
 		return nil, 0, fmt.Errorf("lookup %s: %w", host, err)
@@ -122,7 +124,7 @@ func (r *Resolver) lookupDNS(ctx context.Context, host, qname string, servers []
 }
 
 // ask puts one question to the servers in order until one answers it.
-func (r *Resolver) ask(ctx context.Context, servers []string, qname string, qtype uint16) (result, error) {
+func (r *Resolver) ask(ctx context.Context, servers []string, qname string, qtype dnsmessage.Type) (result, error) {
 	var errs []error
 	for _, server := range servers {
 		res, err := r.exchange(ctx, server, qname, qtype)

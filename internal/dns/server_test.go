@@ -5,17 +5,18 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 // testRR is a record a testServer answers from.
 type testRR struct {
 	name  string // lower case, trailing dot
-	rtype uint16
+	rtype dnsmessage.Type
 	ttl   uint32
 	data  string // an address (A, AAAA), a name (CNAME), ignored otherwise
 }
@@ -27,7 +28,7 @@ type serverConfig struct {
 	// carry an SOA record in the authority section.
 	soaTTL, soaMinimum uint32
 	// rcode, when set, is the RCODE of every reply, which has no records.
-	rcode int
+	rcode dnsmessage.RCode
 	// lame replies without RA (and without AA).
 	lame bool
 	// truncateUDP replies over UDP with TC set and no records;
@@ -36,6 +37,10 @@ type serverConfig struct {
 	// forge sends, before each UDP reply, one with the wrong ID, one for
 	// another question, one with QR unset and one that does not parse.
 	forge bool
+	// replies, when set, are sent instead of a reply from the table: over
+	// UDP each in turn, over TCP the first. They answer the query id for
+	// qtype.
+	replies func(id uint16, qtype dnsmessage.Type, tcp bool) [][]byte
 	// delay holds each reply back; silent drops every query.
 	delay  time.Duration
 	silent bool
@@ -43,7 +48,8 @@ type serverConfig struct {
 
 // testServer is a DNS server on 127.0.0.1, UDP and TCP on the same port,
 // answering from a table like a recursive resolver would: CNAME chains
-// followed, NXDOMAIN for names it has no records for.
+// followed, NXDOMAIN for names it has no records for. It builds its
+// replies with dnsmessage, names compressed.
 type testServer struct {
 	serverConfig
 	addr string
@@ -117,16 +123,20 @@ func (s *testServer) serveUDP() {
 		}
 		s.udpQueries.Add(1)
 		s.wg.Go(func() {
-			q := s.record(buf[:n])
-			if s.silent || !s.wait() {
+			q, ok := s.record(buf[:n])
+			if !ok || s.silent || !s.wait() {
 				return
 			}
+			var replies [][]byte
 			if s.forge {
-				for _, forged := range s.forgeries(q) {
-					s.udp.WriteTo(forged, from)
-				}
+				replies = forgeries(q)
 			}
-			if reply := s.reply(q, false); reply != nil {
+			if s.replies != nil {
+				replies = append(replies, s.replies(q.ID, q.Type, false)...)
+			} else {
+				replies = append(replies, s.reply(q, false))
+			}
+			for _, reply := range replies {
 				s.udp.WriteTo(reply, from)
 			}
 		})
@@ -159,13 +169,15 @@ func (s *testServer) serveTCP() {
 					return
 				}
 				s.tcpQueries.Add(1)
-				q := s.record(buf)
-				if s.silent || !s.wait() {
+				q, ok := s.record(buf)
+				if !ok || s.silent || !s.wait() {
 					return
 				}
-				reply := s.reply(q, true)
-				if reply == nil {
-					return
+				var reply []byte
+				if s.replies != nil {
+					reply = s.replies(q.ID, q.Type, true)[0]
+				} else {
+					reply = s.reply(q, true)
 				}
 				c.Write(binary.BigEndian.AppendUint16(nil, uint16(len(reply))))
 				c.Write(reply)
@@ -174,15 +186,28 @@ func (s *testServer) serveTCP() {
 	}
 }
 
-func (s *testServer) record(query []byte) *message {
+// query is what the server reads of a query: its ID and its one question.
+type query struct {
+	ID uint16
+	dnsmessage.Question
+}
+
+// record keeps query and reads it, with dnsmessage: the resolver's
+// queries are checked byte by byte in TestLookupQueries.
+func (s *testServer) record(msg []byte) (query, bool) {
 	s.mu.Lock()
-	s.queries = append(s.queries, append([]byte(nil), query...))
+	s.queries = append(s.queries, append([]byte(nil), msg...))
 	s.mu.Unlock()
-	q, err := parseMessage(query)
-	if err != nil || len(q.questions) != 1 {
-		return nil
+	var p dnsmessage.Parser
+	h, err := p.Start(msg)
+	if err != nil {
+		return query{}, false
 	}
-	return q
+	qs, err := p.AllQuestions()
+	if err != nil || len(qs) != 1 {
+		return query{}, false
+	}
+	return query{h.ID, qs[0]}, true
 }
 
 func (s *testServer) received() [][]byte {
@@ -191,25 +216,22 @@ func (s *testServer) received() [][]byte {
 	return append([][]byte(nil), s.queries...)
 }
 
-// reply builds the reply to q, or nil for a query it cannot read.
-func (s *testServer) reply(q *message, tcp bool) []byte {
-	if q == nil {
-		return nil
-	}
-	qq := q.questions[0]
-	w := newMsgWriter(q.id, qq)
-	flags := uint16(flagQR | flagRD | flagRA)
-	if s.lame {
-		flags &^= flagRA
+// reply builds the reply to q from the table.
+func (s *testServer) reply(q query, tcp bool) []byte {
+	m := dnsmessage.Message{
+		Header: dnsmessage.Header{
+			ID: q.ID, Response: true, RecursionDesired: true, RecursionAvailable: !s.lame,
+		},
+		Questions: []dnsmessage.Question{q.Question},
 	}
 	switch {
 	case s.rcode != 0:
-		flags |= uint16(s.rcode)
+		m.RCode = s.rcode
 	case s.truncateUDP && !tcp, s.truncateTCP && tcp:
-		flags |= flagTC
+		m.Truncated = true
 	default:
-		name, known := qq.name, false
-		for hops := 0; hops < 8; hops++ {
+		name, known, addrs := q.Name.String(), false, 0
+		for hops := 0; hops < 16; hops++ {
 			target := ""
 			known = false
 			for _, rr := range s.records {
@@ -218,11 +240,12 @@ func (s *testServer) reply(q *message, tcp bool) []byte {
 				}
 				known = true
 				switch rr.rtype {
-				case typeCNAME:
-					w.cname(rr.name, rr.ttl, rr.data)
+				case dnsmessage.TypeCNAME:
+					m.Answers = append(m.Answers, cnameRR(rr.name, rr.ttl, rr.data))
 					target = rr.data
-				case qq.qtype:
-					w.addr(rr.name, rr.rtype, rr.ttl, netip.MustParseAddr(rr.data))
+				case q.Type:
+					m.Answers = append(m.Answers, addrRR(rr.name, rr.ttl, netip.MustParseAddr(rr.data)))
+					addrs++
 				}
 			}
 			if target == "" {
@@ -231,119 +254,71 @@ func (s *testServer) reply(q *message, tcp bool) []byte {
 			name = target
 		}
 		if !known {
-			flags |= rcodeNXDomain
+			m.RCode = dnsmessage.RCodeNameError
 		}
-		if w.addrs == 0 && s.soaTTL != 0 {
-			w.soa(s.soaTTL, s.soaMinimum)
+		if addrs == 0 && s.soaTTL != 0 {
+			m.Authorities = append(m.Authorities, soaRR(s.soaTTL, s.soaMinimum))
 		}
 	}
-	return w.bytes(flags)
+	return pack(m)
 }
 
 // forgeries are replies to q that the resolver must ignore.
-func (s *testServer) forgeries(q *message) [][]byte {
-	if q == nil {
-		return nil
+func forgeries(q query) [][]byte {
+	evil := netip.MustParseAddr("203.0.113.66")
+	if q.Type == dnsmessage.TypeAAAA {
+		evil = netip.MustParseAddr("2001:db8::66")
 	}
-	qq := q.questions[0]
-	wrongID := newMsgWriter(q.id+1, qq)
-	wrongID.addr(qq.name, typeA, 60, netip.MustParseAddr("203.0.113.66"))
-	wrongID.addr(qq.name, typeAAAA, 60, netip.MustParseAddr("2001:db8::66"))
-	wrongName := newMsgWriter(q.id, question{"evil.example.", qq.qtype, classIN})
-	wrongName.addr("evil.example.", typeA, 60, netip.MustParseAddr("203.0.113.66"))
-	wrongType := newMsgWriter(q.id, question{qq.name, typeCNAME, classIN})
-	wrongType.cname(qq.name, 60, "evil.example.")
-	notReply := newMsgWriter(q.id, qq)
-	notReply.addr(qq.name, typeA, 60, netip.MustParseAddr("203.0.113.66"))
-	garbage := newMsgWriter(q.id, qq).bytes(flagQR | flagRA)
+	h := dnsmessage.Header{ID: q.ID, Response: true, RecursionAvailable: true}
+	wrongID := h
+	wrongID.ID++
+	evilQ := q.Question
+	evilQ.Name = dnsmessage.MustNewName("evil.example.")
+	cnameQ := q.Question
+	cnameQ.Type = dnsmessage.TypeCNAME
+	notReply := h
+	notReply.Response = false
+	good := dnsmessage.Message{Header: h, Questions: []dnsmessage.Question{q.Question}}
+	garbage := pack(good)
 	garbage = append(garbage[:len(garbage)-2], 0xC0) // question cut short
 	garbage[7] = 1                                   // ANCOUNT 1, missing
 	return [][]byte{
-		wrongID.bytes(flagQR | flagRA),
-		wrongName.bytes(flagQR | flagRA),
-		wrongType.bytes(flagQR | flagRA),
-		notReply.bytes(flagRD),
+		pack(dnsmessage.Message{Header: wrongID, Questions: []dnsmessage.Question{q.Question}, Answers: []dnsmessage.Resource{addrRR(q.Name.String(), 60, evil)}}),
+		pack(dnsmessage.Message{Header: h, Questions: []dnsmessage.Question{evilQ}, Answers: []dnsmessage.Resource{addrRR("evil.example.", 60, evil)}}),
+		pack(dnsmessage.Message{Header: h, Questions: []dnsmessage.Question{cnameQ}, Answers: []dnsmessage.Resource{cnameRR(q.Name.String(), 60, "evil.example.")}}),
+		pack(dnsmessage.Message{Header: notReply, Questions: []dnsmessage.Question{q.Question}, Answers: []dnsmessage.Resource{addrRR(q.Name.String(), 60, evil)}}),
 		garbage,
 	}
 }
 
-// msgWriter builds a reply with name compression: every name written is
-// remembered, suffixes included, and later names point at the longest
-// suffix already written.
-type msgWriter struct {
-	b                []byte
-	names            map[string]int
-	ancount, nscount uint16
-	addrs            int
-}
-
-func newMsgWriter(id uint16, q question) *msgWriter {
-	w := &msgWriter{b: make([]byte, headerLen), names: map[string]int{}}
-	binary.BigEndian.PutUint16(w.b, id)
-	binary.BigEndian.PutUint16(w.b[4:], 1)
-	w.name(q.name)
-	w.b = binary.BigEndian.AppendUint16(w.b, q.qtype)
-	w.b = binary.BigEndian.AppendUint16(w.b, q.qclass)
-	return w
-}
-
-func (w *msgWriter) name(name string) {
-	for name != "." && name != "" {
-		if off, ok := w.names[name]; ok {
-			w.b = binary.BigEndian.AppendUint16(w.b, 0xC000|uint16(off))
-			return
-		}
-		if len(w.b) < 0x3FFF {
-			w.names[name] = len(w.b)
-		}
-		label, rest, _ := strings.Cut(name, ".")
-		w.b = append(w.b, byte(len(label)))
-		w.b = append(w.b, label...)
-		name = rest
+func pack(m dnsmessage.Message) []byte {
+	b, err := m.Pack()
+	if err != nil {
+		panic("pack reply: " + err.Error())
 	}
-	w.b = append(w.b, 0)
+	return b
 }
 
-// rr writes a record's owner, type, class and TTL, then rdata (which may
-// write names), then fixes RDLENGTH.
-func (w *msgWriter) rr(name string, rtype uint16, ttl uint32, rdata func()) {
-	w.name(name)
-	w.b = binary.BigEndian.AppendUint16(w.b, rtype)
-	w.b = binary.BigEndian.AppendUint16(w.b, classIN)
-	w.b = binary.BigEndian.AppendUint32(w.b, ttl)
-	at := len(w.b)
-	w.b = append(w.b, 0, 0)
-	rdata()
-	binary.BigEndian.PutUint16(w.b[at:], uint16(len(w.b)-at-2))
+func rrHeader(name string, ttl uint32) dnsmessage.ResourceHeader {
+	return dnsmessage.ResourceHeader{Name: dnsmessage.MustNewName(name), Class: dnsmessage.ClassINET, TTL: ttl}
 }
 
-func (w *msgWriter) addr(name string, rtype uint16, ttl uint32, a netip.Addr) {
-	w.ancount++
-	w.addrs++
-	w.rr(name, rtype, ttl, func() { w.b = append(w.b, a.AsSlice()...) })
+func addrRR(name string, ttl uint32, a netip.Addr) dnsmessage.Resource {
+	if a.Is4() {
+		return dnsmessage.Resource{Header: rrHeader(name, ttl), Body: &dnsmessage.AResource{A: a.As4()}}
+	}
+	return dnsmessage.Resource{Header: rrHeader(name, ttl), Body: &dnsmessage.AAAAResource{AAAA: a.As16()}}
 }
 
-func (w *msgWriter) cname(name string, ttl uint32, target string) {
-	w.ancount++
-	w.rr(name, typeCNAME, ttl, func() { w.name(target) })
+func cnameRR(name string, ttl uint32, target string) dnsmessage.Resource {
+	return dnsmessage.Resource{Header: rrHeader(name, ttl), Body: &dnsmessage.CNAMEResource{CNAME: dnsmessage.MustNewName(target)}}
 }
 
-func (w *msgWriter) soa(ttl, minimum uint32) {
-	w.nscount++
-	w.rr("example.", typeSOA, ttl, func() {
-		w.name("ns.example.")
-		w.name("hostmaster.example.")
-		for _, v := range []uint32{2024010101, 7200, 3600, 1209600, minimum} {
-			w.b = binary.BigEndian.AppendUint32(w.b, v)
-		}
-	})
-}
-
-func (w *msgWriter) bytes(flags uint16) []byte {
-	binary.BigEndian.PutUint16(w.b[2:], flags)
-	binary.BigEndian.PutUint16(w.b[6:], w.ancount)
-	binary.BigEndian.PutUint16(w.b[8:], w.nscount)
-	return w.b
+func soaRR(ttl, minimum uint32) dnsmessage.Resource {
+	return dnsmessage.Resource{Header: rrHeader("example.", ttl), Body: &dnsmessage.SOAResource{
+		NS: dnsmessage.MustNewName("ns.example."), MBox: dnsmessage.MustNewName("hostmaster.example."),
+		Serial: 2024010101, Refresh: 7200, Retry: 3600, Expire: 1209600, MinTTL: minimum,
+	}}
 }
 
 // closedPort returns a loopback UDP address nobody listens on: a query
