@@ -1,4 +1,20 @@
-GO ?= go
+# The Go toolchain: go on PATH, else the official tarball's /usr/local/go,
+# which sudo's secure_path leaves out (`sudo make run` on a fresh Debian).
+ifeq ($(origin GO),undefined)
+GO := $(or $(shell command -v go 2>/dev/null),$(wildcard /usr/local/go/bin/go),go)
+endif
+# Tests and tools run `go` themselves (tests/ builds the daemon, deptest
+# lists packages): they find the same toolchain first on PATH.
+GOBINDIR := $(patsubst %/,%,$(dir $(filter /%,$(GO))))
+ifneq ($(GOBINDIR),)
+export PATH := $(GOBINDIR):$(PATH)
+endif
+# Under sudo, compile as the user who ran it: bin/ and the Go caches stay
+# theirs, and only what needs root (running the daemon, the privileged
+# tests, apt-get) runs as root.
+ifneq ($(filter-out root,$(SUDO_USER)),)
+AS_USER := sudo -u $(SUDO_USER) -H --
+endif
 PREFIX ?= /usr/local
 DESTDIR ?=
 TEST_TIMEOUT ?= 15m
@@ -22,7 +38,7 @@ generate:
 	cd pkg/loader && $(GO) generate ./...
 
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/egressd ./cmd/egressd
+	$(AS_USER) $(GO) build -ldflags "$(LDFLAGS)" -o bin/egressd ./cmd/egressd
 
 # Runs the daemon in the foreground with the example policy, which limits
 # only unused loopback ports. Ctrl-C stops it; the datapath stays pinned
