@@ -39,6 +39,7 @@ func App() *cli.App {
 			eventsCommand(),
 			topCommand(),
 			policyCommand(),
+			doctorCommand(),
 			uninstallCommand(),
 			versionCommand(),
 		},
