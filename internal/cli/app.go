@@ -96,7 +96,12 @@ func output(c *cli.Context, v any, text func(w io.Writer)) error {
 
 // nameLast lets "limit set NAME --dest …" be written as documented: the
 // flag parser stops at the first argument, so NAME moves behind the flags.
+// A shell completing the words asks with a last --generate-bash-completion,
+// which must stay last.
 func nameLast(args []string) []string {
+	if len(args) > 0 && args[len(args)-1] == "--generate-bash-completion" {
+		return args
+	}
 	for i := 1; i+2 < len(args); i++ {
 		if args[i] == "limit" && args[i+1] == "set" && !strings.HasPrefix(args[i+2], "-") {
 			out := append(slices.Clone(args[:i+2]), args[i+3:]...)

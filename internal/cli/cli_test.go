@@ -25,6 +25,7 @@ func TestNameLast(t *testing.T) {
 		{"no flags", "egressd limit set web", "egressd limit set web"},
 		{"other commands", "egressd limit get web", "egressd limit get web"},
 		{"nothing after set", "egressd limit set", "egressd limit set"},
+		{"shell completion", "egressd limit set web --generate-bash-completion", "egressd limit set web --generate-bash-completion"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := strings.Join(nameLast(strings.Fields(c.in)), " ")
