@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -158,7 +157,7 @@ func flagTable(b *bytes.Buffer, flags []cli.Flag) {
 		spell := "`--" + names[0]
 		doc, ok := f.(cli.DocGenerationFlag)
 		if ok && doc.TakesValue() {
-			spell += " " + valueName(f)
+			spell += " " + FlagValueName(f)
 		}
 		spell += "`"
 		for _, alias := range names[1:] {
@@ -184,32 +183,12 @@ func flagTable(b *bytes.Buffer, flags []cli.Flag) {
 	b.WriteString("\n")
 }
 
-// valueName names a flag's value by its type.
-func valueName(f cli.Flag) string {
-	switch f.(type) {
-	case *cli.DurationFlag:
-		return "DURATION"
-	case *cli.IntFlag, *cli.UintFlag, *cli.Int64Flag, *cli.Uint64Flag:
-		return "N"
-	case *cli.Float64Flag:
-		return "X"
-	}
-	return "VALUE"
-}
-
-// defaultText is the flag's default as written in the code; a zero value
-// (no default) is shown as a dash, since the usage says what leaving the
-// flag out means.
+// defaultText is the flag's default, or a dash for none.
 func defaultText(f cli.DocGenerationFlag) string {
-	d := f.GetDefaultText()
-	if u, err := strconv.Unquote(d); err == nil {
-		d = u
+	if d := FlagDefault(f); d != "" {
+		return "`" + d + "`"
 	}
-	switch d {
-	case "", "0", "false", "0s":
-		return "—"
-	}
-	return "`" + d + "`"
+	return "—"
 }
 
 func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
