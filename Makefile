@@ -21,16 +21,19 @@ TEST_TIMEOUT ?= 15m
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/egressd/egressd/internal/cli.Version=$(VERSION)
 
-.PHONY: all deps generate build run test bench lint install
+.PHONY: all deps generate build run test bench lint install deb
 
 all: build
 
-# Debian packages the tests and `make generate` use (run as root).
+# Debian packages the tests, `make generate` and `make deb` use (run as
+# root). zsh, bash-completion and man-db let the completion scripts and man
+# pages be tested as a host runs them; pkgconf says where units go.
 deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		clang llvm libbpf-dev bpftool iproute2 python3 curl systemd procps \
-		redis-server redis-sentinel nftables prometheus lintian dpkg-dev >/dev/null
+		redis-server redis-sentinel nftables prometheus lintian dpkg-dev \
+		zsh bash-completion man-db pkgconf >/dev/null
 
 # Rebuilds the committed BPF objects and their Go bindings (needs clang,
 # llvm and libbpf-dev; go build does not).
@@ -72,3 +75,9 @@ install: build
 	@if [ ! -e $(DESTDIR)/etc/egressd/policy.yaml ]; then \
 		install -m 0644 examples/policy.yaml $(DESTDIR)/etc/egressd/policy.yaml; \
 	else echo "keeping the existing /etc/egressd/policy.yaml"; fi
+
+# The Debian package, build/egressd_VERSION_ARCH.deb, checked with lintian
+# (packaging/deb/build says what is in it). Needs dpkg-dev (make deps).
+# .ci/deb-check takes it through install, remove and purge.
+deb:
+	$(AS_USER) env GO=$(GO) PATH="$(PATH)" packaging/deb/build build
