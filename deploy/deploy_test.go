@@ -22,6 +22,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/egressd/egressd/internal/docstest"
 )
 
 const (
@@ -107,6 +109,7 @@ func TestAlertsPresent(t *testing.T) {
 			t.Errorf("no recording rule %s", want)
 		}
 	}
+	docstest.Mentions(t, "../docs/prometheus-grafana.md", append(alerts, records...)...)
 	// Every alert has a unit test in the test file.
 	tests, err := os.ReadFile(rulesTestFile)
 	if err != nil {

@@ -16,8 +16,10 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/cgroups"
+	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
 
@@ -404,4 +406,15 @@ func TestCapEffAndUserNS(t *testing.T) {
 	if initialUserNS("         0      65534          1\n") {
 		t.Error("a one-id map taken for the initial namespace")
 	}
+}
+
+// TestDoctorChecksDocumented: docs/install.md explains every check doctor
+// makes, by the name it prints.
+func TestDoctorChecksDocumented(t *testing.T) {
+	r := runDoctor(t.Context(), doctorConfig{PinDir: filepath.Join(t.TempDir(), "pins"), Policy: repoPolicy, Unit: repoUnit, Client: &control.Client{Socket: absentSocket}})
+	var names []string
+	for _, c := range r.Checks {
+		names = append(names, c.Name)
+	}
+	docstest.Mentions(t, filepath.Join("..", "..", "docs", "install.md"), names...)
 }
