@@ -192,13 +192,17 @@ func TestDoctorWithoutPrivileges(t *testing.T) {
 	privtest.RequireRoot(t)
 	const nobody = 65534
 	exe, dir := publicCopy(t)
-	policyCopy := filepath.Join(dir, "policy.yaml")
-	b, err := os.ReadFile(repoPolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(policyCopy, b, 0o644); err != nil {
-		t.Fatal(err)
+	// The checkout may be where nobody cannot read (/root): the unit and
+	// the policy go beside the binary.
+	policyCopy, unitCopy := filepath.Join(dir, "policy.yaml"), filepath.Join(dir, "egressd.service")
+	for src, dst := range map[string]string{repoPolicy: policyCopy, repoUnit: unitCopy} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, tt := range []struct {
 		name       string
@@ -213,7 +217,7 @@ func TestDoctorWithoutPrivileges(t *testing.T) {
 		}, "in a user namespace"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cmd := exec.CommandContext(t.Context(), exe, "--socket", absentSocket, "doctor", "--json", "--policy", policyCopy, "--unit", repoUnitAbs(t))
+			cmd := exec.CommandContext(t.Context(), exe, "--socket", absentSocket, "doctor", "--json", "--policy", policyCopy, "--unit", unitCopy)
 			cmd.Env = append(os.Environ(), doctorChildEnv+"=1")
 			cmd.SysProcAttr = tt.attr
 			var stdout, stderr bytes.Buffer
@@ -243,15 +247,6 @@ func TestDoctorWithoutPrivileges(t *testing.T) {
 			}
 		})
 	}
-}
-
-func repoUnitAbs(t *testing.T) string {
-	t.Helper()
-	p, err := filepath.Abs(repoUnit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // publicCopy copies the test binary where an unprivileged user can run
