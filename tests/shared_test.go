@@ -1,9 +1,11 @@
 package tests
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -387,4 +389,115 @@ func TestSharedRateAcrossHosts(t *testing.T) {
 	if la.Shape != "per_second" {
 		t.Errorf("shape %q, want per_second", la.Shape)
 	}
+}
+
+// loadRecorded is load with every connection's client-side interval
+// recorded; intervals reads them once the clients are done.
+func (h *sharingHost) loadRecorded(t *testing.T, port, clients int, d time.Duration) *recordedLoad {
+	path := filepath.Join(t.TempDir(), "intervals")
+	return &recordedLoad{Child: h.ns.Spawn(t, h.cg, "requester", fmt.Sprintf("%s:%d", h.dest, port), fmt.Sprint(clients), d.String(), path), path: path}
+}
+
+type recordedLoad struct {
+	*privtest.Child
+	path string
+}
+
+// intervals waits for the clients to finish and returns their intervals.
+func (l *recordedLoad) intervals(t *testing.T) []privtest.Interval {
+	t.Helper()
+	t.Logf("clients: %s", l.Line(t))
+	l.Wait(t)
+	ivs, err := privtest.ReadIntervals(l.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ivs
+}
+
+func TestSharedStartTogetherExperiment(t *testing.T) {
+	privtest.RequireRoot(t)
+	rds := redistest.Start(t)
+	dep := privtest.NewNetNS(t)
+	srv := newHoldServer(t, dep, 30*time.Millisecond)
+	for round := range 10 {
+		key := fmt.Sprintf("egressd-test:together-%d", round)
+		rule := sharedRule("pool", "concurrency: 10", rds.URL(), key, "")
+		var hosts []*sharingHost
+		for i := range 3 {
+			hosts = append(hosts, newSharingHostStopped(t, 20+round*3+i, dep, rule))
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var ready int64
+		for _, h := range hosts {
+			wg.Go(func() {
+				h.d = h.start(t)
+				mu.Lock()
+				ready = max(ready, privtest.Monotonic())
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		start := privtest.Monotonic()
+		var loads []*recordedLoad
+		for _, h := range hosts {
+			loads = append(loads, h.loadRecorded(t, srv.port, 20, 2*time.Second))
+		}
+		t.Logf("daemons ready at +%d ms", (ready-start)/1e6)
+		ready = start
+		type sample struct {
+			at          int64
+			host        int
+			limit, live int64
+			slots       int
+		}
+		var samples []sample
+		stopPoll := make(chan struct{})
+		var pollWG sync.WaitGroup
+		for i, h := range hosts {
+			pollWG.Go(func() {
+				cl := &control.Client{Socket: h.socket, Timeout: time.Second}
+				for {
+					select {
+					case <-stopPoll:
+						return
+					default:
+					}
+					var l control.Limit
+					if err := cl.Get(context.Background(), "limit?name=pool", &l); err == nil && l.Shared != nil {
+						mu.Lock()
+						samples = append(samples, sample{privtest.Monotonic(), i, int64(l.Limit), l.Live, l.Shared.Slots})
+						mu.Unlock()
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
+		var all []privtest.Interval
+		for _, l := range loads {
+			all = append(all, l.intervals(t)...)
+		}
+		close(stopPoll)
+		pollWG.Wait()
+		for _, sm := range samples {
+			if sm.at-ready < 400e6 {
+				t.Logf("  +%d ms host %d: limit %d live %d slots %d", (sm.at-ready)/1e6, sm.host, sm.limit, sm.live, sm.slots)
+			}
+		}
+		for _, w := range [][2]int64{{0, 100}, {100, 200}, {200, 500}, {500, 3000}} {
+			most, at := privtest.MaxOverlap(all, ready+w[0]*1e6, ready+w[1]*1e6)
+			t.Logf("round %d ready+[%d ms, %d ms): clients held %d at once (at ready+%d ms)", round, w[0], w[1], most, (at-ready)/1e6)
+		}
+	}
+}
+
+func newSharingHostStopped(t *testing.T, i int, dep *privtest.NetNS, rule string) *sharingHost {
+	t.Helper()
+	h := &sharingHost{env: newEnv(t), ns: privtest.NewNetNS(t)}
+	h.client, h.dest = fmt.Sprintf("10.212.%d.2", i), fmt.Sprintf("10.212.%d.1", i)
+	privtest.Veth(t, dep, h.dest+"/24", h.ns, h.client+"/24")
+	h.args = []string{"--host-id", fmt.Sprintf("host-%d", i)}
+	h.writePolicy(t, "rules:\n"+strings.ReplaceAll(rule, "DEST", h.dest))
+	return h
 }

@@ -58,7 +58,7 @@ func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, erro
 		}
 		if e.share != nil {
 			s.Shared++
-			if e.share.view().failing {
+			if e.share.view().outage.Failing() {
 				s.Unreachable = append(s.Unreachable, name)
 			}
 		}
@@ -134,7 +134,7 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 	}
 	l.Limit = e.limitShown(kr.Limit)
 	if e.share != nil {
-		l.Shared = e.share.control(st)
+		l.Shared = e.share.view().control(st)
 	}
 	l.Live, l.InFlight = st.Live, st.InFlight
 	l.Admitted, l.Refused, l.ShadowRefused = st.Admitted, st.Refused, st.ShadowRefused

@@ -140,7 +140,7 @@ type Daemon struct {
 	hosts     map[string]hostEntry
 	reload    control.Reload
 	redisMu   sync.Mutex
-	redis     map[string]*redis.Client // by URL, for shared budgets
+	redis     map[string]redis.UniversalClient // by URL, for shared budgets
 
 	events   *eventLog
 	metrics  *metrics
@@ -152,7 +152,7 @@ type Daemon struct {
 // uninstall request. SIGHUP reloads the policy.
 func Run(ctx context.Context, cfg Config) error {
 	c := cfg.withDefaults()
-	d := &Daemon{cfg: c, log: c.Logger, started: time.Now(), entries: map[string]*entry{}, hosts: map[string]hostEntry{}, redis: map[string]*redis.Client{}, stop: make(chan struct{})}
+	d := &Daemon{cfg: c, log: c.Logger, started: time.Now(), entries: map[string]*entry{}, hosts: map[string]hostEntry{}, redis: map[string]redis.UniversalClient{}, stop: make(chan struct{})}
 	d.events = newEventLog()
 	d.metrics = newMetrics(d)
 
@@ -344,7 +344,7 @@ func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
 // stay claimed until their leases run out or a restarted daemon takes them.
 func (d *Daemon) endShares(release bool) {
 	d.mu.Lock()
-	var shares []*share
+	var shares []*shareRunner
 	for _, e := range d.entries {
 		if e.share != nil {
 			shares = append(shares, e.share)

@@ -24,8 +24,7 @@ type metrics struct {
 	leases, live, inFlight, connectFailed, limit, baseline *prometheus.Desc
 	connectLatency, requestLatency                         *prometheus.Desc
 	lost, driftDesc, reloads, buildInfo, rules             *prometheus.Desc
-	shareSlots, shareGranted, shareReturned                *prometheus.Desc
-	shareReachable, shareFallback, shareErrors             *prometheus.Desc
+	shares                                                 shareDescs
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -46,12 +45,7 @@ func newMetrics(d *Daemon) *metrics {
 		reloads:        prometheus.NewDesc("egressd_policy_reloads_total", "Policy loads, by outcome.", []string{"outcome"}, nil),
 		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
 		rules:          prometheus.NewDesc("egressd_rules", "Rules by state: installed in the kernel or pending (unit not running, host name not resolved).", []string{"state"}, nil),
-		shareSlots:     prometheus.NewDesc("egressd_shared_slots", "Slots of a shared concurrency budget this host holds in Redis.", rule, nil),
-		shareGranted:   prometheus.NewDesc("egressd_shared_granted_permits_total", "Permits of a shared rate this host claimed from Redis and granted to the kernel.", rule, nil),
-		shareReturned:  prometheus.NewDesc("egressd_shared_returned_permits_total", "Permits of a shared rate this host handed back to Redis unspent.", rule, nil),
-		shareReachable: prometheus.NewDesc("egressd_shared_store_up", "1 while the Redis server keeping a shared budget answers, 0 while the rule's failure mode is in force.", rule, nil),
-		shareFallback:  prometheus.NewDesc("egressd_shared_failure_mode_info", "The failure mode a shared rule applies while Redis is unreachable: 1 for the configured mode (throw, allow or deny).", []string{"rule", "mode"}, nil),
-		shareErrors:    prometheus.NewDesc("egressd_shared_store_errors_total", "Redis calls for a shared budget that failed.", rule, nil),
+		shares:         newShareDescs(),
 	}
 }
 
@@ -83,10 +77,10 @@ func (m *metrics) recount() {
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.buildInfo, m.rules,
-		m.shareSlots, m.shareGranted, m.shareReturned, m.shareReachable, m.shareFallback, m.shareErrors} {
+	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.buildInfo, m.rules} {
 		ch <- d
 	}
+	m.shares.describe(ch)
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
@@ -125,19 +119,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.baseline, prometheus.GaugeValue, b, name)
 	}
 	for name, v := range shares {
-		if v.rate {
-			ch <- prometheus.MustNewConstMetric(m.shareGranted, prometheus.CounterValue, float64(v.claimed), name)
-			ch <- prometheus.MustNewConstMetric(m.shareReturned, prometheus.CounterValue, float64(v.handed), name)
-		} else {
-			ch <- prometheus.MustNewConstMetric(m.shareSlots, prometheus.GaugeValue, float64(v.held), name)
-		}
-		up := 1.0
-		if v.failing {
-			up = 0
-		}
-		ch <- prometheus.MustNewConstMetric(m.shareReachable, prometheus.GaugeValue, up, name)
-		ch <- prometheus.MustNewConstMetric(m.shareFallback, prometheus.GaugeValue, 1, name, v.mode)
-		ch <- prometheus.MustNewConstMetric(m.shareErrors, prometheus.CounterValue, float64(v.errors), name)
+		m.shares.collect(ch, name, v)
 	}
 
 	m.driftMu.Lock()

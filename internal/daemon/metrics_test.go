@@ -61,7 +61,7 @@ func newTestDaemon(t *testing.T, text string) *Daemon {
 	cg := privtest.Cgroup(t, "metrics")
 	pins := privtest.PinDir(t)
 	cfg := (&Config{Cgroup: cg, PinDir: pins, StateDir: t.TempDir(), Version: "test", Logger: slog.New(slog.DiscardHandler)}).withDefaults()
-	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), entries: map[string]*entry{}, redis: map[string]*redis.Client{}, stop: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), entries: map[string]*entry{}, redis: map[string]redis.UniversalClient{}, stop: make(chan struct{})}
 	d.events = newEventLog()
 	d.metrics = newMetrics(d)
 	dp, err := loader.Open(&loader.Config{Cgroup: cg, PinDir: pins})
@@ -141,12 +141,17 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_recount_drift",
 		"egressd_request_latency_seconds",
 		"egressd_rules",
+		"egressd_shared_expired",
 		"egressd_shared_failure_mode_info",
+		"egressd_shared_fair_share_slots",
+		"egressd_shared_frozen",
 		"egressd_shared_granted_permits_total",
 		"egressd_shared_returned_permits_total",
 		"egressd_shared_slots",
+		"egressd_shared_state_lost_total",
 		"egressd_shared_store_errors_total",
 		"egressd_shared_store_up",
+		"egressd_shared_unconfirmed_permits_total",
 	}
 	docstest.Mentions(t, "../../docs/metrics.md", names...)
 	if !slices.Equal(names, want) {

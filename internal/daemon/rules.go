@@ -37,7 +37,7 @@ type entry struct {
 	base    loader.Rule
 	pending string
 	ctrl    *adaptive.Controller
-	share   *share
+	share   *shareRunner
 }
 
 func (e *entry) installed() bool { return e.pending == "" }
@@ -46,7 +46,7 @@ func (e *entry) installed() bool { return e.pending == "" }
 // a shared rate's kernel rule grants permits and has no rate of its own,
 // so it is the whole budget's.
 func (e *entry) limitShown(kernel uint32) uint32 {
-	if e.share != nil && e.share.grants != nil {
+	if e.share != nil && e.share.slots == nil {
 		return e.base.Limit
 	}
 	return kernel
@@ -185,10 +185,15 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 			if err != nil {
 				return fmt.Errorf("rule %s: %w", e.spec.Name, err)
 			}
-			if old != nil {
+			switch {
+			case old != nil && old.share != nil && old.share.sameBudget(s):
 				s.inherit(old.share)
-			} else if kr, err := d.dp.Rule(e.spec.Name); err == nil {
-				s.adopt(kr)
+			case old == nil:
+				if kr, err := d.dp.Rule(e.spec.Name); err == nil {
+					if st, err := d.dp.Stats(e.spec.Name); err == nil {
+						s.adopt(kr, st)
+					}
+				}
 			}
 			e.share = s
 		}
@@ -207,7 +212,7 @@ func (d *Daemon) installLocked(ctx context.Context, p *policy.Policy, o override
 	for name, old := range d.entries {
 		if n := next[name]; old.share != nil && (n == nil || n.share != old.share) {
 			// Its loop may be waiting for d.mu.
-			go old.share.end(old.share.releases(n))
+			go old.share.end(n == nil || !old.share.sameBudget(n.share))
 		}
 	}
 	for _, e := range next {

@@ -3,19 +3,22 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"github.com/egressd/egressd/pkg/control"
 	"math"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/internal/daemon/share"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 	"github.com/egressd/egressd/pkg/shared"
+	"github.com/egressd/egressd/pkg/shared/redisurl"
 )
 
-// How a host keeps its share of a shared budget.
+// How a host keeps its share of a shared budget. The decisions are
+// package share's; this file runs them.
 const (
 	// shareTick is how often a share is checked against demand: the
 	// longest a connection waits for a share to grow, counted as a
@@ -31,80 +34,63 @@ const (
 	// shareRateWindow is how far back a host's share of a rate is
 	// measured, for FailureMode throw to keep it.
 	shareRateWindow = 5 * time.Second
-	// shareRegrow is how long after an outage a share only takes back
-	// what it held, so that hosts find their shares again in a Redis that
-	// restarted empty before any grows into another's.
-	shareRegrow = time.Second
 	// shareCallTimeout bounds one Redis call; the next tick tries again.
 	shareCallTimeout = 500 * time.Millisecond
-	// shareLease is how long a concurrency slot outlives a daemon that
-	// stops renewing it; a daemon restarted sooner takes its slots back.
-	shareLease = 30 * time.Second
+	// shareMargin is how long before a slot's lease could run out in
+	// Redis an unreachable host stops admitting on it: two ticks that
+	// each wait out a call.
+	shareMargin = 2 * (shareTick + shareCallTimeout)
 )
 
-// share is this host's part of one rule's shared budget. Its loop claims
-// and hands back that part in Redis and keeps the kernel rule equal to it:
-// for concurrency, the kernel limit is the slots held; for a rate, the
-// kernel is granted the permits claimed (loader.ShapeGranted).
-type share struct {
-	d      *Daemon
-	rule   string
-	spec   policy.Rule
-	mode   string
-	slots  *shared.Slots  // concurrency
-	grants *shared.Grants // rate shapes
-	batch  uint64         // rate: permits claimed at once
+// shareRunner runs one shared rule's share: a goroutine that ticks every
+// shareTick, shows the pure share what the kernel holds, and does what it
+// says: writes the kernel rule through the daemon and calls Redis.
+type shareRunner struct {
+	d    *Daemon
+	rule string
+	spec policy.Rule
+
+	mu     sync.Mutex // the machine's; the API and the metrics read it
+	slots  *share.Slots
+	grants *share.Grants
+	store  *shared.Slots
+	claims *shared.Grants
+	batch  uint64
+	errors uint64 // Redis calls that failed
+	lost   uint64 // times Redis answered with a new epoch
+
+	// The kernel enforcement the share asked for last; guarded by d.mu,
+	// so that the rule table writes the rule as the share has it.
+	limit  int
+	kernel share.GrantsKernel
 
 	stop context.CancelFunc
 	done chan struct{}
-
-	// Read by the kernel rule and the API; written by the loop.
-	mu      sync.Mutex
-	limit   int    // concurrency: the kernel limit
-	held    int    // concurrency: slots held in Redis
-	fair    int    // concurrency: this host's fair share, as Redis last said
-	granted uint64 // rate: the kernel rule's Granted
-	failing bool   // Redis cannot be reached: mode is in force
-	lastErr string
-	since   time.Time // when failing started
-	// regrowAt ends the hold on growth after an outage.
-	regrowAt time.Time
-	// fallback is the per-second rate a rate share keeps in mode throw.
-	fallback uint32
-
-	// The loop's own.
-	active      time.Time // last connection or refusal
-	lastRefused uint64
-	lastSpent   uint64
-	claims      []claim // rate: recent claims, for the fallback rate
-
-	errors, claimed, returned uint64 // counters, under mu
 }
 
-type claim struct {
-	at time.Time
-	n  uint64
-}
-
-// newShare makes the share of a valid shared rule; its loop starts with
-// start.
-func (d *Daemon) newShare(r policy.Rule) (*share, error) {
+// newShare makes the runner of a valid shared rule; start runs it.
+func (d *Daemon) newShare(r policy.Rule) (*shareRunner, error) {
 	client, err := d.redisClient(r.Shared.Redis)
 	if err != nil {
 		return nil, err
 	}
-	s := &share{d: d, rule: r.Name, spec: r, mode: r.Shared.FailureMode, active: time.Now()}
-	if s.mode == "" {
-		s.mode = policy.FailureThrow
-	}
+	s := &shareRunner{d: d, rule: r.Name, spec: r}
+	now := time.Now()
+	mode := shareMode(r.Shared.FailureMode)
 	switch l := r.Limit.(type) {
 	case policy.Concurrency:
-		s.fair = int(l)
-		s.slots, err = shared.NewSlots(client, shared.SlotsOptions{
-			Key:           r.Shared.Key,
-			Permits:       int(l),
-			Holder:        d.cfg.HostID + ":" + r.Name,
-			LeaseDuration: shareLease,
+		lease := r.Shared.Lease
+		if lease == 0 {
+			lease = policy.DefaultLease
+		}
+		durability := shared.Ephemeral
+		if r.Shared.Durability == policy.DurabilityPersistent {
+			durability = shared.Persistent
+		}
+		s.slots = share.NewSlots(share.SlotsConfig{Budget: int(l), Lease: lease, Margin: shareMargin, Idle: shareIdle, Mode: mode}, now)
+		s.store, err = shared.NewSlots(client, shared.SlotsOptions{
+			Key: r.Shared.Key, Permits: int(l), Holder: d.cfg.HostID + ":" + r.Name,
+			LeaseDuration: lease, Durability: durability, Replicas: r.Shared.Replicas,
 		})
 	case policy.PerSecond:
 		burst := l.Burst
@@ -112,7 +98,8 @@ func (d *Daemon) newShare(r policy.Rule) (*share, error) {
 			burst = l.Permits
 		}
 		s.batch = batchOf(float64(l.Permits), uint64(burst))
-		s.grants, err = shared.NewGrants(client, shared.GrantsOptions{Key: r.Shared.Key, TokenBucket: &shared.TokenBucketOptions{
+		s.grants = share.NewGrants(s.grantsConfig(0, mode), now)
+		s.claims, err = shared.NewGrants(client, shared.GrantsOptions{Key: r.Shared.Key, Replicas: r.Shared.Replicas, TokenBucket: &shared.TokenBucketOptions{
 			TokenLimit: burst, TokensPerPeriod: l.Permits, ReplenishmentPeriod: time.Second,
 		}})
 	case policy.PerWindow:
@@ -121,7 +108,8 @@ func (d *Daemon) newShare(r policy.Rule) (*share, error) {
 			segments = loader.DefaultSegments
 		}
 		s.batch = batchOf(float64(l.Permits)/l.Window.Seconds(), uint64(l.Permits))
-		s.grants, err = shared.NewGrants(client, shared.GrantsOptions{Key: r.Shared.Key, SlidingWindow: &shared.SlidingWindowOptions{
+		s.grants = share.NewGrants(s.grantsConfig(l.Window, mode), now)
+		s.claims, err = shared.NewGrants(client, shared.GrantsOptions{Key: r.Shared.Key, Replicas: r.Shared.Replicas, SlidingWindow: &shared.SlidingWindowOptions{
 			Permits: l.Permits, Window: l.Window, Segments: segments,
 		}})
 	default:
@@ -133,6 +121,20 @@ func (d *Daemon) newShare(r policy.Rule) (*share, error) {
 	return s, nil
 }
 
+func (s *shareRunner) grantsConfig(window time.Duration, mode share.Mode) share.GrantsConfig {
+	return share.GrantsConfig{Batch: s.batch, Window: window, Margin: shareMargin, Idle: shareIdle, RateWindow: shareRateWindow, Mode: mode}
+}
+
+func shareMode(m string) share.Mode {
+	switch m {
+	case policy.FailureAllow:
+		return share.Allow
+	case policy.FailureDeny:
+		return share.Deny
+	}
+	return share.Throw
+}
+
 // batchOf is shareBatchTime of perSecond, at least 1 and at most most.
 func batchOf(perSecond float64, most uint64) uint64 {
 	b := uint64(math.Ceil(perSecond * shareBatchTime.Seconds()))
@@ -142,22 +144,16 @@ func batchOf(perSecond float64, most uint64) uint64 {
 // redisClient returns the daemon's one client for a Redis URL. Calls fail
 // fast and are not retried: the next tick is the retry, and a lost reply
 // may have spent a permit.
-func (d *Daemon) redisClient(url string) (*redis.Client, error) {
+func (d *Daemon) redisClient(url string) (redis.UniversalClient, error) {
 	d.redisMu.Lock()
 	defer d.redisMu.Unlock()
 	if c, ok := d.redis[url]; ok {
 		return c, nil
 	}
-	opts, err := redis.ParseURL(url)
+	c, err := redisurl.Open(url, redisurl.Timeouts{Dial: shareCallTimeout, Read: shareCallTimeout, Write: shareCallTimeout, PoolSize: 4})
 	if err != nil {
 		return nil, fmt.Errorf("shared.redis: %w", err)
 	}
-	opts.DialTimeout = shareCallTimeout
-	opts.ReadTimeout = shareCallTimeout
-	opts.WriteTimeout = shareCallTimeout
-	opts.MaxRetries = -1
-	opts.PoolSize = 4
-	c := redis.NewClient(opts)
 	d.redis[url] = c
 	return c, nil
 }
@@ -171,69 +167,64 @@ func (d *Daemon) closeRedis() {
 	}
 }
 
-// shape sets the kernel rule's shape to the share as it stands.
-func (s *share) shape(r *loader.Rule) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// shape sets the kernel rule to enforce the share as it stands. Call with
+// d.mu held.
+func (s *shareRunner) shape(r *loader.Rule) {
 	if s.slots != nil {
 		r.Limit = uint32(s.limit)
-		if s.failing {
-			switch s.mode {
-			case policy.FailureAllow:
-				r.Limit = uint32(s.spec.Limit.(policy.Concurrency))
-			case policy.FailureDeny:
-				r.Limit = 0
-			}
-		}
 		return
 	}
-	if s.failing && s.mode != policy.FailureDeny {
-		// The rule's own shape: the whole budget (allow), or this
-		// host's recent share of it as a bucket (throw).
-		if s.mode == policy.FailureThrow {
-			r.Shape, r.Limit, r.Burst = loader.ShapePerSecond, s.fallback, uint32(s.batch)
-		}
-		return
+	k := s.kernel
+	switch {
+	case k.Own:
+		// The rule's own shape: the whole budget, FailureMode allow.
+	case k.PerSecond > 0:
+		r.Shape, r.Limit, r.Burst = loader.ShapePerSecond, k.PerSecond, k.Burst
+	case k.Closed:
+		r.Shape, r.Limit, r.Burst, r.Window, r.Segments = loader.ShapeConcurrency, 0, 0, 0, 0
+	default:
+		r.Shape, r.Limit, r.Burst, r.Window, r.Segments, r.Granted = loader.ShapeGranted, 0, 0, 0, 0, k.Granted
 	}
-	r.Shape, r.Limit, r.Burst, r.Window, r.Segments, r.Granted = loader.ShapeGranted, 0, 0, 0, 0, s.granted
 }
 
-// inherit carries on where old left off when a rule's settings change but
-// its budget does not: the slots are the same holder's in Redis, and the
-// permits granted are the kernel's.
-func (s *share) inherit(old *share) {
-	if old == nil || old.spec.Shared.Key != s.spec.Shared.Key || (old.slots == nil) != (s.slots == nil) {
-		return
-	}
+// sameBudget reports whether next spends the same budget as s under the
+// same holder: a rule whose settings changed but not its key and shape
+// carries its share over.
+func (s *shareRunner) sameBudget(next *shareRunner) bool {
+	return next != nil && next.spec.Shared.Key == s.spec.Shared.Key && next.spec.Shared.Redis == s.spec.Shared.Redis &&
+		(next.slots == nil) == (s.slots == nil)
+}
+
+// inherit carries on where old left off (see sameBudget). Call with d.mu
+// held, before either runs.
+func (s *shareRunner) inherit(old *shareRunner) {
 	old.mu.Lock()
 	defer old.mu.Unlock()
-	s.limit, s.held, s.fair, s.granted = old.limit, old.held, min(old.fair, s.fair), old.granted
+	if s.slots != nil {
+		s.slots.Inherit(old.slots)
+	} else {
+		s.grants.Inherit(old.grants)
+	}
+	s.limit, s.kernel = old.limit, old.kernel
 }
 
-// adopt starts a share from the kernel rule a previous daemon left
+// adopt starts the share from the kernel rule a previous daemon left
 // pinned, so that a restart neither refuses connections until the first
-// tick nor loses permits it had granted: the slots are this holder's in
-// Redis, and the first tick confirms (or cuts) them; granted permits came
-// from Redis already.
-func (s *share) adopt(kr loader.Rule) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// tick nor loses the permits it had granted. Call with d.mu held, before
+// it runs.
+func (s *shareRunner) adopt(kr loader.Rule, st loader.Stats) {
 	switch {
 	case s.slots != nil && kr.Shape == loader.ShapeConcurrency:
-		s.limit, s.held = int(kr.Limit), int(kr.Limit)
+		s.slots.Adopt(share.SlotsObs{Limit: int(kr.Limit), Live: int(st.Live), Refused: st.Refused})
+		s.limit = int(kr.Limit)
 	case s.grants != nil && kr.Shape == loader.ShapeGranted:
-		s.granted = kr.Granted
+		s.grants.Adopt(share.GrantsObs{Granted: kr.Granted, Spent: st.Spent, Refused: st.Refused, Live: int(st.Live)})
+		s.kernel = share.GrantsKernel{Granted: kr.Granted}
 	}
 }
 
-// releases reports whether a share's slots go back when its rule becomes
-// next (nil: removed): unless the same budget is still this rule's.
-func (s *share) releases(next *entry) bool {
-	return next == nil || next.share == nil || next.share.spec.Shared.Key != s.spec.Shared.Key
-}
-
-// start runs the share's loop until stopped.
-func (s *share) start() {
+// start runs the share's loop until end.
+func (s *shareRunner) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop, s.done = cancel, make(chan struct{})
 	go func() {
@@ -241,7 +232,11 @@ func (s *share) start() {
 		t := time.NewTicker(shareTick)
 		defer t.Stop()
 		for {
-			s.tick(ctx, time.Now())
+			if s.slots != nil {
+				s.tickSlots(ctx)
+			} else {
+				s.tickGrants(ctx)
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -255,269 +250,234 @@ func (s *share) start() {
 // rule is gone, or no longer enforces it. Without, the slots stay claimed
 // until their leases run out, because the kernel keeps enforcing them
 // (fail-static) and a restarted daemon takes them back.
-func (s *share) end(release bool) {
+func (s *shareRunner) end(release bool) {
 	if s.stop == nil {
 		return
 	}
 	s.stop()
 	<-s.done
-	if release && s.slots != nil {
+	if release && s.store != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), shareCallTimeout)
 		defer cancel()
-		if _, _, err := s.slots.Resize(ctx, 0, 0); err != nil {
+		if _, err := s.store.Resize(ctx, shared.SlotsRequest{}); err != nil {
 			s.d.log.Warn("shared budget: slots not handed back; they expire", "rule", s.rule, "err", err)
 		}
 	}
 }
 
-func (s *share) tick(ctx context.Context, now time.Time) {
-	st, err := s.d.dp.Stats(s.rule)
+// tickSlots runs one tick of a concurrency share: lower the kernel first
+// when shrinking, read what is live after that, ask Redis, and raise the
+// kernel only to what Redis confirmed.
+func (s *shareRunner) tickSlots(ctx context.Context) {
+	kr, st, err := s.observe()
 	if err != nil {
 		return // not in the kernel (pending, or being replaced)
 	}
-	if st.Refused > s.lastRefused || st.Live > 0 || st.Spent > s.lastSpent {
-		s.active = now
+	s.mu.Lock()
+	p := s.slots.Plan(share.SlotsObs{Limit: int(kr.Limit), Live: int(st.Live), Refused: st.Refused}, time.Now())
+	s.mu.Unlock()
+	live := int(st.Live)
+	if p.Limit != int(kr.Limit) {
+		if !s.setLimit(p.Limit) {
+			return
+		}
+		// Connections admitted before the lowering took effect keep
+		// their slots.
+		n, err := s.d.dp.Live(s.rule)
+		if err != nil {
+			return
+		}
+		live = int(n)
 	}
-	demand := st.Refused - min(st.Refused, s.lastRefused)
-	s.lastRefused, s.lastSpent = st.Refused, st.Spent
-	idle := now.Sub(s.active) >= shareIdle
+	s.mu.Lock()
+	req := s.slots.Request(p, live)
+	s.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, shareCallTimeout)
+	sent := time.Now()
+	reply, err := s.store.Resize(cctx, shared.SlotsRequest(req))
+	cancel()
+	if ctx.Err() != nil {
+		return // stopping: the answer no longer matters
+	}
+	s.mu.Lock()
+	limit, ev := s.slots.Reply(p, req, share.SlotsReply(reply), err, sent, time.Now())
+	if err != nil {
+		s.errors++
+	}
+	if ev&share.StateLost != 0 {
+		s.lost++
+	}
+	s.mu.Unlock()
+	s.setLimit(limit)
+	s.logEvents(ev, err)
+}
+
+// observe reads the share's kernel rule and its counts.
+func (s *shareRunner) observe() (loader.Rule, loader.Stats, error) {
+	kr, err := s.d.dp.Rule(s.rule)
+	if err != nil {
+		return kr, loader.Stats{}, err
+	}
+	st, err := s.d.dp.Stats(s.rule)
+	return kr, st, err
+}
+
+// tickGrants runs one tick of a rate share: claim a batch ahead of demand
+// and grant what came, or take unspent permits back and return them.
+func (s *shareRunner) tickGrants(ctx context.Context) {
+	kr, st, err := s.observe()
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	p := s.grants.Plan(share.GrantsObs{Granted: kr.Granted, Spent: st.Spent, Refused: st.Refused, Live: int(st.Live)}, time.Now())
+	s.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, shareCallTimeout)
 	defer cancel()
-	if s.slots != nil {
-		err = s.tickSlots(cctx, now, st, demand, idle)
-	} else {
-		err = s.tickGrants(cctx, now, st, demand, idle)
-	}
-	if err != nil && ctx.Err() == nil {
-		s.fail(now, err)
-	}
-}
-
-// tickSlots asks for a slot per live connection and one spare, or as many
-// more as were refused since the last tick, so the share grows with
-// demand; idle, it asks for none. Redis answers with what this host holds
-// and its fair share of the budget among the hosts asking. Shrinking lowers
-// the kernel limit before the slots are handed back, so no connection is
-// admitted on a slot another host has; a host above its fair share stops
-// admitting beyond it and gives slots back as its connections close.
-func (s *share) tickSlots(ctx context.Context, now time.Time, st loader.Stats, refused uint64, idle bool) error {
-	permits := int(s.spec.Limit.(policy.Concurrency))
-	live := int(max(st.Live, 0))
-	need := min(permits, live+max(1, int(min(refused, uint64(permits)))))
-	if idle {
-		need = live
-	}
-	s.mu.Lock()
-	held, fair, failing, regrow := s.held, s.fair, s.failing, s.regrowAt
-	s.mu.Unlock()
-	target := min(need, fair)
-	switch {
-	case failing:
-		// Claim what was held to learn whether Redis is back.
-		target = held
-	case now.Before(regrow):
-		// Redis came back, perhaps empty: every host takes back its
-		// own share before any grows into another's.
-		target = min(target, held)
-	}
-	keep := target
-	if target < held {
-		s.setLimit(target)
-		// Connections admitted before keep their slots.
-		if n, err := s.d.dp.Live(s.rule); err == nil {
-			keep = min(held, max(target, int(n)))
-		} else {
-			keep = held
+	switch p.Op {
+	case share.Claim:
+		c, err := s.claims.Claim(cctx, int(p.N))
+		if ctx.Err() != nil {
+			return
 		}
-	}
-	got, fair, err := s.slots.Resize(ctx, keep, need)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.held, s.fair = got, fair
-	s.mu.Unlock()
-	s.recovered(now, min(got, target, fair))
-	return nil
-}
-
-// tickGrants keeps a batch of permits granted ahead of demand while the
-// host is busy, and hands unspent permits back, but one, when it goes idle.
-func (s *share) tickGrants(ctx context.Context, now time.Time, st loader.Stats, demand uint64, idle bool) error {
-	s.mu.Lock()
-	granted, failing := s.granted, s.failing
-	s.mu.Unlock()
-	base := max(granted, st.Spent)
-	if failing {
-		// The kernel counted nothing while it enforced the fallback:
-		// grant from what it has spent.
-		base = st.Spent
-	}
-	unspent := base - st.Spent
-	if idle && !failing {
-		// One permit stays, so that the next connection after an idle
-		// spell is not refused for want of a claim.
-		if unspent <= 1 {
-			return nil
-		}
-		taken, left, err := s.d.dp.Reclaim(s.rule, 1)
+		s.mu.Lock()
+		k, ev := s.grants.Claimed(p, uint64(c.Got), c.Confirmed, err, time.Now())
 		if err != nil {
-			return nil // the rule changed under us; next tick
+			s.errors++
+		}
+		s.mu.Unlock()
+		s.setGrants(k)
+		s.logEvents(ev, err)
+	case share.Return:
+		taken, granted, err := s.d.dp.Reclaim(s.rule, p.Keep)
+		if err != nil {
+			return // the rule changed under us; next tick
 		}
 		s.mu.Lock()
-		s.granted = left
+		n := s.grants.Reclaimed(taken, granted, time.Now())
 		s.mu.Unlock()
-		if taken == 0 {
-			return nil
+		s.d.mu.Lock()
+		s.kernel.Granted = granted
+		s.d.mu.Unlock()
+		if n == 0 {
+			return
 		}
-		if err := s.grants.Return(ctx, int(taken)); err != nil {
-			return err
-		}
+		err = s.claims.Return(cctx, int(n))
 		s.mu.Lock()
-		s.returned += taken
+		s.grants.Returned(n, err)
 		s.mu.Unlock()
-		return nil
-	}
-	// While failing, every tick claims: that is how recovery is found.
-	if !failing && (idle || unspent > s.batch/2) {
-		return nil
-	}
-	want := s.batch + min(demand, s.batch)
-	got, _, err := s.grants.Claim(ctx, int(want))
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.granted = base + uint64(got)
-	s.claimed += uint64(got)
-	s.claims = append(s.claims, claim{at: now, n: uint64(got)})
-	for len(s.claims) > 0 && now.Sub(s.claims[0].at) > shareRateWindow {
-		s.claims = s.claims[1:]
-	}
-	s.mu.Unlock()
-	s.recovered(now, 0)
-	if got > 0 {
-		s.push()
-	}
-	return nil
-}
-
-// setLimit moves a concurrency share's kernel limit.
-func (s *share) setLimit(n int) {
-	s.mu.Lock()
-	changed := s.limit != n
-	s.limit = n
-	s.mu.Unlock()
-	if changed {
-		s.push()
 	}
 }
 
-// fail puts the failure mode in force, once per outage.
-func (s *share) fail(now time.Time, err error) {
-	s.mu.Lock()
-	s.errors++
-	s.lastErr = err.Error()
-	first := !s.failing
-	if first {
-		s.failing, s.since = true, now
-		var n uint64
-		for _, c := range s.claims {
-			n += c.n
-		}
-		s.fallback = uint32(max(1, math.Ceil(float64(n)/shareRateWindow.Seconds())))
-	}
-	s.mu.Unlock()
-	if !first {
-		return
-	}
-	s.d.log.Warn("shared budget unreachable; failure mode in force", "rule", s.rule, "mode", s.mode, "err", err)
-	if s.grants != nil && s.mode == policy.FailureDeny {
-		// Zero: the unspent permits are taken back (and lost, with
-		// Redis unreachable to take them).
-		if _, left, err := s.d.dp.Reclaim(s.rule, 0); err == nil {
-			s.mu.Lock()
-			s.granted = left
-			s.mu.Unlock()
-		}
-	}
-	s.push()
+// setLimit writes a concurrency share's kernel limit; false if it could
+// not.
+func (s *shareRunner) setLimit(n int) bool {
+	return s.d.writeShare(s, func() { s.limit = n })
 }
 
-// recovered ends an outage; a concurrency share's kernel limit becomes the
-// slots it now holds.
-func (s *share) recovered(now time.Time, limit int) {
-	s.mu.Lock()
-	was := s.failing
-	s.failing, s.lastErr = false, ""
-	if was {
-		s.regrowAt = now.Add(shareRegrow)
+// setGrants writes a rate share's kernel enforcement.
+func (s *shareRunner) setGrants(k share.GrantsKernel) {
+	s.d.writeShare(s, func() { s.kernel = k })
+}
+
+func (s *shareRunner) logEvents(ev share.Event, err error) {
+	log := s.d.log.With("rule", s.rule)
+	if ev&share.Failed != 0 {
+		log.Warn("shared budget unreachable; failure mode in force", "mode", s.spec.Shared.FailureMode, "err", err)
 	}
-	if s.slots != nil {
-		s.limit = limit
+	if ev&share.Expired != 0 {
+		log.Warn("shared budget unreachable for a lease: admitting nothing new, since its slots may have expired in Redis")
 	}
-	s.mu.Unlock()
-	if was {
-		s.d.log.Info("shared budget reachable again", "rule", s.rule)
+	if ev&share.Recovered != 0 {
+		log.Info("shared budget reachable again")
 	}
-	if was || s.slots != nil {
-		s.push()
+	if ev&share.StateLost != 0 {
+		log.Warn("Redis lost the shared budget's state; growth frozen for a lease while hosts take back what they hold")
+	}
+	if ev&share.Unconfirmed != 0 {
+		log.Warn("replicas did not confirm a grant in time; not used", "replicas", s.spec.Shared.Replicas)
 	}
 }
 
-// push writes the kernel rule as the share now shapes it.
-func (s *share) push() {
-	d := s.d
+// writeShare changes what a share asks of the kernel (set, under d.mu) and
+// writes the rule if that changed it. It reports whether the kernel now
+// enforces the share: false when the rule is not installed (pending,
+// replaced by another share) or the write failed.
+func (d *Daemon) writeShare(s *shareRunner, set func()) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	set()
 	e, ok := d.entries[s.rule]
 	if !ok || e.share != s || !e.installed() {
-		return
+		return false
 	}
 	r := e.base
 	s.shape(&r)
 	k := e.kernel
 	if r.Shape == k.Shape && r.Limit == k.Limit && r.Granted == k.Granted && r.Burst == k.Burst && r.Window == k.Window && r.Segments == k.Segments {
-		return
+		return true
 	}
 	if err := d.dp.Put(r); err != nil {
-		d.log.Error("push shared share", "rule", s.rule, "err", err)
-		return
+		d.log.Error("write shared rule", "rule", s.rule, "err", err)
+		return false
 	}
 	e.kernel = r
+	return true
 }
 
-// shareView is what the API and metrics show of a share.
+// shareView is what the API and the metrics show of a share.
 type shareView struct {
-	key, mode       string
-	failing         bool
-	lastErr         string
-	since           time.Time
-	held, limit     int
-	granted         uint64
-	errors          uint64
-	claimed, handed uint64
-	rate            bool
+	rate     bool
+	lost     uint64
+	slots    share.SlotsView
+	grants   share.GrantsView
+	outage   share.Outage
+	errors   uint64
+	frozen   bool
+	mode     string
+	settings policy.Shared
 }
 
-func (s *share) control(st loader.Stats) *control.Share {
-	v := s.view()
-	out := &control.Share{Key: v.key, FailureMode: v.mode, Reachable: !v.failing, Error: v.lastErr, Slots: v.held, Returned: v.handed}
-	if v.failing {
-		out.Since = v.since
-	}
-	if v.rate {
-		out.Granted, out.Spent = v.granted, st.Spent
-	}
-	return out
-}
-
-func (s *share) view() shareView {
+func (s *shareRunner) view() shareView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return shareView{
-		key: s.spec.Shared.Key, mode: s.mode, failing: s.failing, lastErr: s.lastErr, since: s.since,
-		held: s.held, limit: s.limit, granted: s.granted, errors: s.errors,
-		claimed: s.claimed, handed: s.returned, rate: s.grants != nil,
+	v := shareView{rate: s.grants != nil, errors: s.errors, lost: s.lost, mode: s.spec.Shared.FailureMode, settings: s.spec.Shared}
+	if v.mode == "" {
+		v.mode = policy.FailureThrow
 	}
+	if s.slots != nil {
+		v.slots = s.slots.View()
+		v.outage = v.slots.Outage
+		v.frozen = time.Now().Before(v.slots.FrozenUntil)
+	} else {
+		v.grants = s.grants.View()
+		v.outage = v.grants.Outage
+	}
+	return v
+}
+
+// control is the share as the API shows it.
+func (v shareView) control(st loader.Stats) *control.Share {
+	out := &control.Share{Key: v.settings.Key, FailureMode: v.mode, Durability: v.settings.Durability, Replicas: v.settings.Replicas,
+		Reachable: !v.outage.Failing()}
+	if out.Durability == "" {
+		out.Durability = policy.DurabilityEphemeral
+	}
+	if v.outage.Failing() {
+		out.Since, out.Error = v.outage.Since, v.outage.Err.Error()
+	}
+	if v.rate {
+		g := v.grants
+		out.Granted, out.Spent, out.Returned, out.Unconfirmed = g.Kernel.Granted, st.Spent, g.Returned, g.Unconfirmed
+		return out
+	}
+	lease := v.settings.Lease
+	if lease == 0 {
+		lease = policy.DefaultLease
+	}
+	out.Slots, out.FairShare, out.LeaseSeconds, out.Expired, out.Epoch = v.slots.Held, max(v.slots.Fair, 0), lease.Seconds(), v.slots.Expired, v.slots.Epoch
+	if v.frozen {
+		out.FrozenUntil = v.slots.FrozenUntil
+	}
+	return out
 }

@@ -17,7 +17,7 @@ func TestShareFollowsRuleChanges(t *testing.T) {
 	rds := redistest.Start(t)
 	rdb := rds.Client(t)
 	rule := func(limit int) string {
-		return fmt.Sprintf("rules:\n  - name: pool\n    destination: 127.0.0.9\n    concurrency: %d\n    shared: {redis: %q, key: pool}\n", limit, rds.URL())
+		return fmt.Sprintf("rules:\n  - name: pool\n    destination: 127.0.0.9\n    concurrency: %d\n    shared: {redis: %q, key: pool, durability: persistent}\n", limit, rds.URL())
 	}
 	d := newTestDaemon(t, rule(10))
 	slots := func() int64 {
@@ -59,8 +59,11 @@ func TestShareFollowsRuleChanges(t *testing.T) {
 	if next == first {
 		t.Fatal("a changed rule kept its old share")
 	}
-	if v := next.view(); v.held != 1 || v.limit != 1 {
-		t.Errorf("the new share starts with %d slots, limit %d; want the old share's 1 and 1", v.held, v.limit)
+	d.mu.Lock()
+	limit := next.limit
+	d.mu.Unlock()
+	if v := next.view(); v.slots.Held != 1 || limit != 1 {
+		t.Errorf("the new share starts with %d slots, limit %d; want the old share's 1 and 1", v.slots.Held, limit)
 	}
 	if k, _ := d.dp.Rule("pool"); k.Limit != 1 {
 		t.Errorf("kernel limit %d right after the change, want the share carried over (1)", k.Limit)

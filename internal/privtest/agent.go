@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,10 +226,12 @@ func connectLoop(addr, count string) (time.Duration, error) {
 // runRequester runs N closed-loop clients against ADDR for DURATION: each
 // connects, sends a byte, waits for a byte back and closes, again and
 // again; a refused connect() waits a millisecond. It prints
-// "done ok N refused M failed K".
+// "done ok N refused M failed K". With a fourth argument, a file, it
+// writes there every connection's interval as the client saw it (see
+// [Interval]).
 func runRequester(args []string) error {
-	if len(args) != 3 {
-		return fmt.Errorf("requester: want ADDR N DURATION, got %q", args)
+	if len(args) != 3 && len(args) != 4 {
+		return fmt.Errorf("requester: want ADDR N DURATION [INTERVALS], got %q", args)
 	}
 	n, err := strconv.Atoi(args[1])
 	if err != nil {
@@ -240,8 +243,9 @@ func runRequester(args []string) error {
 	}
 	var ok, refused, failed atomic.Int64
 	var wg sync.WaitGroup
+	held := make([][]Interval, n)
 	deadline := time.Now().Add(d)
-	for range n {
+	for i := range n {
 		wg.Go(func() {
 			buf := make([]byte, 1)
 			for time.Now().Before(deadline) {
@@ -255,12 +259,15 @@ func runRequester(args []string) error {
 					failed.Add(1)
 					continue
 				}
+				iv := Interval{From: Monotonic()}
 				c.SetDeadline(time.Now().Add(5 * time.Second))
 				_, err = c.Write(buf)
 				if err == nil {
 					_, err = io.ReadFull(c, buf)
 				}
+				iv.To = Monotonic()
 				c.Close()
+				held[i] = append(held[i], iv)
 				if err != nil {
 					failed.Add(1)
 				} else {
@@ -270,6 +277,11 @@ func runRequester(args []string) error {
 		})
 	}
 	wg.Wait()
+	if len(args) == 4 {
+		if err := WriteIntervals(args[3], slices.Concat(held...)); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("done ok %d refused %d failed %d\n", ok.Load(), refused.Load(), failed.Load())
 	return nil
 }

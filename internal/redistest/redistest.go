@@ -1,12 +1,18 @@
-// Package redistest runs a real redis-server for tests: on a free loopback
-// port, without persistence, stopped when the test ends.
+// Package redistest runs real redis-server (and redis-sentinel) processes
+// for tests: on free loopback ports, without persistence unless asked,
+// stopped when the test ends.
 package redistest
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,26 +24,63 @@ type Server struct {
 	t    testing.TB
 	port int
 	cmd  *exec.Cmd
+	args []string // how to start it again
+	dir  string   // its working directory (and AOF's)
+}
+
+// Config is how a server runs.
+type Config struct {
+	// AOF turns on the append-only file with appendfsync everysec, in a
+	// directory of the test's: a restart reads the state back.
+	AOF bool
+	// ReplicaOf makes the server a replica of another.
+	ReplicaOf *Server
+	// Cluster runs the server in cluster mode (see StartCluster).
+	Cluster bool
 }
 
 // Start starts a redis-server and stops it in t.Cleanup. It skips the test
 // when redis-server is not installed (apt-get install redis-server; make
 // deps installs it).
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return StartWith(t, Config{}) }
+
+// StartWith starts a redis-server as c says.
+func StartWith(t testing.TB, c Config) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server not installed: this test needs a real Redis (apt-get install redis-server)")
+	need(t, "redis-server")
+	s := &Server{t: t, port: freePort(t), dir: t.TempDir()}
+	s.args = []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--repl-diskless-sync-delay", "0", "--loglevel", "warning", "--dir", s.dir}
+	if c.AOF {
+		s.args = append(s.args, "--appendonly", "yes", "--appendfsync", "everysec")
+	} else {
+		s.args = append(s.args, "--appendonly", "no")
 	}
+	if c.ReplicaOf != nil {
+		s.args = append(s.args, "--replicaof", "127.0.0.1", strconv.Itoa(c.ReplicaOf.port))
+	}
+	if c.Cluster {
+		s.args = append(s.args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"), "--cluster-node-timeout", "1000")
+	}
+	s.Restart()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func need(t testing.TB, cmd string) {
+	t.Helper()
+	if _, err := exec.LookPath(cmd); err != nil {
+		t.Skipf("%s not installed: this test needs a real one (make deps installs it)", cmd)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	s := &Server{t: t, port: port}
-	s.Restart()
-	t.Cleanup(s.Stop)
-	return s
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // Addr is the server's host:port.
@@ -46,16 +89,23 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 // URL is the server's redis:// URL.
 func (s *Server) URL() string { return "redis://" + s.Addr() }
 
-// Restart starts the server again on its port after Stop, empty, and
-// waits until it answers.
+// Restart starts the server again on its port after Stop and waits until
+// it answers: empty, unless it keeps an AOF.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--loglevel", "warning")
+	s.cmd = exec.Command("redis-server", s.args...)
+	s.cmd.Dir = s.dir
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	if err := waitPing(s.Addr()); err != nil {
+		s.Stop()
+		s.t.Fatalf("redis-server on %s: %v", s.Addr(), err)
+	}
+}
+
+func waitPing(addr string) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -63,24 +113,42 @@ func (s *Server) Restart() {
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			s.Stop()
-			s.t.Fatalf("redis-server on %s never answered PING: %v", s.Addr(), err)
+			return fmt.Errorf("never answered PING: %w", err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// Stop kills the server and waits for it; safe to call twice.
+// Stop kills the server (SIGKILL: no chance to save) and waits for it;
+// safe to call twice.
 func (s *Server) Stop() {
 	if s.cmd == nil {
 		return
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused one too
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Pause stops the server's process (SIGSTOP): connections stay open and
+// requests wait unanswered, as with a hung or overloaded Redis.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume lets a paused server go on (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatalf("redis-server on %s is not running", s.Addr())
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("signal redis-server: %v", err)
+	}
 }
 
 // Client returns a client of s, closed in t.Cleanup, that fails fast when
@@ -95,4 +163,146 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	})
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// Do runs one command on s and returns its reply.
+func (s *Server) Do(args ...any) (any, error) {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return c.Do(ctx, args...).Result()
+}
+
+// Calls is how many times the server ran a command since it started
+// (INFO commandstats), e.g. "evalsha".
+func (s *Server) Calls(t testing.TB, command string) int {
+	t.Helper()
+	info, err := s.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(info.(string), "\r\n") {
+		rest, ok := strings.CutPrefix(l, "cmdstat_"+command+":calls=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	return 0
+}
+
+// WaitReplica waits until replica has caught up with s: a write to s
+// reached it (WAIT on the connection that wrote).
+func (s *Server) WaitReplica(t testing.TB, replica *Server) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		pipe := c.Pipeline()
+		pipe.Set(ctx, "redistest:replicated", replica.Addr(), 0)
+		wait := pipe.Do(ctx, "WAIT", 1, 200)
+		_, err := pipe.Exec(ctx)
+		cancel()
+		if n, _ := wait.Int64(); err == nil && n >= 1 {
+			if v, _ := replica.Do("GET", "redistest:replicated"); v == replica.Addr() {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s never caught up with %s: %v", replica.Addr(), s.Addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Sentinel is a redis-sentinel watching one primary.
+type Sentinel struct {
+	t    testing.TB
+	port int
+	cmd  *exec.Cmd
+}
+
+// StartSentinel starts a sentinel that watches primary as master name,
+// deciding alone (quorum 1) that it is down after downAfter.
+func StartSentinel(t testing.TB, name string, primary *Server, downAfter time.Duration) *Sentinel {
+	t.Helper()
+	need(t, "redis-sentinel")
+	s := &Sentinel{t: t, port: freePort(t)}
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
+		s.port, dir, name, primary.port, name, downAfter.Milliseconds(), name, name)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.cmd = exec.Command("redis-sentinel", conf)
+	s.cmd.Dir = dir
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start redis-sentinel: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	})
+	if err := waitPing(s.Addr()); err != nil {
+		t.Fatalf("redis-sentinel on %s: %v", s.Addr(), err)
+	}
+	return s
+}
+
+// Addr is the sentinel's host:port.
+func (s *Sentinel) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Primary asks the sentinel which server is the primary of name now.
+func (s *Sentinel) Primary(t testing.TB, name string) string {
+	t.Helper()
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	addr, err := c.GetMasterAddrByName(ctx, name).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort(addr[0], addr[1])
+}
+
+// StartCluster starts n cluster-mode servers, joins them into one cluster
+// of n primaries (redis-cli --cluster create) and waits until it serves
+// every slot.
+func StartCluster(t testing.TB, n int) []*Server {
+	t.Helper()
+	need(t, "redis-cli")
+	var nodes []*Server
+	args := []string{"--cluster", "create"}
+	for range n {
+		s := StartWith(t, Config{Cluster: true})
+		nodes = append(nodes, s)
+		args = append(args, s.Addr())
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range nodes {
+		for {
+			info, err := s.Do("CLUSTER", "INFO")
+			if err == nil && strings.Contains(info.(string), "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster never reached state ok on %s: %v %v", s.Addr(), info, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nodes
 }

@@ -97,19 +97,40 @@ type Limit struct {
 type Share struct {
 	Key         string `json:"key"`
 	FailureMode string `json:"failureMode"`
+	// Durability is ephemeral or persistent: whether Redis may lose the
+	// budget's state.
+	Durability string `json:"durability"`
+	// Replicas is how many Redis replicas confirm a grant before the
+	// kernel uses it.
+	Replicas int `json:"replicas,omitempty"`
 	// Reachable is false while Redis cannot be reached; FailureMode is
 	// then in force, since Since, and Error says why.
 	Reachable bool      `json:"reachable"`
 	Error     string    `json:"error,omitempty"`
 	Since     time.Time `json:"since,omitzero"`
-	// Slots are the concurrency slots this host holds in Redis.
-	Slots int `json:"slots"`
+	// Slots are the concurrency slots this host holds in Redis, FairShare
+	// its fair share of the budget among the hosts that want slots.
+	Slots     int `json:"slots"`
+	FairShare int `json:"fairShare,omitempty"`
+	// LeaseSeconds is how long the slots outlive this daemon's last
+	// renewal. Expired says Redis has been unreachable so long that they
+	// may have: the kernel admits nothing new on them.
+	LeaseSeconds float64 `json:"leaseSeconds,omitempty"`
+	Expired      bool    `json:"expired,omitempty"`
+	// FrozenUntil is when the budget's growth thaws after Redis lost its
+	// state (or first saw it, when ephemeral); zero when it is not frozen.
+	FrozenUntil time.Time `json:"frozenUntil,omitzero"`
+	// Epoch names the budget's state in Redis; it changes when Redis
+	// loses it.
+	Epoch int64 `json:"epoch,omitempty"`
 	// Granted is the permits of a shared rate this host claimed and the
 	// kernel may spend, Spent those its connections used, Returned those
-	// handed back unspent.
-	Granted  uint64 `json:"granted"`
-	Spent    uint64 `json:"spent"`
-	Returned uint64 `json:"returned"`
+	// handed back unspent, Unconfirmed those claimed but never used
+	// because replicas did not confirm them.
+	Granted     uint64 `json:"granted"`
+	Spent       uint64 `json:"spent"`
+	Returned    uint64 `json:"returned"`
+	Unconfirmed uint64 `json:"unconfirmed,omitempty"`
 }
 
 // SetLimitRequest carries one rule as policy YAML: "name: x\ndestination: …".

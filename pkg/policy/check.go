@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
-	"net/url"
 	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/shared/redisurl"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -258,13 +257,16 @@ const maxSharedKey = 512
 
 func (c checker) checkShared(r Rule) {
 	s := r.Shared
+	sentinel := false
 	switch {
 	case s.Redis == "":
 		c.add("shared.redis", "shared.redis is missing: the URL of the Redis server that keeps the budget")
 	default:
-		if msg := redisURLProblem(s.Redis); msg != "" {
-			c.add("shared.redis", "shared.redis %q %s", s.Redis, msg)
+		kind, err := redisurl.Check(s.Redis)
+		if err != nil {
+			c.add("shared.redis", "shared.redis %q %v", s.Redis, err)
 		}
+		sentinel = kind == redisurl.Sentinel
 	}
 	switch {
 	case s.Key == "":
@@ -279,6 +281,20 @@ func (c checker) checkShared(r Rule) {
 	default:
 		c.add("shared.failureMode", "shared.failureMode %q is not throw, allow or deny", s.FailureMode)
 	}
+	switch s.Durability {
+	case "", DurabilityEphemeral, DurabilityPersistent:
+	default:
+		c.add("shared.durability", "shared.durability %q is not ephemeral or persistent", s.Durability)
+	}
+	if s.Lease != 0 && (s.Lease < MinLease || s.Lease > MaxLease) {
+		c.add("shared.lease", "shared.lease %v is not between %v and %v (leave it out for %v)", s.Lease, MinLease, MaxLease, DefaultLease)
+	}
+	switch {
+	case s.Replicas < 0 || s.Replicas > MaxReplicas:
+		c.add("shared.replicas", "shared.replicas %d is not between 0 and %d", s.Replicas, MaxReplicas)
+	case sentinel && s.Replicas == 0:
+		c.add("shared.replicas", "shared.replicas must be at least 1 with Sentinel: a failover to a replica that lacked the latest grants would let the hosts exceed the budget")
+	}
 	switch r.Limit.(type) {
 	case Adaptive:
 		c.add("shared", "an adaptive limit cannot be shared: each host's loop sizes its own")
@@ -286,32 +302,6 @@ func (c checker) checkShared(r Rule) {
 	if r.Shadow {
 		c.add("shared", "a shadow rule cannot be shared: it would spend the budget it only watches")
 	}
-}
-
-// redisURLProblem says what is wrong with a Redis URL, or returns "".
-func redisURLProblem(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "is not a URL"
-	}
-	switch u.Scheme {
-	case "redis", "rediss":
-		if u.Host == "" {
-			return "has no host"
-		}
-		if db := strings.TrimPrefix(u.Path, "/"); db != "" {
-			if n, err := strconv.Atoi(db); err != nil || n < 0 {
-				return "has a path that is not a database number"
-			}
-		}
-	case "unix":
-		if u.Path == "" {
-			return "has no socket path"
-		}
-	default:
-		return "is not a redis://, rediss:// or unix:// URL"
-	}
-	return ""
 }
 
 // errnoNames lists the errnos a rule may name, sorted.

@@ -52,9 +52,12 @@ type (
 		Shared      *sharedYAML    `yaml:"shared,omitempty,flow"`
 	}
 	sharedYAML struct {
-		Redis       string `yaml:"redis"`
-		Key         string `yaml:"key"`
-		FailureMode string `yaml:"failureMode,omitempty"`
+		Redis       string        `yaml:"redis"`
+		Key         string        `yaml:"key"`
+		FailureMode string        `yaml:"failureMode,omitempty"`
+		Durability  string        `yaml:"durability,omitempty"`
+		Lease       time.Duration `yaml:"lease,omitempty"`
+		Replicas    int           `yaml:"replicas,omitempty"`
 	}
 	perSecondYAML struct {
 		Permits int `yaml:"permits"`
@@ -88,7 +91,8 @@ func formatRule(r Rule) ruleYAML {
 		Errno:       r.Errno,
 	}
 	if r.IsShared() {
-		y.Shared = &sharedYAML{Redis: r.Shared.Redis, Key: r.Shared.Key, FailureMode: r.Shared.FailureMode}
+		s := r.Shared
+		y.Shared = &sharedYAML{Redis: s.Redis, Key: s.Key, FailureMode: s.FailureMode, Durability: s.Durability, Lease: s.Lease, Replicas: s.Replicas}
 	}
 	switch l := r.Limit.(type) {
 	case Concurrency:

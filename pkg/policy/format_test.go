@@ -57,6 +57,8 @@ func everyField(t *testing.T) []Rule {
 		{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, ProbeEvery: 50, ProbeFactor: 0.4, Samples: loader.SampleRequest}},
 		{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2}},
 		{Name: "f", Destination: mustDest(t, "10.9.0.1"), Limit: PerWindow{Permits: 9, Window: time.Second}, Shared: Shared{Redis: "redis://r:6379", Key: "k:{f}", FailureMode: FailureAllow}},
+		{Name: "g", Destination: mustDest(t, "10.9.0.2"), Limit: Concurrency(5), Shared: Shared{Redis: "redis+sentinel://s:26379?master_name=m", Key: "g",
+			Durability: DurabilityPersistent, Lease: 45 * time.Second, Replicas: 2}},
 	}
 }
 

@@ -159,7 +159,7 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 		case "errno":
 			r.Errno, _ = f.nonEmpty(key, v, "; leave it out for EPERM")
 		case "shared":
-			f.mapping(v, "shared.", "shared", []string{"redis", "key", "failureMode"}, func(k string, _, v *yaml.Node) {
+			f.mapping(v, "shared.", "shared", []string{"redis", "key", "failureMode", "durability", "lease", "replicas"}, func(k string, _, v *yaml.Node) {
 				switch k {
 				case "redis":
 					r.Shared.Redis, _ = f.nonEmpty("shared.redis", v, "")
@@ -167,6 +167,12 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 					r.Shared.Key, _ = f.nonEmpty("shared.key", v, "")
 				case "failureMode":
 					r.Shared.FailureMode, _ = f.nonEmpty("shared.failureMode", v, "; leave it out for throw")
+				case "durability":
+					r.Shared.Durability, _ = f.nonEmpty("shared.durability", v, "; leave it out for ephemeral")
+				case "lease":
+					r.Shared.Lease, _ = f.duration("shared.lease", v)
+				case "replicas":
+					r.Shared.Replicas, _ = f.integer("shared.replicas", v)
 				}
 			})
 		default:

@@ -120,10 +120,21 @@ func TestParseGood(t *testing.T) {
     destination: 10.0.0.5
     concurrency: 10
     shared: {redis: unix:///run/redis.sock, key: pool, failureMode: deny}
+  - name: ha
+    destination: 10.0.0.6
+    concurrency: 20
+    shared:
+      redis: "redis+sentinel://10.0.0.7:26379?master_name=budgets&addr=10.0.0.8:26379"
+      key: "{ha}:pool"
+      durability: persistent
+      lease: 30s
+      replicas: 1
 `,
 			want: []Rule{
 				{Name: "quota", Destination: mustDest(t, "api.example.com"), Limit: PerSecond{Permits: 100}, Shared: Shared{Redis: "redis://:secret@10.0.0.9:6379/2", Key: "egressd:api"}},
 				{Name: "pool", Destination: mustDest(t, "10.0.0.5"), Limit: Concurrency(10), Shared: Shared{Redis: "unix:///run/redis.sock", Key: "pool", FailureMode: FailureDeny}},
+				{Name: "ha", Destination: mustDest(t, "10.0.0.6"), Limit: Concurrency(20), Shared: Shared{Redis: "redis+sentinel://10.0.0.7:26379?master_name=budgets&addr=10.0.0.8:26379", Key: "{ha}:pool",
+					Durability: DurabilityPersistent, Lease: 30 * time.Second, Replicas: 1}},
 			},
 		},
 		{
@@ -400,19 +411,29 @@ func TestParseBad(t *testing.T) {
   - {name: c, destination: 10.0.0.3, adaptive: {}, shared: {redis: "redis://", key: k}, shadow: true}
   - {name: d, destination: 10.0.0.4, concurrency: 1, shared: {redis: "redis://h/x", key: "", ttl: 1}}
   - {name: e, destination: 10.0.0.5, concurrency: 1, shared: redis}
+  - {name: f, destination: 10.0.0.6, concurrency: 1, shared: {redis: "redis+sentinel://s:26379?master_name=m", key: k, durability: lasting, lease: 1s, replicas: 0}}
+  - {name: g, destination: 10.0.0.7, concurrency: 1, shared: {redis: "redis+cluster://c:7000", key: k, lease: 1h, replicas: -1}}
+  - {name: h, destination: 10.0.0.8, concurrency: 1, shared: {redis: "redis+sentinel://s:26379", key: k, lease: soon, replicas: 1}}
 `,
 			want: []Problem{
 				{Line: 2, Column: 62, Rule: "a", Msg: "shared.redis is missing: the URL of the Redis server that keeps the budget"},
-				{Line: 3, Column: 70, Rule: "b", Msg: `shared.redis "http://x" is not a redis://, rediss:// or unix:// URL`},
+				{Line: 3, Column: 70, Rule: "b", Msg: `shared.redis "http://x" is not a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL`},
 				{Line: 3, Column: 87, Rule: "b", Msg: "shared.key has whitespace or unprintable characters"},
 				{Line: 3, Column: 107, Rule: "b", Msg: `shared.failureMode "open" is not throw, allow or deny`},
 				{Line: 4, Column: 60, Rule: "c", Msg: "an adaptive limit cannot be shared: each host's loop sizes its own"},
 				{Line: 4, Column: 60, Rule: "c", Msg: "a shadow rule cannot be shared: it would spend the budget it only watches"},
 				{Line: 4, Column: 68, Rule: "c", Msg: `shared.redis "redis://" has no host`},
-				{Line: 5, Column: 70, Rule: "d", Msg: `shared.redis "redis://h/x" has a path that is not a database number`},
+				{Line: 5, Column: 70, Rule: "d", Msg: `shared.redis "redis://h/x" invalid database number: "x"`},
 				{Line: 5, Column: 90, Rule: "d", Msg: "shared.key is empty"},
 				{Line: 5, Column: 94, Rule: "d", Msg: `unknown field "shared.ttl"`},
-				{Line: 6, Column: 62, Rule: "e", Msg: "shared must be a mapping of redis, key, failureMode"},
+				{Line: 6, Column: 62, Rule: "e", Msg: "shared must be a mapping of redis, key, failureMode, durability, lease, replicas"},
+				{Line: 7, Column: 132, Rule: "f", Msg: `shared.durability "lasting" is not ephemeral or persistent`},
+				{Line: 7, Column: 148, Rule: "f", Msg: "shared.lease 1s is not between 2s and 10m0s (leave it out for 10s)"},
+				{Line: 7, Column: 162, Rule: "f", Msg: "shared.replicas must be at least 1 with Sentinel: a failover to a replica that lacked the latest grants would let the hosts exceed the budget"},
+				{Line: 8, Column: 111, Rule: "g", Msg: "shared.lease 1h0m0s is not between 2s and 10m0s (leave it out for 10s)"},
+				{Line: 8, Column: 125, Rule: "g", Msg: "shared.replicas -1 is not between 0 and 16"},
+				{Line: 9, Column: 70, Rule: "h", Msg: `shared.redis "redis+sentinel://s:26379" names no primary: add ?master_name=NAME`},
+				{Line: 9, Column: 113, Rule: "h", Msg: "shared.lease must be a duration such as 30s or 1m"},
 			},
 		},
 		{

@@ -49,7 +49,9 @@ type Rule struct {
 // can be shared.
 type Shared struct {
 	// Redis is the server's URL: redis://[user:password@]host:port[/db],
-	// rediss:// for TLS, or unix:///path/to/socket.
+	// rediss:// for TLS, unix:///path/to/socket, a primary watched by
+	// Sentinel (redis+sentinel://host:port?master_name=NAME&addr=…) or a
+	// Cluster (redis+cluster://host:port?addr=…); see package redisurl.
 	Redis string
 	// Key is the budget's key in Redis.
 	Key string
@@ -58,7 +60,36 @@ type Shared struct {
 	// FailureAllow enforces the whole limit as if the host were alone,
 	// FailureDeny admits no new connections.
 	FailureMode string
+	// Durability says whether Redis may lose the budget's state:
+	// DurabilityEphemeral (the default) or DurabilityPersistent. An
+	// ephemeral budget Redis has no record of (its first use, or a state
+	// Redis lost) admits, for one Lease, only what the hosts' kernels
+	// already hold; a persistent one grows at once on first use.
+	Durability string
+	// Lease is how long a host's slots of a shared concurrency budget
+	// outlive its daemon's last renewal; 0 means DefaultLease. A daemon
+	// restarted, paused or cut off from Redis for less keeps its slots.
+	Lease time.Duration
+	// Replicas is how many Redis replicas must confirm a grant (Redis's
+	// WAIT) before the kernel uses it, so that a failover cannot lose
+	// it: at least 1 with Sentinel, 0 (none) by default otherwise.
+	Replicas int
 }
+
+// Durability values.
+const (
+	DurabilityEphemeral  = "ephemeral"
+	DurabilityPersistent = "persistent"
+)
+
+// Lease bounds: the shortest must outlast a few renewals, which come
+// every 50 ms and fail after 500 ms.
+const (
+	DefaultLease = 10 * time.Second
+	MinLease     = 2 * time.Second
+	MaxLease     = 10 * time.Minute
+	MaxReplicas  = 16
+)
 
 // FailureMode values: the names the distributed rate-limiting reference
 // uses, read for a host enforcing its share in the kernel.

@@ -54,8 +54,8 @@ func BenchmarkGrantsClaim(b *testing.B) {
 				b.Fatal(err)
 			}
 			n, lat, elapsed := concurrently(b, clients, func() (int, error) {
-				got, _, err := g.Claim(context.Background(), batch)
-				return got, err
+				c, err := g.Claim(context.Background(), batch)
+				return c.Got, err
 			})
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "permits/s")
 			reportLatency(b, lat)

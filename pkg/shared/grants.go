@@ -17,6 +17,13 @@ type GrantsOptions struct {
 
 	TokenBucket   *TokenBucketOptions
 	SlidingWindow *SlidingWindowOptions
+
+	// Replicas, when above 0, makes each Claim wait (Redis's WAIT, up to
+	// ReplicaWait) until that many replicas have its writes, and say
+	// whether they did: permits a failover could still lose are not to be
+	// used. It needs a client that pipelines.
+	Replicas    int
+	ReplicaWait time.Duration
 }
 
 const noGrantsShape = "no shape: set one of TokenBucket or SlidingWindow"
@@ -29,15 +36,20 @@ func (o *GrantsOptions) Validate() error {
 		o = &GrantsOptions{}
 	}
 	err := (&Options{Key: o.Key, TokenBucket: o.TokenBucket, SlidingWindow: o.SlidingWindow}).Validate()
+	more := replication(Ephemeral, o.Replicas, o.ReplicaWait)
 	oe, ok := AsOptionsError(err)
 	if !ok {
-		return err
+		if len(more) == 0 {
+			return err
+		}
+		return &OptionsError{Problems: more}
 	}
 	for i, p := range oe.Problems {
 		if p == noShape {
 			oe.Problems[i] = noGrantsShape
 		}
 	}
+	oe.Problems = append(oe.Problems, more...)
 	return oe
 }
 
@@ -59,6 +71,7 @@ type Grants struct {
 	claim  *redis.Script
 	back   *redis.Script // Return's
 	args   []any         // the shape's ARGV, as a Limiter's; Claim and Return append n
+	wait   replicaWait
 }
 
 // NewGrants returns claims over client (as [New]'s), or an
@@ -67,7 +80,11 @@ func NewGrants(client redis.Scripter, opts GrantsOptions) (*Grants, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Grants{name: opts.Key, key: []string{opts.Key}, client: client}
+	wait, err := newReplicaWait(client, opts.Replicas, opts.ReplicaWait)
+	if err != nil {
+		return nil, err
+	}
+	g := &Grants{name: opts.Key, key: []string{opts.Key}, client: client, wait: wait}
 	if p := opts.TokenBucket; p != nil {
 		g.claim, g.back = bucketClaimLua, bucketReturnLua
 		g.args = []any{p.TokenLimit, p.TokensPerPeriod, p.ReplenishmentPeriod.Microseconds()}
@@ -79,29 +96,40 @@ func NewGrants(client redis.Scripter, opts GrantsOptions) (*Grants, error) {
 	return g, nil
 }
 
+// Claimed is what a [Grants.Claim] took.
+type Claimed struct {
+	// Got is the permits taken. When none were, RetryAfter is until at
+	// least one is available (the next token, or the oldest counted
+	// segment's leaving the window), as a Limiter's RetryAfter: a computed
+	// wait, not a reservation. It is 0 when Got is not.
+	Got        int
+	RetryAfter time.Duration
+	// Confirmed is true when the Replicas asked for have the claim, or
+	// none were asked for. False, a failover could lose it: do not spend
+	// the permits (they stay spent in Redis).
+	Confirmed bool
+}
+
 // Claim takes up to n permits at once, as many as the budget has now: a
 // partial grant rather than none, so that a holder asking for its share
-// gets what there is. When it gets none, retryAfter is until at least one
-// permit is available (the next token, or the oldest counted segment's
-// leaving the window), as a Limiter's RetryAfter: a computed wait, not a
-// reservation. It is 0 when got is not.
+// gets what there is.
 //
 // n must be at least 1. A failure is a [*StoreError] (retryable Redis
 // replies are retried first), or ctx's error once ctx is done; after one a
 // claim may have been made all the same, since a lost reply may have been
 // applied.
-func (g *Grants) Claim(ctx context.Context, n int) (got int, retryAfter time.Duration, err error) {
+func (g *Grants) Claim(ctx context.Context, n int) (Claimed, error) {
 	if n < 1 {
-		return 0, 0, fmt.Errorf("shared grants %s claim: n %d must be at least 1", g.name, n)
+		return Claimed{}, fmt.Errorf("shared grants %s claim: n %d must be at least 1", g.name, n)
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, 0, err
+		return Claimed{}, err
 	}
-	vals, err := runScript(ctx, g.client, g.claim, g.name, "claim", g.key, 2, append(g.args[:len(g.args):len(g.args)], n)...)
+	vals, confirmed, err := g.wait.run(ctx, g.client, g.claim, g.name, "claim", g.key, 2, append(g.args[:len(g.args):len(g.args)], n)...)
 	if err != nil {
-		return 0, 0, err
+		return Claimed{}, err
 	}
-	return int(vals[0]), time.Duration(vals[1]) * time.Microsecond, nil
+	return Claimed{Got: int(vals[0]), RetryAfter: time.Duration(vals[1]) * time.Microsecond, Confirmed: confirmed}, nil
 }
 
 // Return gives back n permits claimed and not spent, so that others may

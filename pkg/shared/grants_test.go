@@ -54,8 +54,9 @@ func newGrants(t testing.TB, c redis.Scripter, opts GrantsOptions) *Grants {
 // RetryAfter.
 func claim(t *testing.T, g *Grants, n, want int, most time.Duration) time.Duration {
 	t.Helper()
-	got, retry, err := g.Claim(context.Background(), n)
-	if err != nil {
+	c, err := g.Claim(context.Background(), n)
+	got, retry := c.Got, c.RetryAfter
+	if err != nil || !c.Confirmed {
 		t.Fatalf("Claim(%d): %v", n, err)
 	}
 	if got != want || (got == 0) != (retry > 0) || retry > most {
@@ -111,7 +112,8 @@ func TestGrantsTokenBucketSpendsAtMostLimitPlusRefill(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			for time.Now().Before(end) {
-				got, _, err := g.Claim(context.Background(), 1+rand.N(5))
+				c, err := g.Claim(context.Background(), 1+rand.N(5))
+				got := c.Got
 				if err != nil {
 					t.Errorf("Claim: %v", err)
 					return
@@ -153,8 +155,8 @@ func TestGrantsSlidingWindowClaimReturn(t *testing.T) {
 	retry := claim(t, g, 1, 0, window)
 	// RetryAfter is until the oldest counted segment leaves the window.
 	time.Sleep(retry + 10*time.Millisecond)
-	if got, _, err := g.Claim(context.Background(), 10); err != nil || got == 0 {
-		t.Errorf("Claim after its RetryAfter = %d, %v; want some", got, err)
+	if c, err := g.Claim(context.Background(), 10); err != nil || c.Got == 0 {
+		t.Errorf("Claim after its RetryAfter = %d, %v; want some", c.Got, err)
 	}
 }
 
@@ -247,7 +249,7 @@ func TestGrantsErrors(t *testing.T) {
 	g := newGrants(t, s.Client(t), GrantsOptions{TokenBucket: &TokenBucketOptions{TokenLimit: 5, TokensPerPeriod: 1, ReplenishmentPeriod: time.Second}})
 	ctx := context.Background()
 	for _, n := range []int{0, -1} {
-		if _, _, err := g.Claim(ctx, n); err == nil || errors.Is(err, ErrStore) {
+		if _, err := g.Claim(ctx, n); err == nil || errors.Is(err, ErrStore) {
 			t.Errorf("Claim(%d) = %v, want an argument error", n, err)
 		}
 		if err := g.Return(ctx, n); err == nil || errors.Is(err, ErrStore) {
@@ -257,14 +259,14 @@ func TestGrantsErrors(t *testing.T) {
 	claim(t, g, 1, 1, 0)
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, err := g.Claim(cancelled, 1); !errors.Is(err, context.Canceled) {
+	if _, err := g.Claim(cancelled, 1); !errors.Is(err, context.Canceled) {
 		t.Errorf("Claim with a cancelled context = %v, want context.Canceled", err)
 	}
 	if err := g.Return(cancelled, 1); !errors.Is(err, context.Canceled) {
 		t.Errorf("Return with a cancelled context = %v, want context.Canceled", err)
 	}
 	s.Stop()
-	if _, _, err := g.Claim(ctx, 1); !isStoreOp(err, "claim", t.Name()) {
+	if _, err := g.Claim(ctx, 1); !isStoreOp(err, "claim", t.Name()) {
 		t.Errorf("Claim with Redis down = %v, want a *StoreError", err)
 	}
 	if err := g.Return(ctx, 1); !isStoreOp(err, "return", t.Name()) {

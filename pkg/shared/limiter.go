@@ -25,7 +25,8 @@ import (
 // carry its id and its renewal. [Lease] is the same contract.
 type Limiter struct {
 	name    string
-	key     []string // the one key every script touches
+	key     []string // the budget's key: every script's, but concurrency admission's
+	keys    []string // the admission script's: key, and for concurrency the epoch's
 	client  redis.Scripter
 	script  *redis.Script
 	args    []any // the script's ARGV; concurrency appends the lease id
@@ -35,6 +36,7 @@ type Limiter struct {
 	nextID  atomic.Uint64
 	mode    FailureMode
 	retries int
+	store   cooldown
 
 	queueLimit int
 	newest     bool
@@ -77,6 +79,7 @@ func New(client redis.Scripter, opts Options) (*Limiter, error) {
 	l := &Limiter{
 		name:       opts.Name,
 		key:        []string{opts.Key},
+		keys:       []string{opts.Key},
 		client:     client,
 		mode:       opts.FailureMode,
 		retries:    opts.MaxRetries,
@@ -86,6 +89,13 @@ func New(client redis.Scripter, opts Options) (*Limiter, error) {
 	}
 	if l.name == "" {
 		l.name = opts.Key
+	}
+	switch opts.StoreCooldown {
+	case 0:
+		l.store.every = DefaultStoreCooldown
+	case NoCooldown:
+	default:
+		l.store.every = opts.StoreCooldown
 	}
 	switch l.retries {
 	case 0:
@@ -118,6 +128,7 @@ func New(client redis.Scripter, opts Options) (*Limiter, error) {
 		}
 		l.conc = true
 		l.script, l.args = concurrencyLua, []any{p.Permits, us(l.lease)}
+		l.keys = []string{opts.Key, epochKey(opts.Key)}
 		l.available.Store(int64(p.Permits))
 		var b [8]byte
 		_, _ = crand.Read(b[:]) // never fails (crypto/rand)
@@ -198,20 +209,7 @@ func (l *Limiter) try(ctx context.Context) (Lease, result, outcome, error) {
 		id = l.idBase + strconv.FormatUint(l.nextID.Add(1), 36)
 		args = append(args[:len(args):len(args)], id)
 	}
-	var vals []int64
-	var err error
-	for attempt := 0; ; attempt++ {
-		vals, err = l.script.Run(ctx, l.client, l.key, args...).Int64Slice()
-		if err == nil || attempt >= l.retries || !retryable(err) || ctx.Err() != nil {
-			break
-		}
-		if err := sleep(ctx, backoff(attempt)); err != nil {
-			return Lease{}, result{}, failed, err
-		}
-	}
-	if err == nil && len(vals) != 4 {
-		err = errors.New("script returned " + strconv.Itoa(len(vals)) + " values, want 4")
-	}
+	vals, err := l.ask(ctx, args)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return Lease{}, result{}, failed, cerr
@@ -229,7 +227,7 @@ func (l *Limiter) try(ctx context.Context) (Lease, result, outcome, error) {
 	res := result{ok: vals[0] == 1, retry: time.Duration(vals[1]) * time.Microsecond, avail: vals[2], id: vals[3]}
 	l.available.Store(res.avail)
 	if !res.ok {
-		if l.conc {
+		if l.conc && res.retry == 0 {
 			return Lease{}, res, refused, l.refused
 		}
 		return Lease{}, res, refused, &verdict.RateLimitedError{Limiter: l.name, RetryAfter: res.retry}
@@ -238,6 +236,35 @@ func (l *Limiter) try(ctx context.Context) (Lease, result, outcome, error) {
 		return Lease{}, res, admitted, nil
 	}
 	return l.hold(id), res, admitted, nil
+}
+
+// ask runs the admission script, retrying retryable replies, unless the
+// store's cooldown says Redis just failed: then it fails at once.
+func (l *Limiter) ask(ctx context.Context, args []any) ([]int64, error) {
+	if err := l.store.ask(time.Now()); err != nil {
+		return nil, err
+	}
+	var vals []int64
+	var err error
+	for attempt := 0; ; attempt++ {
+		vals, err = l.script.Run(ctx, l.client, l.keys, args...).Int64Slice()
+		if err == nil || attempt >= l.retries || !retryable(err) || ctx.Err() != nil {
+			break
+		}
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			l.store.abandon()
+			return nil, err
+		}
+	}
+	if err == nil && len(vals) != 4 {
+		err = errors.New("script returned " + strconv.Itoa(len(vals)) + " values, want 4")
+	}
+	if err != nil && ctx.Err() != nil {
+		l.store.abandon()
+	} else {
+		l.store.done(time.Now(), err)
+	}
+	return vals, err
 }
 
 // retryable reports whether err is a reply Redis means to be retried.

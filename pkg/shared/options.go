@@ -23,6 +23,10 @@ const (
 	DefaultQueuePollInterval = 50 * time.Millisecond
 	// DefaultMaxRetries is MaxRetries when it is zero.
 	DefaultMaxRetries = 8
+	// DefaultStoreCooldown is StoreCooldown when it is zero.
+	DefaultStoreCooldown = time.Second
+	// NoCooldown is the StoreCooldown that asks Redis on every call.
+	NoCooldown = -1
 	// NoRetries is the MaxRetries that retries nothing.
 	NoRetries = -1
 )
@@ -131,6 +135,13 @@ type Options struct {
 	// BUSY, TRYAGAIN, MASTERDOWN, CLUSTERDOWN) is retried, with jittered
 	// backoff. Zero means DefaultMaxRetries; NoRetries retries none.
 	MaxRetries int
+	// StoreCooldown is how long, after Redis failed to give a decision,
+	// Acquire applies the FailureMode at once instead of asking again:
+	// a dead or hung Redis then costs one timeout per cooldown, not one
+	// per call. After it, one call asks (the others still do not) and its
+	// answer reopens the way. Zero means DefaultStoreCooldown; NoCooldown
+	// asks on every call.
+	StoreCooldown time.Duration
 }
 
 func (o *Options) shapes() []string {
@@ -223,6 +234,9 @@ func (o *Options) Validate() error {
 	}
 	if o.FailureMode >= failureModeLen {
 		add("FailureMode %d is none of Throw, Allow or Deny", o.FailureMode)
+	}
+	if o.StoreCooldown < NoCooldown {
+		add("StoreCooldown %v must not be negative but NoCooldown (%d)", o.StoreCooldown, NoCooldown)
 	}
 	if o.MaxRetries < NoRetries {
 		add("MaxRetries %d must be at least 1, 0 (%d) or NoRetries (%d)", o.MaxRetries, DefaultMaxRetries, NoRetries)

@@ -130,10 +130,16 @@ if wait < 1 then wait = 1 end
 return {0, wait, 0, 0}
 `)
 
-// concurrencyLua: KEYS[1] a sorted set of lease id → expiry µs; ARGV
-// permits, lease µs, lease id. Expired leases are dropped before counting.
+// concurrencyLua: KEYS[1] a sorted set of lease id → expiry µs, KEYS[2]
+// the budget's epoch (see slotsLua); ARGV permits, lease µs, lease id.
+// Expired leases are dropped before counting. While the budget's growth is
+// frozen (holders of Slots taking back what their kernels hold after
+// Redis lost the state) nothing is admitted, and the refusal says until
+// when; the epoch is left to the holders to make.
 var concurrencyLua = redis.NewScript(clockLua + `
 local limit, dur = tonumber(ARGV[1]), tonumber(ARGV[2])
+local frozen = tonumber(redis.call('HGET', KEYS[2], 'frozen')) or 0
+if frozen > now then return {0, frozen - now, 0, 0} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', f(now))
 local n = redis.call('ZCARD', KEYS[1])
 if n < limit then
@@ -159,9 +165,13 @@ return 1
 var releaseLua = redis.NewScript(`return redis.call('ZREM', KEYS[1], ARGV[1])`)
 
 // slotsLua: KEYS[1] the concurrency set, KEYS[2] a hash of holder →
-// demand, KEYS[3] a sorted set of holder → demand expiry µs; ARGV permits,
-// lease µs, the holder's prefix (Holder + ":"), slots wanted, slots
-// demanded, the holder. Returns {slots held, fair share}.
+// demand, KEYS[3] a sorted set of holder → demand expiry µs, KEYS[4] the
+// budget's epoch, a hash {epoch = µs it was made, frozen = µs growth is
+// frozen until}; ARGV permits, lease µs, the holder's prefix (Holder +
+// ":"), slots wanted, slots demanded, the holder, prior (slots the
+// holder's kernel may still use), had (1: the holder held slots of this
+// budget before), persistent (1: Redis keeps its state). Returns {slots
+// held, fair share, epoch, µs growth stays frozen}.
 //
 // The holder's members are its prefix followed by digits only, so that
 // holder "a" never counts holder "a:b"'s "a:b:1". Extras go from the
@@ -173,9 +183,27 @@ var releaseLua = redis.NewScript(`return redis.call('ZREM', KEYS[1], ARGV[1])`)
 // little always gets it, and busy ones split the rest; one above its share
 // is told so and gives slots back as its work drains. Key expiries are
 // only ever raised: a shorter one would cut other holders' leases.
+//
+// The epoch tells a Redis that lost the budget's state (a restart without
+// persistence, a failover to a replica without it) from one that kept it:
+// it is made at first use and has no expiry. Missing, it is made anew, and
+// growth is frozen for a lease on Redis's clock: holders' kernels may
+// still hold connections on slots Redis forgot, and each may take back
+// only its prior while the others come back. The freeze is skipped only
+// when Redis is said to be persistent and the caller never held slots:
+// then a missing epoch is the budget's first use.
 var slotsLua = redis.NewScript(clockLua + `
 local limit, dur, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local want, demand, holder = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local prior, had, persistent = tonumber(ARGV[7]), ARGV[8] == '1', ARGV[9] == '1'
+local meta = redis.call('HMGET', KEYS[4], 'epoch', 'frozen')
+local epoch, frozen = tonumber(meta[1]), tonumber(meta[2]) or 0
+if not epoch then
+  epoch, frozen = now, 0
+  if had or not persistent then frozen = now + dur end
+  redis.call('HSET', KEYS[4], 'epoch', f(epoch), 'frozen', f(frozen))
+end
+local freeze = frozen > now
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', f(now))
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', f(now))
 if #gone > 0 then
@@ -195,11 +223,11 @@ for i = 1, #h, 2 do
   demands[h[i]] = tonumber(h[i + 1])
   list[#list + 1] = {h[i], tonumber(h[i + 1])}
 end
-local mine, had, others = {}, {}, 0
+local mine, had_ids, others = {}, {}, 0
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   if string.sub(m, 1, #prefix) == prefix and string.find(m, '^%d+$', #prefix + 1) then
     mine[#mine + 1] = m
-    had[m] = true
+    had_ids[m] = true
   else
     local owner = string.match(m, '^(.*):%d+$')
     if not (owner and demands[owner]) then others = others + 1 end
@@ -220,11 +248,13 @@ if #mine > want then
     mine[i] = nil
   end
 end
+local cap = math.min(want, fair)
+if freeze then cap = math.min(want, math.max(#mine, prior)) end
 local total, i = redis.call('ZCARD', KEYS[1]), 0
-while #mine < want and #mine < fair and total < limit do
+while #mine < cap and total < limit do
   i = i + 1
   local id = prefix .. f(i)
-  if not had[id] then
+  if not had_ids[id] then
     mine[#mine + 1] = id
     total = total + 1
   end
@@ -235,7 +265,9 @@ local ttl = math.ceil(dur / 1000) + 1
 for k = 1, 3 do
   if redis.call('EXISTS', KEYS[k]) == 1 and redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ttl) end
 end
-return {#mine, fair}
+local left = 0
+if freeze then left = frozen - now end
+return {#mine, fair, epoch, left}
 `)
 
 // bucketClaimLua: KEYS[1] the bucket (see bucketLua); ARGV limit, tokens

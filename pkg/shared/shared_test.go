@@ -227,7 +227,7 @@ func TestConcurrencyLeaseExpiryFreesCapacity(t *testing.T) {
 	lease := 60 * time.Millisecond
 	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: lease}})
 	// A holder in another process that died without releasing.
-	if err := concurrencyLua.Run(context.Background(), l.client, l.key, 1, lease.Microseconds(), "dead").Err(); err != nil {
+	if err := concurrencyLua.Run(context.Background(), l.client, l.keys, 1, lease.Microseconds(), "dead").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
@@ -263,8 +263,9 @@ func TestConcurrencyRenewalKeepsLease(t *testing.T) {
 
 func TestFailureModes(t *testing.T) {
 	s := startRedis(t)
+	const cooldown = 50 * time.Millisecond
 	opts := func(m FailureMode) Options {
-		return Options{Key: "modes", FailureMode: m, TokenBucket: &TokenBucketOptions{TokenLimit: 100, TokensPerPeriod: 1, ReplenishmentPeriod: time.Second}}
+		return Options{Key: "modes", FailureMode: m, StoreCooldown: cooldown, TokenBucket: &TokenBucketOptions{TokenLimit: 100, TokensPerPeriod: 1, ReplenishmentPeriod: time.Second}}
 	}
 	throw := newLimiter(t, s, opts(Throw))
 	allow := newLimiter(t, s, opts(Allow))
@@ -304,6 +305,7 @@ func TestFailureModes(t *testing.T) {
 	}
 
 	s.Restart()
+	time.Sleep(cooldown) // until the limiters ask again
 	for _, l := range []*Limiter{throw, allow, deny} {
 		if _, err := l.Acquire(context.Background()); err != nil {
 			t.Errorf("%v after Redis came back: %v", l.mode, err)

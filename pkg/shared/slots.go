@@ -31,6 +31,18 @@ type SlotsOptions struct {
 	// on Key set the key's expiry to their own LeaseDuration, so a longer
 	// one here could lose its slots with the key.
 	LeaseDuration time.Duration
+	// Durability says whether Redis may lose the budget's state (see
+	// [Durability]); it decides what a budget Redis has no record of
+	// means. Every holder on Key must say the same.
+	Durability Durability
+	// Replicas, when above 0, makes each Resize wait (Redis's WAIT, up to
+	// ReplicaWait) until that many replicas have its writes, and say
+	// whether they did: slots a failover could still lose are not to be
+	// used. It needs a client that pipelines (*redis.Client, a Sentinel
+	// failover client, or *redis.ClusterClient).
+	Replicas int
+	// ReplicaWait bounds Replicas' wait; zero means DefaultReplicaWait.
+	ReplicaWait time.Duration
 }
 
 // Validate reports every problem with o at once, as an [*OptionsError].
@@ -56,6 +68,7 @@ func (o *SlotsOptions) Validate() error {
 	if o.LeaseDuration != 0 && o.LeaseDuration < MinLeaseDuration {
 		add("LeaseDuration %v must be at least %v (0 means %v)", o.LeaseDuration, MinLeaseDuration, DefaultLeaseDuration)
 	}
+	problems = append(problems, replication(o.Durability, o.Replicas, o.ReplicaWait)...)
 	if len(problems) == 0 {
 		return nil
 	}
@@ -76,11 +89,13 @@ func (o *SlotsOptions) Validate() error {
 // slots once they expire; its next Resize says how many it has again, so
 // unlike a Lease it learns of the loss.
 type Slots struct {
-	name   string
-	keys   []string // the set, the demands, their expiries
-	client redis.Scripter
-	holder string
-	args   []any // slotsLua's ARGV: permits, lease µs, prefix; Resize appends the rest
+	name       string
+	keys       []string // the set, the demands, their expiries, the epoch
+	client     redis.Scripter
+	holder     string
+	args       []any // slotsLua's ARGV: permits, lease µs, prefix; Resize appends the rest
+	persistent string
+	wait       replicaWait
 }
 
 // NewSlots returns a holder's slots over client (as [New]'s), or an
@@ -90,18 +105,27 @@ func NewSlots(client redis.Scripter, opts SlotsOptions) (*Slots, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	wait, err := newReplicaWait(client, opts.Replicas, opts.ReplicaWait)
+	if err != nil {
+		return nil, err
+	}
 	lease := opts.LeaseDuration
 	if lease == 0 {
 		lease = DefaultLeaseDuration
 	}
 	return &Slots{
-		name:   opts.Key,
-		keys:   []string{opts.Key, companion(opts.Key, ":demand"), companion(opts.Key, ":demand-expiry")},
-		client: client,
-		holder: opts.Holder,
-		args:   []any{opts.Permits, lease.Microseconds(), opts.Holder + ":"},
+		name:       opts.Key,
+		keys:       []string{opts.Key, companion(opts.Key, ":demand"), companion(opts.Key, ":demand-expiry"), epochKey(opts.Key)},
+		client:     client,
+		holder:     opts.Holder,
+		args:       []any{opts.Permits, lease.Microseconds(), opts.Holder + ":"},
+		persistent: flag(opts.Durability == Persistent),
+		wait:       wait,
 	}, nil
 }
+
+// epochKey names the key of a concurrency budget's epoch (see slotsLua).
+func epochKey(key string) string { return companion(key, ":epoch") }
 
 // companion names a key kept beside key, in the same Redis Cluster hash
 // slot: key's own hash tag if it has one, else key as the tag.
@@ -114,37 +138,86 @@ func companion(key, suffix string) string {
 	return "{" + key + "}" + suffix
 }
 
-// Resize makes this holder hold want slots, or as many as its fair share
-// and the budget's room allow, and renews every one it keeps for
-// LeaseDuration; it returns how many it holds and its fair share. One
-// atomic script drops expired leases, records demand (how many slots the
-// holder could use now; below want counts as want), removes this holder's
-// extras or adds slots while it is under its share and the budget has
-// room, and renews. Resize(held, demand) is the renewal, and Resize(0, 0)
-// releases every slot and withdraws the demand. It gives up slots only
-// when want is below what it holds, never for lack of room: a holder above
-// its fair share (others demanded more since it grew) should stop taking
-// work beyond the share and Resize down as its work drains.
+// SlotsRequest is what a holder asks of [Slots.Resize].
+type SlotsRequest struct {
+	// Want is the slots to hold: fewer than held hands the extras back,
+	// more grows the holding as far as its fair share and the budget's
+	// room allow. Every slot kept is renewed for LeaseDuration.
+	Want int
+	// Demand is how many slots the holder could use now (below Want
+	// counts as Want), recorded for the fair shares of the last
+	// LeaseDuration.
+	Demand int
+	// Prior is how many slots the holder may still have connections on
+	// (work admitted under slots Redis may have lost): all it may take
+	// back while the budget's growth is frozen. At most what Redis last
+	// confirmed to it.
+	Prior int
+	// HadState says the holder held slots of this budget before (in this
+	// process or a previous one), so that a budget Redis has no record
+	// of is one whose state it lost.
+	HadState bool
+}
+
+// SlotsReply is what a holder holds after a Resize.
+type SlotsReply struct {
+	// Held is the slots the holder holds, Fair its fair share.
+	Held, Fair int
+	// Epoch names the budget's state in Redis: it changes only when
+	// Redis lost the state and the budget began anew.
+	Epoch int64
+	// Frozen is how much longer the budget's growth is frozen (see
+	// [Durability]); 0 when it is not.
+	Frozen time.Duration
+	// Confirmed is true when the Replicas asked for have the Resize's
+	// writes, or none were asked for. False, a failover could still lose
+	// slots it added: do not admit on those yet.
+	Confirmed bool
+}
+
+// Resize makes this holder hold r.Want slots, or as many as its fair
+// share and the budget's room allow, and renews every one it keeps for
+// LeaseDuration. One atomic script drops expired leases, records demand,
+// removes this holder's extras or adds slots while it is under its share
+// and the budget has room, and renews. A Resize of what is held is the
+// renewal, and a zero request releases every slot and withdraws the
+// demand. It gives up slots only when Want is below what it holds, never
+// for lack of room: a holder above its fair share (others demanded more
+// since it grew) should stop taking work beyond the share and Resize down
+// as its work drains.
 //
 // The fair share divides the Permits that Limiters' leases leave among the
 // holders with a demand recorded in the last LeaseDuration, max-min: a
 // holder demanding less than an equal part gets all it demands, and the
 // rest is split equally among the others.
 //
-// want and demand must not be negative. A failure is a [*StoreError]
-// (retryable Redis replies are retried first), or ctx's error once ctx is
-// done; either way the slots held are unknown until a Resize succeeds.
-func (s *Slots) Resize(ctx context.Context, want, demand int) (held, fair int, err error) {
-	if want < 0 || demand < 0 {
-		return 0, 0, fmt.Errorf("shared slots %s resize: want %d and demand %d must not be negative", s.name, want, demand)
+// While the budget's growth is frozen (Redis lost its state; see
+// [Durability]) a holder only takes back up to r.Prior slots, whatever its
+// fair share, and nothing grows beyond that.
+//
+// Want, Demand and Prior must not be negative. A failure is a
+// [*StoreError] (retryable Redis replies are retried first), or ctx's
+// error once ctx is done; either way the slots held are unknown until a
+// Resize succeeds.
+func (s *Slots) Resize(ctx context.Context, r SlotsRequest) (SlotsReply, error) {
+	if r.Want < 0 || r.Demand < 0 || r.Prior < 0 {
+		return SlotsReply{}, fmt.Errorf("shared slots %s resize: want %d, demand %d and prior %d must not be negative", s.name, r.Want, r.Demand, r.Prior)
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, 0, err
+		return SlotsReply{}, err
 	}
-	args := append(s.args[:len(s.args):len(s.args)], want, max(want, demand), s.holder)
-	vals, err := runScript(ctx, s.client, slotsLua, s.name, "resize", s.keys, 2, args...)
+	args := append(s.args[:len(s.args):len(s.args)], r.Want, max(r.Want, r.Demand), s.holder, r.Prior, flag(r.HadState), s.persistent)
+	vals, confirmed, err := s.wait.run(ctx, s.client, slotsLua, s.name, "resize", s.keys, 4, args...)
 	if err != nil {
-		return 0, 0, err
+		return SlotsReply{}, err
 	}
-	return int(vals[0]), int(vals[1]), nil
+	return SlotsReply{Held: int(vals[0]), Fair: int(vals[1]), Epoch: vals[2], Frozen: time.Duration(vals[3]) * time.Microsecond, Confirmed: confirmed}, nil
+}
+
+// flag is a script's boolean argument.
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }

@@ -55,10 +55,16 @@ func checkProblems(t *testing.T, err error, want []string) {
 	}
 }
 
+// newSlots makes Slots, Persistent unless opts say otherwise: these
+// tests are of the mechanics, not of a budget's first use (see
+// TestSlotsEpoch).
 func newSlots(t testing.TB, c redis.Scripter, opts SlotsOptions) *Slots {
 	t.Helper()
 	if opts.Key == "" {
 		opts.Key = t.Name()
+	}
+	if opts.Durability == Ephemeral {
+		opts.Durability = Persistent
 	}
 	s, err := NewSlots(c, opts)
 	if err != nil {
@@ -70,12 +76,12 @@ func newSlots(t testing.TB, c redis.Scripter, opts SlotsOptions) *Slots {
 // resize calls s.Resize and fails the test unless it holds want after.
 func resize(t *testing.T, s *Slots, want, wantHeld int) {
 	t.Helper()
-	held, _, err := s.Resize(context.Background(), want, want)
+	r, err := s.Resize(context.Background(), SlotsRequest{Want: want, Demand: want})
 	if err != nil {
 		t.Fatalf("Resize(%d): %v", want, err)
 	}
-	if held != wantHeld {
-		t.Fatalf("Resize(%d) holds %d, want %d", want, held, wantHeld)
+	if r.Held != wantHeld || !r.Confirmed {
+		t.Fatalf("Resize(%d) holds %d (confirmed %v), want %d", want, r.Held, r.Confirmed, wantHeld)
 	}
 }
 
@@ -252,7 +258,8 @@ func TestSlotsConcurrentResizeNeverExceeds(t *testing.T) {
 		hw.Go(func() {
 			for time.Now().Before(end) {
 				want := rand.N(7)
-				held, _, err := slots.Resize(context.Background(), want, want)
+				r, err := slots.Resize(context.Background(), SlotsRequest{Want: want, Demand: want})
+				held := r.Held
 				if err != nil {
 					t.Errorf("Resize(%d): %v", want, err)
 					return
@@ -289,20 +296,19 @@ func TestSlotsConcurrentResizeNeverExceeds(t *testing.T) {
 func TestSlotsResizeErrors(t *testing.T) {
 	s := startRedis(t)
 	slots := newSlots(t, s.Client(t), SlotsOptions{Permits: 1, Holder: "h"})
-	if _, _, err := slots.Resize(context.Background(), -1, 0); err == nil || errors.Is(err, ErrStore) {
-		t.Errorf("Resize(-1) = %v, want an argument error", err)
-	}
-	if _, _, err := slots.Resize(context.Background(), 0, -1); err == nil || errors.Is(err, ErrStore) {
-		t.Errorf("Resize(0, -1) = %v, want an argument error", err)
+	for _, r := range []SlotsRequest{{Want: -1}, {Demand: -1}, {Prior: -1}} {
+		if _, err := slots.Resize(context.Background(), r); err == nil || errors.Is(err, ErrStore) {
+			t.Errorf("Resize(%+v) = %v, want an argument error", r, err)
+		}
 	}
 	resize(t, slots, 1, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, _, err := slots.Resize(ctx, 1, 1); !errors.Is(err, context.Canceled) {
+	if _, err := slots.Resize(ctx, SlotsRequest{Want: 1}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Resize with a cancelled context = %v, want context.Canceled", err)
 	}
 	s.Stop()
-	_, _, err := slots.Resize(context.Background(), 1, 1)
+	_, err := slots.Resize(context.Background(), SlotsRequest{Want: 1})
 	if se, ok := AsStoreError(err); !ok || se.Op != "resize" || se.Limiter != t.Name() {
 		t.Errorf("Resize with Redis down = %v, want a *StoreError", err)
 	}
@@ -318,9 +324,9 @@ func TestSlotsFairShare(t *testing.T) {
 	a, b, cc := newSlots(t, c, opts("a")), newSlots(t, c, opts("b")), newSlots(t, c, opts("c"))
 	step := func(s *Slots, want, demand, wantHeld, wantFair int) {
 		t.Helper()
-		held, fair, err := s.Resize(context.Background(), want, demand)
-		if err != nil || held != wantHeld || fair != wantFair {
-			t.Fatalf("Resize(%d, %d) = %d, %d, %v; want %d held, fair share %d", want, demand, held, fair, err, wantHeld, wantFair)
+		r, err := s.Resize(context.Background(), SlotsRequest{Want: want, Demand: demand})
+		if err != nil || r.Held != wantHeld || r.Fair != wantFair {
+			t.Fatalf("Resize(%d, %d) = %+v, %v; want %d held, fair share %d", want, demand, r, err, wantHeld, wantFair)
 		}
 	}
 	step(a, 10, 10, 10, 10) // alone: all of it

@@ -1,0 +1,86 @@
+package privtest
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+// Interval is one connection as its client saw it, from connect()
+// returning to close() being called, in CLOCK_MONOTONIC nanoseconds: one
+// clock for every process and network namespace of the machine, so
+// intervals from several "hosts" can be laid side by side. The kernel holds
+// the connection at least that long, so the most intervals open at once is
+// a lower bound on what the kernels held at once: a count that cannot
+// flatter the limiter.
+type Interval struct{ From, To int64 }
+
+// Monotonic is CLOCK_MONOTONIC now, in nanoseconds.
+func Monotonic() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err) // CLOCK_MONOTONIC always exists on Linux
+	}
+	return ts.Nano()
+}
+
+// WriteIntervals writes intervals to path as little-endian int64 pairs.
+func WriteIntervals(path string, ivs []Interval) error {
+	b := make([]byte, 0, 16*len(ivs))
+	for _, iv := range ivs {
+		b = binary.LittleEndian.AppendUint64(b, uint64(iv.From))
+		b = binary.LittleEndian.AppendUint64(b, uint64(iv.To))
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// ReadIntervals reads what WriteIntervals wrote.
+func ReadIntervals(path string) ([]Interval, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(b)%16 != 0 {
+		return nil, fmt.Errorf("intervals %s: %d bytes is not a whole number of intervals", path, len(b))
+	}
+	ivs := make([]Interval, len(b)/16)
+	for i := range ivs {
+		ivs[i].From = int64(binary.LittleEndian.Uint64(b[16*i:]))
+		ivs[i].To = int64(binary.LittleEndian.Uint64(b[16*i+8:]))
+	}
+	return ivs, nil
+}
+
+// MaxOverlap returns the most intervals open at one instant in [from, to),
+// and that instant. An interval ending where another starts does not
+// overlap it.
+func MaxOverlap(ivs []Interval, from, to int64) (most int, at int64) {
+	type edge struct {
+		t int64
+		d int
+	}
+	var edges []edge
+	for _, iv := range ivs {
+		lo, hi := max(iv.From, from), min(iv.To, to)
+		if lo < hi {
+			edges = append(edges, edge{lo, 1}, edge{hi, -1})
+		}
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if a.t != b.t {
+			return int(min(max(a.t-b.t, -1), 1))
+		}
+		return a.d - b.d // ends first
+	})
+	n := 0
+	for _, e := range edges {
+		n += e.d
+		if n > most {
+			most, at = n, e.t
+		}
+	}
+	return most, at
+}

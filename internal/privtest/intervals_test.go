@@ -1,0 +1,40 @@
+package privtest
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+func TestMaxOverlap(t *testing.T) {
+	ivs := []Interval{{0, 10}, {5, 15}, {10, 20}, {12, 13}, {30, 40}}
+	tests := []struct {
+		from, to int64
+		most     int
+		at       int64
+	}{
+		{0, 100, 3, 12}, // [5,15), [10,20) and [12,13)
+		{0, 10, 2, 5},   // [0,10) ends where [10,20) starts
+		{13, 30, 2, 13},
+		{20, 30, 0, 0},
+		{35, 36, 1, 35},
+	}
+	for _, tt := range tests {
+		most, at := MaxOverlap(ivs, tt.from, tt.to)
+		if most != tt.most || at != tt.at {
+			t.Errorf("MaxOverlap in [%d, %d) = %d at %d, want %d at %d", tt.from, tt.to, most, at, tt.most, tt.at)
+		}
+	}
+}
+
+func TestIntervalsRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ivs")
+	want := []Interval{{1, 2}, {Monotonic(), Monotonic() + 5}}
+	if err := WriteIntervals(path, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadIntervals(path)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("ReadIntervals = %v, %v; want %v", got, err, want)
+	}
+}

@@ -1,0 +1,240 @@
+package shared
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/redistest"
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/redis/go-redis/v9"
+)
+
+// step calls s.Resize with r and fails the test unless it holds held and
+// growth is frozen (or not) as want says.
+func step(t *testing.T, s *Slots, r SlotsRequest, held int, frozen bool) SlotsReply {
+	t.Helper()
+	got, err := s.Resize(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Resize(%+v): %v", r, err)
+	}
+	if got.Held != held || (got.Frozen > 0) != frozen {
+		t.Fatalf("Resize(%+v) = %+v; want %d held, frozen %v", r, got, held, frozen)
+	}
+	return got
+}
+
+// TestSlotsEpochEphemeral: a budget Redis has no record of freezes for a
+// lease, its first use too; while frozen a holder takes back only its
+// prior, nothing grows, and Limiters on the key are refused until the
+// freeze ends; Redis losing the state (a restart without persistence)
+// starts another freeze with a new epoch.
+func TestSlotsEpochEphemeral(t *testing.T) {
+	s := redistest.Start(t)
+	c := s.Client(t)
+	const lease = time.Second
+	opts := func(h string) SlotsOptions {
+		return SlotsOptions{Key: t.Name(), Permits: 4, Holder: h, LeaseDuration: lease, Durability: Ephemeral}
+	}
+	a, err := NewSlots(c, opts("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewSlots(c, opts("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(t, s, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease}})
+
+	first := step(t, a, SlotsRequest{Want: 2, Demand: 2}, 0, true) // first use: frozen
+	if first.Frozen > lease {
+		t.Errorf("frozen for %v, want at most the lease, %v", first.Frozen, lease)
+	}
+	_, err = l.Acquire(context.Background())
+	if rl, ok := sdk.AsRateLimited(err); !ok || rl.RetryAfter <= 0 || rl.RetryAfter > lease {
+		t.Errorf("Acquire while frozen = %v, want a refusal with a RetryAfter within the lease", err)
+	}
+	time.Sleep(first.Frozen + 20*time.Millisecond)
+	step(t, a, SlotsRequest{Want: 2, Demand: 2}, 2, false)
+	step(t, b, SlotsRequest{Want: 2, Demand: 2}, 2, false)
+	epoch := step(t, a, SlotsRequest{Want: 2, Demand: 2}, 2, false).Epoch
+
+	// Redis loses everything.
+	s.Stop()
+	s.Restart()
+	lost := step(t, a, SlotsRequest{Want: 3, Demand: 3, Prior: 2, HadState: true}, 2, true)
+	if lost.Epoch == epoch {
+		t.Errorf("epoch %d after Redis lost the state, the same as before", lost.Epoch)
+	}
+	// b comes back later, within the freeze: it takes back its prior,
+	// and not one more, although there is room.
+	step(t, b, SlotsRequest{Want: 4, Demand: 4, Prior: 2, HadState: true}, 2, true)
+	// A holder with nothing before gets nothing while frozen.
+	fresh, err := NewSlots(c, opts("fresh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 0, true)
+	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
+		t.Errorf("Acquire while frozen after the loss = %v, want a refusal", err)
+	}
+	// Renewed as a daemon would, until the freeze ends: nothing grows.
+	// (Redis's freeze ends no later than end: it began before the reply.)
+	end := time.Now().Add(lost.Frozen)
+	for ; time.Until(end) > lease/4; time.Sleep(lease / 8) {
+		step(t, a, SlotsRequest{Want: 3, Demand: 3, Prior: 2, HadState: true}, 2, true)
+		step(t, b, SlotsRequest{Want: 2, Demand: 4, Prior: 2, HadState: true}, 2, true)
+		step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 0, true)
+	}
+	time.Sleep(time.Until(end) + 20*time.Millisecond)
+	// Thawed: fair shares again. Demands 3, 4 and 1 split the 4 as 1, 1
+	// and 2: a and b are above theirs and give back as they drain; fresh
+	// grows as they do.
+	step(t, a, SlotsRequest{Want: 3, Demand: 3, HadState: true}, 2, false)
+	step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 0, false)
+	step(t, b, SlotsRequest{Want: 1, Demand: 4, HadState: true}, 1, false)
+	step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 1, false)
+}
+
+// TestSlotsEpochPersistent: with a persistent Redis a budget it has no
+// record of is new (no freeze) for a holder that held nothing, and one
+// that held slots still freezes it; a restart that reads the AOF back
+// keeps the epoch and the slots, and freezes nothing.
+func TestSlotsEpochPersistent(t *testing.T) {
+	s := redistest.StartWith(t, redistest.Config{AOF: true})
+	c := s.Client(t)
+	const lease = 5 * time.Second
+	opts := func(h string) SlotsOptions {
+		return SlotsOptions{Key: t.Name(), Permits: 4, Holder: h, LeaseDuration: lease, Durability: Persistent}
+	}
+	a, err := NewSlots(c, opts("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := step(t, a, SlotsRequest{Want: 3, Demand: 3}, 3, false).Epoch
+
+	s.Stop() // SIGKILL: what the AOF has is what comes back
+	s.Restart()
+	again := step(t, a, SlotsRequest{Want: 3, Demand: 3, Prior: 3, HadState: true}, 3, false)
+	if again.Epoch != epoch {
+		t.Errorf("epoch %d after a restart from the AOF, was %d", again.Epoch, epoch)
+	}
+	// The state is lost all the same (FLUSHALL): a holder that held
+	// slots says so, and the budget freezes.
+	if _, err := s.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	step(t, a, SlotsRequest{Want: 4, Demand: 4, Prior: 3, HadState: true}, 3, true)
+}
+
+// TestSlotsReplicas: with Replicas 1, a Resize says whether a replica has
+// it; with the replica gone it says no, after waiting ReplicaWait.
+func TestSlotsReplicas(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartWith(t, redistest.Config{ReplicaOf: primary})
+	primary.WaitReplica(t, replica)
+	c := primary.Client(t)
+	// Long enough for a loaded machine to confirm; the short one is for
+	// the replica that never will.
+	const wait, short = 2 * time.Second, 50 * time.Millisecond
+	opts := SlotsOptions{Permits: 4, Holder: "a", LeaseDuration: 5 * time.Second, Replicas: 1, ReplicaWait: wait}
+	s := newSlots(t, c, opts)
+	r, err := s.Resize(context.Background(), SlotsRequest{Want: 2, Demand: 2})
+	if err != nil || r.Held != 2 || !r.Confirmed {
+		t.Fatalf("Resize with a replica = %+v, %v; want 2 held, confirmed", r, err)
+	}
+	g, err := NewGrants(c, GrantsOptions{Key: t.Name() + ":rate", TokenBucket: &TokenBucketOptions{TokenLimit: 10, TokensPerPeriod: 10, ReplenishmentPeriod: time.Second}, Replicas: 1, ReplicaWait: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl, err := g.Claim(context.Background(), 3); err != nil || cl.Got != 3 || !cl.Confirmed {
+		t.Fatalf("Claim with a replica = %+v, %v; want 3, confirmed", cl, err)
+	}
+
+	replica.Stop()
+	opts.ReplicaWait = short
+	s = newSlots(t, c, opts)
+	start := time.Now()
+	r, err = s.Resize(context.Background(), SlotsRequest{Want: 3, Demand: 3})
+	if err != nil || r.Held != 3 || r.Confirmed {
+		t.Fatalf("Resize with the replica gone = %+v, %v; want 3 held, unconfirmed", r, err)
+	}
+	if waited := time.Since(start); waited < short {
+		t.Errorf("an unconfirmed Resize returned after %v, before ReplicaWait (%v)", waited, short)
+	}
+	g, err = NewGrants(c, GrantsOptions{Key: t.Name() + ":rate", TokenBucket: &TokenBucketOptions{TokenLimit: 10, TokensPerPeriod: 10, ReplenishmentPeriod: time.Second}, Replicas: 1, ReplicaWait: short})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl, err := g.Claim(context.Background(), 3); err != nil || cl.Got != 3 || cl.Confirmed {
+		t.Fatalf("Claim with the replica gone = %+v, %v; want 3, unconfirmed", cl, err)
+	}
+
+	// A client that cannot pipeline cannot wait for replicas.
+	if _, err := NewSlots(onlyScripts{c}, SlotsOptions{Key: "k", Permits: 1, Holder: "h", Replicas: 1}); err == nil {
+		t.Error("NewSlots with Replicas and a client that cannot pipeline succeeded")
+	}
+}
+
+// onlyScripts hides every method of a client but running scripts.
+type onlyScripts struct{ redis.Scripter }
+
+// TestLimiterCooldownWhileRedisHangs: a hung Redis (its process stopped)
+// costs the first Acquire a timeout; the calls of the next StoreCooldown
+// get the failure mode at once without asking it, and the first call
+// after the cooldown asks again and finds it back.
+func TestLimiterCooldownWhileRedisHangs(t *testing.T) {
+	s := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, ReadTimeout: 200 * time.Millisecond, PoolSize: 4})
+	t.Cleanup(func() { c.Close() })
+	const cooldown = 2 * time.Second
+	opts := func(key string, mode FailureMode) Options {
+		return Options{Key: key, FailureMode: mode, StoreCooldown: cooldown, TokenBucket: &TokenBucketOptions{TokenLimit: 100, TokensPerPeriod: 100, ReplenishmentPeriod: time.Second}}
+	}
+	throw, err := New(c, opts("throw", Throw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deny, err := New(c, opts("deny", Deny))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*Limiter{throw, deny} {
+		if _, err := l.Acquire(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := s.Calls(t, "evalsha")
+
+	s.Pause()
+	if _, err := throw.Acquire(context.Background()); !errors.Is(err, ErrStore) {
+		t.Fatalf("Acquire from a hung Redis = %v, want a *StoreError", err)
+	}
+	for range 50 {
+		_, err := throw.Acquire(context.Background())
+		if !errors.Is(err, ErrStore) || !strings.Contains(err.Error(), "not asked") {
+			t.Fatalf("Acquire in the cooldown = %v, want a *StoreError without asking", err)
+		}
+	}
+	if _, err := deny.Acquire(context.Background()); !sdk.IsRateLimited(err) {
+		t.Fatalf("Deny's first Acquire from a hung Redis = %v, want a refusal", err)
+	}
+	if _, err := deny.Acquire(context.Background()); !sdk.IsRateLimited(err) || !strings.Contains(err.Error(), "not asked") {
+		t.Fatalf("Deny's Acquire in the cooldown = %v, want a refusal without asking", err)
+	}
+	s.Resume()
+	// The two calls that timed out may reach Redis late (or not: their
+	// connections were closed); the 51 others never did.
+	time.Sleep(100 * time.Millisecond)
+	if n := s.Calls(t, "evalsha") - before; n > 2 {
+		t.Errorf("Redis ran %d scripts for the 53 Acquires of the outage, want at most the 2 that timed out", n)
+	}
+	time.Sleep(cooldown)
+	for _, l := range []*Limiter{throw, deny} {
+		if _, err := l.Acquire(context.Background()); err != nil {
+			t.Errorf("Acquire after the cooldown, Redis back: %v", err)
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package shared_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/redistest"
+	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/shared"
+	"github.com/egressd/egressd/pkg/shared/sharedtest"
+)
+
+// TestModelAgreesWithScript runs random Resizes, Limiter leases and
+// losses of Redis's state against a real Redis and against sharedtest's
+// model, and wants the same answer from both every time: the simulations
+// that use the model are then simulations of the script. The lease is long
+// enough that nothing expires meanwhile (the model's clock stands still).
+func TestModelAgreesWithScript(t *testing.T) {
+	s := redistest.Start(t)
+	c := s.Client(t)
+	const lease = time.Minute
+	for round := range 8 {
+		rng := rand.New(rand.NewPCG(uint64(round), 7))
+		key := fmt.Sprintf("%s:%d", t.Name(), round)
+		permits := 3 + rng.IntN(8)
+		persistent := round%2 == 0
+		durability := shared.Ephemeral
+		if persistent {
+			durability = shared.Persistent
+		}
+		model := sharedtest.NewBudget(permits, lease, persistent)
+		holders := make([]*shared.Slots, 4)
+		for i := range holders {
+			var err error
+			holders[i], err = shared.NewSlots(c, shared.SlotsOptions{Key: key, Permits: permits, Holder: fmt.Sprintf("h%d", i), LeaseDuration: lease, Durability: durability})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		lim, err := shared.New(c, shared.Options{Key: key, Concurrency: &shared.ConcurrencyOptions{Permits: permits, LeaseDuration: lease}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		leases := 0
+		for op := range 150 {
+			switch r := rng.IntN(20); {
+			case r == 0:
+				if _, err := s.Do("FLUSHALL"); err != nil {
+					t.Fatal(err)
+				}
+				model.Lose()
+			case r <= 2:
+				ls, err := lim.Acquire(context.Background())
+				got := err == nil
+				if err != nil && !sdk.IsRateLimited(err) {
+					t.Fatal(err)
+				}
+				leases++
+				if want := model.Acquire(now, fmt.Sprintf("lease-%d", leases)); got != want {
+					t.Fatalf("round %d op %d: Limiter acquired %v, the model %v", round, op, got, want)
+				}
+				_ = ls // held until the key is flushed; never released
+			default:
+				i := rng.IntN(len(holders))
+				req := shared.SlotsRequest{Want: rng.IntN(permits + 1), Demand: rng.IntN(permits + 1), Prior: rng.IntN(permits + 1), HadState: rng.IntN(2) == 0}
+				got, err := holders[i].Resize(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := model.Resize(now, fmt.Sprintf("h%d", i), req)
+				if got.Held != want.Held || got.Fair != want.Fair || (got.Frozen > 0) != (want.Frozen > 0) {
+					t.Fatalf("round %d op %d: h%d Resize(%+v) = %+v from Redis, %+v from the model", round, op, i, req, got, want)
+				}
+			}
+		}
+	}
+}
