@@ -79,3 +79,42 @@ func TestModelAgreesWithScript(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketModelAgreesWithScript does for a token bucket's Claim and
+// Return what TestModelAgreesWithScript does for slots. The period is long
+// enough that nothing refills meanwhile.
+func TestBucketModelAgreesWithScript(t *testing.T) {
+	s := redistest.Start(t)
+	c := s.Client(t)
+	rng := rand.New(rand.NewPCG(3, 5))
+	limit := 20
+	g, err := shared.NewGrants(c, shared.GrantsOptions{Key: t.Name(), TokenBucket: &shared.TokenBucketOptions{TokenLimit: limit, TokensPerPeriod: 5, ReplenishmentPeriod: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := &sharedtest.Bucket{Limit: limit, Per: 5, Period: time.Hour}
+	now := time.Now()
+	for op := range 300 {
+		n := 1 + rng.IntN(8)
+		switch r := rng.IntN(10); {
+		case r == 0:
+			if _, err := s.Do("DEL", t.Name()); err != nil {
+				t.Fatal(err)
+			}
+			model.Lose()
+		case r <= 3:
+			if err := g.Return(context.Background(), n); err != nil {
+				t.Fatal(err)
+			}
+			model.Return(now, n)
+		default:
+			got, err := g.Claim(context.Background(), n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := model.Claim(now, n); got.Got != want {
+				t.Fatalf("op %d: Claim(%d) = %d from Redis, %d from the model", op, n, got.Got, want)
+			}
+		}
+	}
+}

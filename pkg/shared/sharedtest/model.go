@@ -199,3 +199,48 @@ func (b *Budget) Clone() Budget {
 	c.slots, c.demands = maps.Clone(b.slots), maps.Clone(b.demands)
 	return c
 }
+
+// Bucket is a token bucket's state, as the Limiter's and Grants' scripts
+// keep it: Limit tokens at most, Per added for each whole Period since the
+// latest refill; a missing bucket is full.
+type Bucket struct {
+	Limit, Per int
+	Period     time.Duration
+
+	tokens int
+	last   time.Time
+	exists bool
+}
+
+func (b *Bucket) refill(now time.Time) {
+	if !b.exists {
+		b.tokens, b.last, b.exists = b.Limit, now, true
+	}
+	if p := int(now.Sub(b.last) / b.Period); p > 0 {
+		b.tokens = min(b.Limit, b.tokens+p*b.Per)
+		b.last = b.last.Add(time.Duration(p) * b.Period)
+	}
+	if b.tokens >= b.Limit {
+		b.tokens, b.last = b.Limit, now
+	}
+}
+
+// Claim takes up to n tokens at now, as Grants.Claim does.
+func (b *Bucket) Claim(now time.Time, n int) int {
+	b.refill(now)
+	got := min(n, b.tokens)
+	b.tokens -= got
+	return got
+}
+
+// Return gives n tokens back at now, never above Limit.
+func (b *Bucket) Return(now time.Time, n int) {
+	b.refill(now)
+	b.tokens = min(b.Limit, b.tokens+n)
+	if b.tokens >= b.Limit {
+		b.last = now
+	}
+}
+
+// Lose forgets the bucket: the next call finds it full.
+func (b *Bucket) Lose() { b.exists = false }
