@@ -7,7 +7,7 @@ import (
 // shareDescs are the metrics of shared budgets, one sample per shared rule
 // (those of the other shape's omitted).
 type shareDescs struct {
-	slots, fair, granted, returned, unconfirmed   *prometheus.Desc
+	slots, fair, granted, returned, unconfirmed  *prometheus.Desc
 	up, mode, errors, frozen, expired, stateLost *prometheus.Desc
 }
 
@@ -35,7 +35,9 @@ func (s shareDescs) describe(ch chan<- *prometheus.Desc) {
 }
 
 func (s shareDescs) collect(ch chan<- prometheus.Metric, name string, v shareView) {
-	gauge := func(d *prometheus.Desc, x float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, x, name) }
+	gauge := func(d *prometheus.Desc, x float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, x, name)
+	}
 	counter := func(d *prometheus.Desc, x uint64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(x), name)
 	}
