@@ -676,6 +676,9 @@ type env struct {
 	cg, pins, state, socket, policy, metrics string
 	// args are more flags for egressd run.
 	args []string
+	// ns, when set, is the network namespace the daemon runs in (its
+	// metrics listen there); by default the test's own.
+	ns *privtest.NetNS
 }
 
 func newEnv(t *testing.T) *env {
@@ -787,7 +790,11 @@ func (e *env) startWrapped(t *testing.T, wrapper ...string) *daemon {
 	d.cmd = exec.Command(args[0], args[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
+	start := d.cmd.Start
+	if e.ns != nil {
+		start = func() error { return e.ns.Do(d.cmd.Start) }
+	}
+	if err := start(); err != nil {
 		t.Fatalf("start egressd run: %v", err)
 	}
 	go func() { d.err = d.cmd.Wait(); close(d.done) }()
@@ -950,6 +957,12 @@ type sample struct {
 func (e *env) scrape(t *testing.T) metrics {
 	t.Helper()
 	hc := &http.Client{Timeout: 5 * time.Second}
+	if e.ns != nil {
+		hc.Transport = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+			err = e.ns.Do(func() (err error) { c, err = (&net.Dialer{}).DialContext(ctx, network, addr); return err })
+			return c, err
+		}}
+	}
 	resp, err := hc.Get("http://" + e.metrics + "/metrics")
 	if err != nil {
 		t.Fatalf("scrape: %v", err)

@@ -226,9 +226,9 @@ func connectLoop(addr, count string) (time.Duration, error) {
 // runRequester runs N closed-loop clients against ADDR for DURATION: each
 // connects, sends a byte, waits for a byte back and closes, again and
 // again; a refused connect() waits a millisecond. It prints
-// "done ok N refused M failed K". With a fourth argument, a file, it
-// writes there every connection's interval as the client saw it (see
-// [Interval]).
+// "done ok N refused M failed K". The clients also stop when stdin closes
+// ([Child.CloseInput]). With a fourth argument, a file, it writes there
+// every connection's interval as the client saw it (see [Interval]).
 func runRequester(args []string) error {
 	if len(args) != 3 && len(args) != 4 {
 		return fmt.Errorf("requester: want ADDR N DURATION [INTERVALS], got %q", args)
@@ -245,10 +245,15 @@ func runRequester(args []string) error {
 	var wg sync.WaitGroup
 	held := make([][]Interval, n)
 	deadline := time.Now().Add(d)
+	var stopped atomic.Bool
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		stopped.Store(true)
+	}()
 	for i := range n {
 		wg.Go(func() {
 			buf := make([]byte, 1)
-			for time.Now().Before(deadline) {
+			for time.Now().Before(deadline) && !stopped.Load() {
 				c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
 				if errors.Is(err, syscall.EPERM) {
 					refused.Add(1)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -133,6 +134,33 @@ func (s *Server) Stop() {
 	_ = s.cmd.Wait()
 	s.cmd = nil
 }
+
+// Bind makes the server listen on addrs (and 127.0.0.1) from now on, and
+// after a Restart: for clients in network namespaces reaching it over a
+// veth.
+func (s *Server) Bind(t testing.TB, addrs ...string) {
+	t.Helper()
+	bind := strings.Join(append([]string{"127.0.0.1"}, addrs...), " ")
+	for i, a := range s.args {
+		if a == "--bind" {
+			s.args[i+1] = bind
+		}
+	}
+	if !slices.Contains(s.args, "--protected-mode") {
+		// Protected mode refuses clients that are not on loopback; these
+		// come over the test's own veths, and the server binds no other
+		// address.
+		s.args = append(s.args, "--protected-mode", "no")
+	}
+	for _, set := range [][]any{{"bind", bind}, {"protected-mode", "no"}} {
+		if _, err := s.Do(append([]any{"CONFIG", "SET"}, set...)...); err != nil {
+			t.Fatalf("redis config set %v: %v", set, err)
+		}
+	}
+}
+
+// Port is the server's port.
+func (s *Server) Port() int { return s.port }
 
 // Pause stops the server's process (SIGSTOP): connections stay open and
 // requests wait unanswered, as with a hung or overloaded Redis.
