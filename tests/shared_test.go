@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -179,18 +180,25 @@ type world struct {
 	binds  []string
 	loads  []*recordedLoad
 	ivs    []privtest.Interval
+	byHost map[int][]privtest.Interval // by index in hosts
 }
 
+// newWorld makes a world whose dependency holds each connection 20 ms.
 func newWorld(t *testing.T, rds *redistest.Server, budget int) *world {
+	return newWorldHolding(t, rds, budget, 20*time.Millisecond)
+}
+
+func newWorldHolding(t *testing.T, rds *redistest.Server, budget int, hold time.Duration) *world {
 	privtest.RequireRoot(t)
 	dep := privtest.NewNetNS(t)
-	return &world{t: t, rds: rds, dep: dep, srv: newHoldServer(t, dep, 20*time.Millisecond), budget: budget}
+	return &world{t: t, rds: rds, dep: dep, srv: newHoldServer(t, dep, hold), budget: budget, byHost: map[int][]privtest.Interval{}}
 }
 
 // addHost starts a host whose policy is the shared rule "pool", shared
-// (every settings to add to its shared mapping, e.g. "lease: 3s"). With
-// inNetNS its daemon runs in the host's namespace and reaches Redis over a
-// veth, so a firewall rule there cuts it off.
+// being its shared mapping's settings but redis (e.g. "key: k, lease:
+// 3s"), or all of them when they name redis. With inNetNS its daemon runs
+// in the host's namespace and reaches Redis over a veth, so a firewall
+// rule there cuts it off.
 func (w *world) addHost(shared string, inNetNS bool) *sharingHost {
 	t := w.t
 	t.Helper()
@@ -205,7 +213,10 @@ func (w *world) addHost(shared string, inNetNS bool) *sharingHost {
 		redisAddr = fmt.Sprintf("%s:%d", h.viaVeth, w.rds.Port())
 		h.env.ns = h.ns
 	}
-	h.writePolicy(t, fmt.Sprintf("rules:\n  - name: pool\n    destination: %s\n    concurrency: %d\n    shared: {redis: \"redis://%s\", %s}\n", h.dest, w.budget, redisAddr, shared))
+	if !strings.Contains(shared, "redis:") {
+		shared = fmt.Sprintf(`redis: "redis://%s", %s`, redisAddr, shared)
+	}
+	h.writePolicy(t, fmt.Sprintf("rules:\n  - name: pool\n    destination: %s\n    concurrency: %d\n    shared: {%s}\n", h.dest, w.budget, shared))
 	h.d = h.start(t)
 	w.hosts = append(w.hosts, h)
 	return h
@@ -215,7 +226,7 @@ func (w *world) addHost(shared string, inNetNS bool) *sharingHost {
 func (w *world) busy(h *sharingHost, clients int) {
 	path := filepath.Join(w.t.TempDir(), "intervals")
 	c := h.ns.Spawn(w.t, h.cg, "requester", fmt.Sprintf("%s:%d", h.dest, w.srv.port), fmt.Sprint(clients), "10m", path)
-	w.loads = append(w.loads, &recordedLoad{Child: c, path: path})
+	w.loads = append(w.loads, &recordedLoad{Child: c, path: path, host: slices.Index(w.hosts, h)})
 }
 
 // stopAll stops every host's clients and keeps what they saw.
@@ -224,7 +235,9 @@ func (w *world) stopAll() {
 		l.CloseInput()
 	}
 	for _, l := range w.loads {
-		w.ivs = append(w.ivs, l.intervals(w.t)...)
+		ivs := l.intervals(w.t)
+		w.ivs = append(w.ivs, ivs...)
+		w.byHost[l.host] = append(w.byHost[l.host], ivs...)
 	}
 	w.loads = nil
 }
@@ -275,6 +288,7 @@ func (w *world) slots() []int {
 type recordedLoad struct {
 	*privtest.Child
 	path string
+	host int
 }
 
 // intervals waits for the clients to finish and returns their intervals.

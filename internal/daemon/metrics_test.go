@@ -151,6 +151,7 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_shared_state_lost_total",
 		"egressd_shared_store_errors_total",
 		"egressd_shared_store_up",
+		"egressd_shared_unconfirmed_growths_total",
 		"egressd_shared_unconfirmed_permits_total",
 	}
 	docstest.Mentions(t, "../../docs/metrics.md", names...)

@@ -58,6 +58,9 @@ type shareRunner struct {
 	batch  uint64
 	errors uint64 // Redis calls that failed
 	lost   uint64 // times Redis answered with a new epoch
+	// unconfirmed counts a concurrency share's growth left unused because
+	// replicas did not confirm it.
+	unconfirmed uint64
 
 	// The kernel enforcement the share asked for last; guarded by d.mu,
 	// so that the rule table writes the rule as the share has it.
@@ -307,6 +310,9 @@ func (s *shareRunner) tickSlots(ctx context.Context) {
 	if ev&share.StateLost != 0 {
 		s.lost++
 	}
+	if ev&share.Unconfirmed != 0 {
+		s.unconfirmed++
+	}
 	s.mu.Unlock()
 	s.setLimit(limit)
 	s.logEvents(ev, err)
@@ -427,8 +433,9 @@ func (d *Daemon) writeShare(s *shareRunner, set func()) bool {
 
 // shareView is what the API and the metrics show of a share.
 type shareView struct {
-	rate     bool
-	lost     uint64
+	rate        bool
+	lost        uint64
+	unconfirmed uint64 // a concurrency share's growth left unused
 	slots    share.SlotsView
 	grants   share.GrantsView
 	outage   share.Outage
@@ -441,7 +448,7 @@ type shareView struct {
 func (s *shareRunner) view() shareView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v := shareView{rate: s.grants != nil, errors: s.errors, lost: s.lost, mode: s.spec.Shared.FailureMode, settings: s.spec.Shared}
+	v := shareView{rate: s.grants != nil, errors: s.errors, lost: s.lost, unconfirmed: s.unconfirmed, mode: s.spec.Shared.FailureMode, settings: s.spec.Shared}
 	if v.mode == "" {
 		v.mode = policy.FailureThrow
 	}
@@ -476,6 +483,7 @@ func (v shareView) control(st loader.Stats) *control.Share {
 		lease = policy.DefaultLease
 	}
 	out.Slots, out.FairShare, out.LeaseSeconds, out.Expired, out.Epoch = v.slots.Held, max(v.slots.Fair, 0), lease.Seconds(), v.slots.Expired, v.slots.Epoch
+	out.Unconfirmed = v.unconfirmed
 	if v.frozen {
 		out.FrozenUntil = v.slots.FrozenUntil
 	}

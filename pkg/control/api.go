@@ -125,8 +125,9 @@ type Share struct {
 	Epoch int64 `json:"epoch,omitempty"`
 	// Granted is the permits of a shared rate this host claimed and the
 	// kernel may spend, Spent those its connections used, Returned those
-	// handed back unspent, Unconfirmed those claimed but never used
-	// because replicas did not confirm them.
+	// handed back unspent. Unconfirmed is, for a rate, the permits claimed
+	// but never used because replicas did not confirm them; for
+	// concurrency, the times the share's growth was left unused for that.
 	Granted     uint64 `json:"granted"`
 	Spent       uint64 `json:"spent"`
 	Returned    uint64 `json:"returned"`
