@@ -501,7 +501,7 @@ func TestSharedRedisEmptyWhileHostAway(t *testing.T) {
 		} else {
 			h.d.pause(t)
 		}
-		downFor := time.Duration(rng.IntN(int(away / time.Millisecond / 2))) * time.Millisecond
+		downFor := time.Duration(rng.IntN(int(away/time.Millisecond/2))) * time.Millisecond
 		time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
 		rds.Stop()
 		time.Sleep(downFor)

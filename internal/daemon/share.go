@@ -436,13 +436,13 @@ type shareView struct {
 	rate        bool
 	lost        uint64
 	unconfirmed uint64 // a concurrency share's growth left unused
-	slots    share.SlotsView
-	grants   share.GrantsView
-	outage   share.Outage
-	errors   uint64
-	frozen   bool
-	mode     string
-	settings policy.Shared
+	slots       share.SlotsView
+	grants      share.GrantsView
+	outage      share.Outage
+	errors      uint64
+	frozen      bool
+	mode        string
+	settings    policy.Shared
 }
 
 func (s *shareRunner) view() shareView {
