@@ -34,6 +34,11 @@ const (
 	// shareRateWindow is how far back a host's share of a rate is
 	// measured, for FailureMode throw to keep it.
 	shareRateWindow = 5 * time.Second
+	// shareRenew is how often a concurrency share that holds what it
+	// wants asks Redis all the same, to renew its slots and learn its fair
+	// share anew: how long a busy host takes to notice others came, and
+	// (with a lease a quarter of it) what a thousand hosts cost Redis.
+	shareRenew = time.Second
 	// shareCallTimeout bounds one Redis call; the next tick tries again.
 	shareCallTimeout = 500 * time.Millisecond
 	// shareMargin is how long before a slot's lease could run out in
@@ -90,7 +95,7 @@ func (d *Daemon) newShare(r policy.Rule) (*shareRunner, error) {
 		if r.Shared.Durability == policy.DurabilityPersistent {
 			durability = shared.Persistent
 		}
-		s.slots = share.NewSlots(share.SlotsConfig{Budget: int(l), Lease: lease, Margin: shareMargin, Idle: shareIdle, Mode: mode}, now)
+		s.slots = share.NewSlots(share.SlotsConfig{Budget: int(l), Lease: lease, Margin: shareMargin, Idle: shareIdle, Renew: min(lease/4, shareRenew), Mode: mode}, now)
 		s.store, err = shared.NewSlots(client, shared.SlotsOptions{
 			Key: r.Shared.Key, Permits: int(l), Holder: d.cfg.HostID + ":" + r.Name,
 			LeaseDuration: lease, Durability: durability, Replicas: r.Shared.Replicas,
@@ -293,8 +298,11 @@ func (s *shareRunner) tickSlots(ctx context.Context) {
 		live = int(n)
 	}
 	s.mu.Lock()
-	req := s.slots.Request(p, live)
+	req, ask := s.slots.Request(p, live, time.Now())
 	s.mu.Unlock()
+	if !ask {
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, shareCallTimeout)
 	sent := time.Now()
 	reply, err := s.store.Resize(cctx, shared.SlotsRequest(req))

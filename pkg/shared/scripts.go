@@ -165,24 +165,33 @@ return 1
 var releaseLua = redis.NewScript(`return redis.call('ZREM', KEYS[1], ARGV[1])`)
 
 // slotsLua: KEYS[1] the concurrency set, KEYS[2] a hash of holder →
-// demand, KEYS[3] a sorted set of holder → demand expiry µs, KEYS[4] the
-// budget's epoch, a hash {epoch = µs it was made, frozen = µs growth is
-// frozen until}; ARGV permits, lease µs, the holder's prefix (Holder +
-// ":"), slots wanted, slots demanded, the holder, prior (slots the
-// holder's kernel may still use), had (1: the holder held slots of this
-// budget before), persistent (1: Redis keeps its state). Returns {slots
-// held, fair share, epoch, µs growth stays frozen}.
+// demand, KEYS[3] a sorted set of holder → expiry µs (of its demand and
+// its slots, renewed together), KEYS[4] the budget's epoch, a hash {epoch
+// = µs it was made, frozen = µs growth is frozen until}, KEYS[5] a hash of
+// holder → slots held, with the fair shares' last computation under fields
+// that start with a space (no holder does); KEYS[6] a sorted set of the
+// holders that demand more than the fair level, by name. ARGV permits,
+// lease µs, the holder's prefix (Holder + ":"), slots wanted, slots
+// demanded, the holder, prior (slots the holder's kernel may still use),
+// had (1: the holder held slots of this budget before), persistent (1:
+// Redis keeps its state). Returns {slots held, fair share, epoch, µs
+// growth stays frozen}.
 //
-// The holder's members are its prefix followed by digits only, so that
-// holder "a" never counts holder "a:b"'s "a:b:1". Extras go from the
-// highest numbers, and new slots take the lowest free ones, so the ids stay
-// 1..held. The fair share is max-min: the permits not held by Limiters'
-// leases, filled up from the smallest demand, equal parts to holders that
-// demand more (ties in holder order, remainders to the later ones). A
-// holder adds slots only up to its fair share, so a holder that demands
-// little always gets it, and busy ones split the rest; one above its share
-// is told so and gives slots back as its work drains. Key expiries are
-// only ever raised: a shorter one would cut other holders' leases.
+// A holder's slots are its prefix followed by 1..held; extras go from the
+// top. Its count is kept in KEYS[5], so no call walks the set, and one
+// holder's call costs the same with a thousand others.
+//
+// The fair share is max-min: the permits not held by Limiters' leases (the
+// set's members that are no holder's slots), filled up from the smallest
+// demand. It is kept as a level L and a remainder r: a holder demanding at
+// most L gets its demand, one demanding more gets L, or L + 1 for the
+// first r of them by name. They are computed again only when they could
+// change: a holder coming or going, a demand crossing L + 1, the Limiters'
+// leases changing. A holder adds slots only up to its fair share, so a
+// holder that demands little always gets it, and busy ones split the rest;
+// one above its share is told so and gives slots back as its work drains.
+// Key expiries are only ever raised: a shorter one would cut other
+// holders' leases.
 //
 // The epoch tells a Redis that lost the budget's state (a restart without
 // persistence, a failover to a replica without it) from one that kept it:
@@ -196,78 +205,97 @@ var slotsLua = redis.NewScript(clockLua + `
 local limit, dur, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local want, demand, holder = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local prior, had, persistent = tonumber(ARGV[7]), ARGV[8] == '1', ARGV[9] == '1'
-local meta = redis.call('HMGET', KEYS[4], 'epoch', 'frozen')
+local SET, DEM, EXP, META, HELD, ABOVE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta = redis.call('HMGET', META, 'epoch', 'frozen')
 local epoch, frozen = tonumber(meta[1]), tonumber(meta[2]) or 0
 if not epoch then
   epoch, frozen = now, 0
   if had or not persistent then frozen = now + dur end
-  redis.call('HSET', KEYS[4], 'epoch', f(epoch), 'frozen', f(frozen))
+  redis.call('HSET', META, 'epoch', f(epoch), 'frozen', f(frozen))
 end
 local freeze = frozen > now
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', f(now))
-local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', f(now))
+local cache = redis.call('HMGET', HELD, ' total', ' level', ' extra', ' others')
+local total, level, extra, lothers = tonumber(cache[1]) or 0, tonumber(cache[2]), tonumber(cache[3]), tonumber(cache[4])
+local dirty = level == nil
+-- Holders whose lease ran out: their slots leave the set with it.
+redis.call('ZREMRANGEBYSCORE', SET, '-inf', f(now))
+local gone = redis.call('ZRANGEBYSCORE', EXP, '-inf', f(now))
 if #gone > 0 then
-  redis.call('HDEL', KEYS[2], unpack(gone))
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', f(now))
+  for _, g in ipairs(gone) do total = total - (tonumber(redis.call('HGET', HELD, g)) or 0) end
+  redis.call('HDEL', HELD, unpack(gone))
+  redis.call('HDEL', DEM, unpack(gone))
+  redis.call('ZREM', ABOVE, unpack(gone))
+  redis.call('ZREMRANGEBYSCORE', EXP, '-inf', f(now))
+  dirty = true
 end
+local k = tonumber(redis.call('HGET', HELD, holder)) or 0
+local old = tonumber(redis.call('HGET', DEM, holder)) or 0
+if not dirty and math.min(old, level + 1) ~= math.min(demand, level + 1) then dirty = true end
 if demand > 0 then
-  redis.call('HSET', KEYS[2], holder, demand)
-  redis.call('ZADD', KEYS[3], f(now + dur), holder)
+  redis.call('HSET', DEM, holder, demand)
 else
-  redis.call('HDEL', KEYS[2], holder)
-  redis.call('ZREM', KEYS[3], holder)
+  redis.call('HDEL', DEM, holder)
 end
-local demands, list = {}, {}
-local h = redis.call('HGETALL', KEYS[2])
-for i = 1, #h, 2 do
-  demands[h[i]] = tonumber(h[i + 1])
-  list[#list + 1] = {h[i], tonumber(h[i + 1])}
-end
-local mine, had_ids, others = {}, {}, 0
-for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if string.sub(m, 1, #prefix) == prefix and string.find(m, '^%d+$', #prefix + 1) then
-    mine[#mine + 1] = m
-    had_ids[m] = true
-  else
-    local owner = string.match(m, '^(.*):%d+$')
-    if not (owner and demands[owner]) then others = others + 1 end
+local others = redis.call('ZCARD', SET) - total
+if others ~= lothers then dirty = true end
+if dirty then
+  -- Water-fill the room the Limiters leave, smallest demand first.
+  local list = {}
+  local h = redis.call('HGETALL', DEM)
+  for i = 1, #h, 2 do list[#list + 1] = {h[i], tonumber(h[i + 1])} end
+  table.sort(list, function(a, b) if a[2] ~= b[2] then return a[2] < b[2] end return a[1] < b[1] end)
+  local rem, n = math.max(0, limit - others), #list
+  level, extra = nil, 0
+  redis.call('DEL', ABOVE)
+  for i, e in ipairs(list) do
+    if level == nil then
+      local share = math.floor(rem / (n - i + 1))
+      if e[2] <= share then
+        rem = rem - e[2]
+      else
+        level = share
+        extra = rem - share * (n - i + 1)
+      end
+    end
+    if level ~= nil then redis.call('ZADD', ABOVE, 0, e[1]) end
   end
+  if level == nil then level = limit end
+  redis.call('HSET', HELD, ' level', level, ' extra', extra, ' others', others)
 end
-table.sort(list, function(a, b) if a[2] ~= b[2] then return a[2] < b[2] end return a[1] < b[1] end)
-local rem, fair = math.max(0, limit - others), 0
-for i, e in ipairs(list) do
-  local give = math.min(e[2], math.floor(rem / (#list - i + 1)))
-  rem = rem - give
-  if e[1] == holder then fair = give end
+local fair = math.min(demand, level)
+if demand > level and extra > 0 then
+  local rank = redis.call('ZRANK', ABOVE, holder)
+  if rank and rank < extra then fair = level + 1 end
 end
-if #mine > want then
-  local function num(m) return tonumber(string.sub(m, #prefix + 1)) end
-  table.sort(mine, function(a, b) return num(a) < num(b) end)
-  for i = #mine, want + 1, -1 do
-    redis.call('ZREM', KEYS[1], mine[i])
-    mine[i] = nil
-  end
+-- This holder's slots: extras go, growth up to its fair share (or, while
+-- frozen, its prior) and the budget's room.
+while k > want do
+  redis.call('ZREM', SET, prefix .. f(k))
+  k, total = k - 1, total - 1
 end
 local cap = math.min(want, fair)
-if freeze then cap = math.min(want, math.max(#mine, prior)) end
-local total, i = redis.call('ZCARD', KEYS[1]), 0
-while #mine < cap and total < limit do
-  i = i + 1
-  local id = prefix .. f(i)
-  if not had_ids[id] then
-    mine[#mine + 1] = id
-    total = total + 1
-  end
+if freeze then cap = math.min(want, math.max(k, prior)) end
+local room = limit - redis.call('ZCARD', SET)
+if cap > k and room > 0 then
+  local add = math.min(cap - k, room)
+  k, total = k + add, total + add
 end
 local exp = f(now + dur)
-for _, m in ipairs(mine) do redis.call('ZADD', KEYS[1], exp, m) end
+for i = 1, k do redis.call('ZADD', SET, exp, prefix .. f(i)) end
+if k > 0 or demand > 0 then
+  redis.call('ZADD', EXP, exp, holder)
+else
+  redis.call('ZREM', EXP, holder)
+end
+if k > 0 then redis.call('HSET', HELD, holder, k) else redis.call('HDEL', HELD, holder) end
+redis.call('HSET', HELD, ' total', total)
 local ttl = math.ceil(dur / 1000) + 1
-for k = 1, 3 do
-  if redis.call('EXISTS', KEYS[k]) == 1 and redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ttl) end
+for _, key in ipairs({SET, DEM, EXP, HELD, ABOVE}) do
+  if redis.call('EXISTS', key) == 1 and redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 local left = 0
 if freeze then left = frozen - now end
-return {#mine, fair, epoch, left}
+return {k, fair, epoch, left}
 `)
 
 // bucketClaimLua: KEYS[1] the bucket (see bucketLua); ARGV limit, tokens

@@ -90,7 +90,7 @@ func (o *SlotsOptions) Validate() error {
 // unlike a Lease it learns of the loss.
 type Slots struct {
 	name       string
-	keys       []string // the set, the demands, their expiries, the epoch
+	keys       []string // the set, the demands, their expiries, the epoch, the counts, the holders above the level
 	client     redis.Scripter
 	holder     string
 	args       []any // slotsLua's ARGV: permits, lease µs, prefix; Resize appends the rest
@@ -114,8 +114,9 @@ func NewSlots(client redis.Scripter, opts SlotsOptions) (*Slots, error) {
 		lease = DefaultLeaseDuration
 	}
 	return &Slots{
-		name:       opts.Key,
-		keys:       []string{opts.Key, companion(opts.Key, ":demand"), companion(opts.Key, ":demand-expiry"), epochKey(opts.Key)},
+		name: opts.Key,
+		keys: []string{opts.Key, companion(opts.Key, ":demand"), companion(opts.Key, ":demand-expiry"), epochKey(opts.Key),
+			companion(opts.Key, ":held"), companion(opts.Key, ":above")},
 		client:     client,
 		holder:     opts.Holder,
 		args:       []any{opts.Permits, lease.Microseconds(), opts.Holder + ":"},

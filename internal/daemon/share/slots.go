@@ -16,7 +16,12 @@ type SlotsConfig struct {
 	// Idle is how long a host goes without a connection or a refusal
 	// before it hands its whole share back.
 	Idle time.Duration
-	Mode Mode
+	// Renew is how often a share that wants what it holds asks Redis all
+	// the same: to renew its slots' lease, and to learn its fair share
+	// anew (others may have come or gone). A share that wants to grow or
+	// shrink asks at once.
+	Renew time.Duration
+	Mode  Mode
 }
 
 // SlotsObs is what the kernel shows of a concurrency share's rule.
@@ -61,9 +66,9 @@ type SlotsReply struct {
 // holds in Redis and the kernel limit that enforces them. A tick is three
 // calls, with the kernel and Redis between them:
 //
-//	p := s.Plan(observed, now)          // set the kernel limit to p.Limit
-//	req := s.Request(p, liveNow)        // live read after that took effect
-//	limit, ev := s.Reply(p, req, reply, err, sent, now) // set the kernel limit
+//	p := s.Plan(observed, now)             // set the kernel limit to p.Limit
+//	req, ask := s.Request(p, liveNow, now) // live read after that took effect
+//	limit, ev := s.Reply(p, req, reply, err, sent, now) // if ask; set the kernel limit
 //
 // Plan only ever lowers the kernel limit, so that no connection is
 // admitted on a slot about to go back; Reply raises it only to slots
@@ -157,8 +162,10 @@ func (s *Slots) Plan(o SlotsObs, now time.Time) SlotsPlan {
 // Request is what to ask Redis, given the live connections read after
 // p.Limit took effect: a connection admitted before it keeps its slot.
 // While Redis is unreachable it asks to keep what the host holds, which
-// is how a tick learns that Redis is back.
-func (s *Slots) Request(p SlotsPlan, live int) SlotsRequest {
+// is how a tick learns that Redis is back. ask is false when there is
+// nothing to ask this tick: the share wants what it holds, Redis answered
+// lately and growth is not frozen; the tick then ends at p.Limit.
+func (s *Slots) Request(p SlotsPlan, live int, now time.Time) (req SlotsRequest, ask bool) {
 	// What the kernel may still hold connections on: its limit (never
 	// above what Redis confirmed, but under FailureMode allow) and its
 	// live connections.
@@ -167,7 +174,9 @@ func (s *Slots) Request(p SlotsPlan, live int) SlotsRequest {
 	if s.outage.Failing() {
 		want = prior
 	}
-	return SlotsRequest{Want: want, Demand: max(p.need, want), Prior: prior, HadState: s.hadState}
+	req = SlotsRequest{Want: want, Demand: max(p.need, want), Prior: prior, HadState: s.hadState}
+	settled := s.epoch != 0 && want == s.held && now.Sub(s.confirmed) < s.cfg.Renew && !now.Before(s.frozenUntil)
+	return req, s.outage.Failing() || !settled
 }
 
 // Reply takes Redis's answer to req (or the error that stood for it; sent

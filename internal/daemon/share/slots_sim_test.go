@@ -101,7 +101,7 @@ func newSim(t *testing.T, seed uint64, budget int, lease time.Duration, persiste
 }
 
 func (s *sim) config() SlotsConfig {
-	return SlotsConfig{Budget: s.budget, Lease: s.lease, Margin: 2 * (simTick + simCall), Idle: time.Second, Mode: s.mode}
+	return SlotsConfig{Budget: s.budget, Lease: s.lease, Margin: 2 * (simTick + simCall), Idle: time.Second, Renew: min(s.lease/4, time.Second), Mode: s.mode}
 }
 
 // addHost starts a host with clients busy clients and a fresh daemon.
@@ -183,7 +183,12 @@ func (s *sim) daemon(h *simHost) {
 		h.limit = h.plan.Limit
 		h.phase, h.at = 1, s.now.Add(time.Millisecond)
 	case 1:
-		h.req = h.slots.Request(h.plan, h.live)
+		var ask bool
+		h.req, ask = h.slots.Request(h.plan, h.live, s.now)
+		if !ask {
+			h.phase, h.at = 0, s.now.Add(simTick)
+			return
+		}
 		h.sent = s.now
 		if h.cut || s.redis.down {
 			h.err = errors.New("unreachable")

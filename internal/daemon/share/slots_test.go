@@ -21,6 +21,7 @@ type slotsTick struct {
 	live  int
 	reply SlotsReply
 	err   bool
+	skip  bool // nothing to ask Redis: the tick ends at planLimit
 
 	planLimit int          // the kernel limit before asking Redis
 	req       SlotsRequest // what it asked
@@ -30,7 +31,7 @@ type slotsTick struct {
 
 func TestSlotsTicks(t *testing.T) {
 	const lease = 10 * time.Second
-	cfg := SlotsConfig{Budget: 10, Lease: lease, Margin: time.Second, Idle: time.Second}
+	cfg := SlotsConfig{Budget: 10, Lease: lease, Margin: time.Second, Idle: time.Second, Renew: time.Second}
 	ok := func(held, fair int) SlotsReply { return SlotsReply{Held: held, Fair: fair, Epoch: 1, Confirmed: true} }
 	tests := []struct {
 		name  string
@@ -53,16 +54,29 @@ func TestSlotsTicks(t *testing.T) {
 		name: "above its fair share: lowers the kernel first, hands back as connections close",
 		ticks: []slotsTick{
 			{ms: 0, obs: SlotsObs{Refused: 10}, reply: ok(10, 10), req: SlotsRequest{Want: 10, Demand: 10}, limit: 10},
-			// Redis says the fair share fell to 3 (others came).
-			{ms: 50, obs: SlotsObs{Limit: 10, Live: 10}, live: 10, reply: ok(10, 3), planLimit: 10,
+			// At the renewal Redis says the fair share fell to 3 (others
+			// came).
+			{ms: 1000, obs: SlotsObs{Limit: 10, Live: 10, Refused: 10}, live: 10, reply: ok(10, 3), planLimit: 10,
 				req: SlotsRequest{Want: 10, Demand: 10, Prior: 10, HadState: true}, limit: 3},
 			// Kernel to 3 now; the 9 still open keep their slots.
-			{ms: 100, obs: SlotsObs{Limit: 3, Live: 9}, live: 9, reply: ok(9, 3), planLimit: 3,
+			{ms: 1050, obs: SlotsObs{Limit: 3, Live: 9, Refused: 10}, live: 9, reply: ok(9, 3), planLimit: 3,
 				req: SlotsRequest{Want: 9, Demand: 10, Prior: 9, HadState: true}, limit: 3},
 			// A connection admitted between the lowering and the read
 			// keeps its slot too: the read is after the limit took effect.
-			{ms: 150, obs: SlotsObs{Limit: 3, Live: 2}, live: 3, reply: ok(3, 3), planLimit: 3,
+			{ms: 1100, obs: SlotsObs{Limit: 3, Live: 2, Refused: 10}, live: 3, reply: ok(3, 3), planLimit: 3,
 				req: SlotsRequest{Want: 3, Demand: 3, Prior: 3, HadState: true}, limit: 3},
+		},
+	}, {
+		name: "holds what it wants: asks Redis only to renew, every Renew",
+		ticks: []slotsTick{
+			{ms: 0, obs: SlotsObs{Refused: 9}, reply: ok(4, 4), req: SlotsRequest{Want: 9, Demand: 9}, limit: 4},
+			{ms: 50, obs: SlotsObs{Limit: 4, Live: 4, Refused: 20}, live: 4, planLimit: 4, skip: true},
+			{ms: 999, obs: SlotsObs{Limit: 4, Live: 4, Refused: 30}, live: 4, planLimit: 4, skip: true},
+			{ms: 1000, obs: SlotsObs{Limit: 4, Live: 4, Refused: 40}, live: 4, reply: ok(4, 6), planLimit: 4,
+				req: SlotsRequest{Want: 4, Demand: 10, Prior: 4, HadState: true}, limit: 4},
+			// Its fair share rose: it wants more, and asks at once.
+			{ms: 1050, obs: SlotsObs{Limit: 4, Live: 4, Refused: 50}, live: 4, reply: ok(6, 6), planLimit: 4,
+				req: SlotsRequest{Want: 6, Demand: 10, Prior: 4, HadState: true}, limit: 6},
 		},
 	}, {
 		name: "idle: keeps only what is live, then nothing",
@@ -154,7 +168,16 @@ func TestSlotsTicks(t *testing.T) {
 			for i, tk := range tt.ticks {
 				now := at(tk.ms)
 				p := s.Plan(tk.obs, now)
-				req := s.Request(p, tk.live)
+				req, ask := s.Request(p, tk.live, now)
+				if ask == tk.skip {
+					t.Fatalf("tick %d (+%dms): asks Redis %v, want %v", i, tk.ms, ask, !tk.skip)
+				}
+				if !ask {
+					if p.Limit != tk.planLimit {
+						t.Fatalf("tick %d (+%dms): limit %d, want %d", i, tk.ms, p.Limit, tk.planLimit)
+					}
+					continue
+				}
 				var err error
 				if tk.err {
 					err = errDown
@@ -192,7 +215,7 @@ func TestSlotsNeverAboveConfirmed(t *testing.T) {
 				t.Fatalf("mode %v tick %d: Plan raised the limit %d to %d", mode, i, limit, p.Limit)
 			}
 			limit = p.Limit
-			req := s.Request(p, live)
+			req, _ := s.Request(p, live, now)
 			r := SlotsReply{Held: min(req.Want, int(uint(i*31)%9)), Fair: int(uint(i*17) % 9), Epoch: 1, Confirmed: i%5 != 0}
 			var err error
 			if i%11 == 0 {

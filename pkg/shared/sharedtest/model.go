@@ -108,47 +108,8 @@ func (b *Budget) Resize(now time.Time, holder string, r shared.SlotsRequest) sha
 	} else {
 		delete(b.demands, holder)
 	}
-	type hd struct {
-		h string
-		n int
-	}
-	var list []hd
-	for h, d := range b.demands {
-		list = append(list, hd{h, d.n})
-	}
-	slices.SortFunc(list, func(x, y hd) int {
-		if x.n != y.n {
-			return x.n - y.n
-		}
-		return strings.Compare(x.h, y.h)
-	})
 	mine := b.mine(holder)
-	others := 0
-	for m := range b.slots {
-		if _, ok := number(m, holder+":"); ok {
-			continue
-		}
-		i := strings.LastIndexByte(m, ':')
-		if i < 0 {
-			others++
-			continue
-		}
-		if _, ok := number(m, m[:i+1]); !ok {
-			others++
-			continue
-		}
-		if _, ok := b.demands[m[:i]]; !ok {
-			others++
-		}
-	}
-	rem, fair := max(0, b.Permits-others), 0
-	for i, e := range list {
-		give := min(e.n, rem/(len(list)-i))
-		rem -= give
-		if e.h == holder {
-			fair = give
-		}
-	}
+	fair := b.fair(holder)
 	for len(mine) > r.Want {
 		delete(b.slots, fmt.Sprintf("%s:%d", holder, mine[len(mine)-1]))
 		mine = mine[:len(mine)-1]
@@ -177,6 +138,55 @@ func (b *Budget) Resize(now time.Time, holder string, r shared.SlotsRequest) sha
 		left = b.frozen.Sub(now)
 	}
 	return shared.SlotsReply{Held: len(mine), Fair: fair, Epoch: b.epoch, Frozen: left, Confirmed: true}
+}
+
+// fair is holder's max-min fair share of the room the Limiters' leases
+// leave (the set's members that are no holder's slots): the demands are
+// water-filled from the smallest, up to a level L; a holder demanding more
+// gets L, or L + 1 for the first few by name while a remainder lasts.
+func (b *Budget) fair(holder string) int {
+	type hd struct {
+		h string
+		n int
+	}
+	var list []hd
+	for h, d := range b.demands {
+		list = append(list, hd{h, d.n})
+	}
+	slices.SortFunc(list, func(x, y hd) int {
+		if x.n != y.n {
+			return x.n - y.n
+		}
+		return strings.Compare(x.h, y.h)
+	})
+	// A holder's demand and slots are renewed together, so a holder with
+	// slots has a demand: the rest are Limiters' leases.
+	others := len(b.slots)
+	for h := range b.demands {
+		others -= len(b.mine(h))
+	}
+	rem, level, extra := max(0, b.Permits-others), -1, 0
+	var above []string
+	for i, e := range list {
+		if level < 0 {
+			share := rem / (len(list) - i)
+			if e.n <= share {
+				rem -= e.n
+				continue
+			}
+			level, extra = share, rem-share*(len(list)-i)
+		}
+		above = append(above, e.h)
+	}
+	d := b.demands[holder].n
+	if level < 0 || d <= level {
+		return d
+	}
+	slices.Sort(above)
+	if slices.Index(above, holder) < extra {
+		return level + 1
+	}
+	return level
 }
 
 // Acquire does what a Concurrency Limiter's script does with lease id at
