@@ -446,9 +446,11 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 	}
 }
 
-// TestSharedHostsStartBusyTogether: ten times, every host's clients start
-// at once (within a few milliseconds, in a random order) on shares that
-// went idle: the hosts grow together, and never past the budget.
+// TestSharedHostsStartBusyTogether: ten times, on shares that went idle,
+// the hosts' clients start at once (within a few milliseconds, in a random
+// order); in every other round one host joins late and another leaves
+// early while the rest stay busy, so the fair shares move. The hosts grow
+// together, and never past the budget.
 func TestSharedHostsStartBusyTogether(t *testing.T) {
 	rds := redistest.Start(t)
 	w := newWorld(t, rds, 10)
@@ -460,13 +462,26 @@ func TestSharedHostsStartBusyTogether(t *testing.T) {
 	for round := range 10 {
 		time.Sleep(1200 * time.Millisecond) // idle: every share handed back
 		from := privtest.Monotonic()
-		for _, i := range rng.Perm(len(w.hosts)) {
-			w.busy(w.hosts[i], 5+rng.IntN(25))
+		order := rng.Perm(len(w.hosts))
+		moving := round%2 == 1
+		for i, h := range order {
+			if moving && i == 0 {
+				continue // joins late
+			}
+			w.busy(w.hosts[h], 5+rng.IntN(25))
 			time.Sleep(time.Duration(rng.IntN(10)) * time.Millisecond)
+		}
+		if moving {
+			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Millisecond)
+			late := w.hosts[order[0]]
+			w.busy(late, 10+rng.IntN(20))
+			eventually(t, "the late host gets a share", func() bool { return late.share(t, "pool").Shared.Slots >= 2 })
+			// One of the others leaves: its clients stop.
+			w.loads[0].CloseInput()
 		}
 		time.Sleep(time.Duration(800+rng.IntN(700)) * time.Millisecond)
 		w.stopAll()
-		if most := w.check(fmt.Sprintf("round %d", round), from, privtest.Monotonic()); most < 9 {
+		if most := w.check(fmt.Sprintf("round %d (a host joins late and one leaves: %v)", round, moving), from, privtest.Monotonic()); most < 9 {
 			t.Errorf("round %d: the busy hosts held at most %d at once; want the budget, 10, nearly used", round, most)
 		}
 	}

@@ -193,10 +193,28 @@ func printLimit(w io.Writer, l control.Limit) {
 			state = fmt.Sprintf("UNREACHABLE since %s (%s in force): %s", s.Since.Format(time.TimeOnly), s.FailureMode, s.Error)
 		}
 		fmt.Fprintf(w, "shared: key %s, %s\n", s.Key, state)
+		settings := s.Durability
+		if s.Replicas > 0 {
+			settings += fmt.Sprintf(", %d replicas confirm grants", s.Replicas)
+		}
 		if l.Shape == "concurrency" {
-			fmt.Fprintf(w, "  this host holds %d slots\n", s.Slots)
+			fmt.Fprintf(w, "  %s, lease %s\n", settings, seconds(s.LeaseSeconds))
+			fmt.Fprintf(w, "  this host holds %d slots; its fair share is %d\n", s.Slots, s.FairShare)
+			if !s.FrozenUntil.IsZero() {
+				fmt.Fprintf(w, "  growth frozen until %s: Redis had no record of the budget (lost, or its first use)\n", s.FrozenUntil.Format(time.TimeOnly))
+			}
+			if s.Expired {
+				fmt.Fprintf(w, "  unreachable for a lease: the slots may have expired in Redis, so nothing new is admitted\n")
+			}
+			if s.Unconfirmed > 0 {
+				fmt.Fprintf(w, "  growth left unused %d times: replicas did not confirm it\n", s.Unconfirmed)
+			}
 		} else {
+			fmt.Fprintf(w, "  %s\n", settings)
 			fmt.Fprintf(w, "  this host claimed %d permits, spent %d, handed back %d\n", s.Granted, s.Spent, s.Returned)
+			if s.Unconfirmed > 0 {
+				fmt.Fprintf(w, "  %d permits claimed but not used: replicas did not confirm them\n", s.Unconfirmed)
+			}
 		}
 	}
 }

@@ -35,6 +35,9 @@ func statusCommand() *cli.Command {
 						redis = "UNREACHABLE for " + strings.Join(s.Unreachable, ", ") + " (failure modes in force)"
 					}
 					fmt.Fprintf(w, "shared budgets: %d rules, Redis %s\n", s.Shared, redis)
+					if len(s.Frozen) > 0 {
+						fmt.Fprintf(w, "  growth frozen for %s: Redis had no record of the budget (lost, or its first use)\n", strings.Join(s.Frozen, ", "))
+					}
 				}
 				fmt.Fprintf(w, "events lost: %d refusals, %d samples\n", s.LostRefusals, s.LostSamples)
 			})

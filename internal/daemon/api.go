@@ -58,12 +58,17 @@ func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, erro
 		}
 		if e.share != nil {
 			s.Shared++
-			if e.share.view().outage.Failing() {
+			v := e.share.view()
+			if v.outage.Failing() {
 				s.Unreachable = append(s.Unreachable, name)
+			}
+			if v.frozen {
+				s.Frozen = append(s.Frozen, name)
 			}
 		}
 	}
 	slices.Sort(s.Unreachable)
+	slices.Sort(s.Frozen)
 	return s, nil
 }
 

@@ -42,9 +42,12 @@ type Status struct {
 	// name not resolved).
 	Pending int `json:"pending"`
 	// Shared counts rules with a shared budget; Unreachable names those
-	// whose Redis cannot be reached now (their failure mode is in force).
+	// whose Redis cannot be reached now (their failure mode is in force),
+	// Frozen those whose budget's growth is frozen (Redis had no record of
+	// it).
 	Shared       int      `json:"shared"`
 	Unreachable  []string `json:"unreachable,omitempty"`
+	Frozen       []string `json:"frozen,omitempty"`
 	LostRefusals uint64   `json:"lostRefusals"`
 	LostSamples  uint64   `json:"lostSamples"`
 	LastReload   Reload   `json:"lastReload"`
