@@ -87,8 +87,10 @@ func TestGrantsTokenBucketClaimReturn(t *testing.T) {
 	giveBack(t, g, 3)
 	claim(t, g, 5, 3, 0)
 	giveBack(t, g, 100) // capped at the limit
-	if tokens := c.HGet(context.Background(), t.Name(), "t").Val(); tokens != "10" {
-		t.Errorf("bucket has %s tokens after returning 100 to an empty one, want the limit, 10", tokens)
+	// A full bucket expires at once (a missing bucket is full), so the key
+	// may be gone already.
+	if tokens, err := c.HGet(context.Background(), t.Name(), "t").Result(); err != redis.Nil && tokens != "10" {
+		t.Errorf("bucket has %s tokens (%v) after returning 100 to an empty one, want the limit, 10", tokens, err)
 	}
 	claim(t, g, 100, 10, 0)
 }
