@@ -2,7 +2,9 @@ package sdk
 
 import (
 	"context"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/pkg/verdict"
 )
@@ -45,5 +47,47 @@ func BenchmarkTrySuccess(b *testing.B) {
 		if r := Try(ctx, p, succeed); r.Err != nil {
 			b.Fatal(r.Err)
 		}
+	}
+}
+
+// BenchmarkHedgeNotFiring is Run on the success path with a Hedge whose
+// delay is never reached, against the same policy without one, measured in
+// the same run: blocks of calls alternate between the two, and the medians
+// of the blocks are reported with their ratio (the target: at most 1.10)
+// and the hedged side's allocations per call.
+func BenchmarkHedgeNotFiring(b *testing.B) {
+	for _, bm := range []struct {
+		name string
+		p    func() *Policy
+	}{
+		{"Defaults", Defaults},
+		{"HTTPDefaults", HTTPDefaults},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			plain, hedged := bm.p(), bm.p()
+			hedged.Hedge = NewHedge(HedgeOptions{Percentile: 0.95, Delay: time.Second})
+			ctx := context.Background()
+			const block = 2000
+			timeBlock := func(p *Policy) float64 {
+				start := time.Now()
+				for range block {
+					if _, err := Run(ctx, p, succeed); err != nil {
+						b.Fatal(err)
+					}
+				}
+				return float64(time.Since(start).Nanoseconds()) / block
+			}
+			var plainNs, hedgedNs []float64
+			for b.Loop() {
+				plainNs = append(plainNs, timeBlock(plain))
+				hedgedNs = append(hedgedNs, timeBlock(hedged))
+			}
+			allocs := testing.AllocsPerRun(100, func() { _, _ = Run(ctx, hedged, succeed) })
+			median := func(d []float64) float64 { slices.Sort(d); return d[len(d)/2] }
+			b.ReportMetric(median(plainNs), "plain-ns/call")
+			b.ReportMetric(median(hedgedNs), "hedged-ns/call")
+			b.ReportMetric(median(hedgedNs)/median(plainNs), "ratio")
+			b.ReportMetric(allocs, "hedged-allocs/call")
+		})
 	}
 }

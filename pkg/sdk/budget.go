@@ -18,7 +18,9 @@ const budgetUnit = 1_000_000
 // neither spends nor funds it: the refused call never left the process, so
 // retrying it costs the dependency nothing. And work below Critical (see
 // Criticality) may not spend the last half of the bucket, which is kept for
-// work somebody is waiting for.
+// work somebody is waiting for. Hedges (see Hedge) spend it like retries,
+// and never take the last half either: as in gRPC's retry throttling, no
+// hedge is sent once the tokens are down to half.
 //
 // A RetryBudget is safe for concurrent use; share one per dependency.
 type RetryBudget struct {
@@ -63,6 +65,15 @@ func (b *RetryBudget) TrySpend(c Criticality) bool {
 	if c < Critical {
 		floor = b.capacity / 2
 	}
+	return b.trySpend(floor)
+}
+
+// trySpendHedge takes one token for a hedge, which may not take the last
+// half of the bucket whatever the criticality.
+func (b *RetryBudget) trySpendHedge() bool { return b.trySpend(b.capacity / 2) }
+
+// trySpend takes one token if as much as floor is left after it.
+func (b *RetryBudget) trySpend(floor int64) bool {
 	for {
 		t := b.tokens.Load()
 		if t-budgetUnit < floor {

@@ -13,6 +13,18 @@ type clock interface {
 	Sleep(ctx context.Context, d time.Duration) error
 	// WithDeadline is context.WithDeadline on this clock's time.
 	WithDeadline(ctx context.Context, t time.Time) (context.Context, context.CancelFunc)
+	// NewTimer returns a stopped timer on this clock's time.
+	NewTimer() timer
+}
+
+// timer is a time.Timer on a clock: it sends on C once, when the clock
+// reaches the instant Reset last set.
+type timer interface {
+	C() <-chan time.Time
+	// Reset (re)arms the timer for the instant at; it must be stopped or
+	// have fired and been received from. An instant past fires at once.
+	Reset(at time.Time)
+	Stop()
 }
 
 type realClock struct{}
@@ -36,3 +48,15 @@ func (realClock) Sleep(ctx context.Context, d time.Duration) error {
 func (realClock) WithDeadline(ctx context.Context, t time.Time) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(ctx, t)
 }
+
+func (realClock) NewTimer() timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return realTimer{t}
+}
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time { return t.t.C }
+func (t realTimer) Reset(at time.Time)  { t.t.Reset(time.Until(at)) }
+func (t realTimer) Stop()               { t.t.Stop() }

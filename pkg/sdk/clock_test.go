@@ -17,11 +17,12 @@ type fakeClock struct {
 	now     time.Time
 	sleeps  []time.Duration
 	pending map[*fakeDeadlineCtx]struct{}
-	onSleep func() // called at the start of every Sleep, if set
+	timers  map[*fakeTimer]struct{} // armed
+	onSleep func()                  // called at the start of every Sleep, if set
 }
 
 func newFakeClock() *fakeClock {
-	return &fakeClock{now: t0, pending: map[*fakeDeadlineCtx]struct{}{}}
+	return &fakeClock{now: t0, pending: map[*fakeDeadlineCtx]struct{}{}, timers: map[*fakeTimer]struct{}{}}
 }
 
 func (c *fakeClock) Now() time.Time {
@@ -30,7 +31,8 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-// Advance moves the clock on by d and fires every deadline it reaches.
+// Advance moves the clock on by d and fires every deadline and timer it
+// reaches.
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
@@ -41,10 +43,46 @@ func (c *fakeClock) Advance(d time.Duration) {
 			delete(c.pending, fc)
 		}
 	}
+	c.fireTimersLocked()
 	c.mu.Unlock()
 	for _, fc := range due {
 		fc.expire()
 	}
+}
+
+func (c *fakeClock) fireTimersLocked() {
+	for ft := range c.timers {
+		if !ft.when.After(c.now) {
+			delete(c.timers, ft)
+			ft.c <- c.now // buffered, and armed only when drained
+		}
+	}
+}
+
+func (c *fakeClock) NewTimer() timer { return &fakeTimer{clk: c, c: make(chan time.Time, 1)} }
+
+// fakeTimer is a timer on a fakeClock.
+type fakeTimer struct {
+	clk  *fakeClock
+	c    chan time.Time
+	when time.Time
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *fakeTimer) Reset(at time.Time) {
+	c := t.clk
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t.when = at
+	c.timers[t] = struct{}{}
+	c.fireTimersLocked()
+}
+
+func (t *fakeTimer) Stop() {
+	t.clk.mu.Lock()
+	delete(t.clk.timers, t)
+	t.clk.mu.Unlock()
 }
 
 func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {

@@ -16,12 +16,11 @@ import (
 // classifies and reports, and never retries. Defaults and HTTPDefaults
 // return policies that do.
 //
-// Copying a Policy shares its Budget and Breaker, which is usually what you
-// want: one budget and one breaker per dependency, however many policies
-// call it.
+// Copying a Policy shares its Budget, Breaker and Hedge, which is usually
+// what you want: one of each per dependency, however many policies call it.
 type Policy struct {
-	// MaxAttempts is the most attempts one call makes, the first included.
-	// Zero or negative means one.
+	// MaxAttempts is the most attempts one call makes, the first and any
+	// hedges included. Zero or negative means one.
 	MaxAttempts int
 	// AttemptTimeout bounds each attempt. Zero means none: the attempt is
 	// bounded only by the deadline and the caller's context.
@@ -47,6 +46,10 @@ type Policy struct {
 	// treatment. The attempt's error is then a *NotAdmittedError. A policy
 	// that leaves Admit nil pays one nil check per attempt.
 	Admit func(ctx context.Context, next NextAttempt) verdict.Verdict
+	// Hedge, if set, sends hedged attempts: copies of an attempt started
+	// beside it when it runs too long, behind a gate (see Hedge). Nil means
+	// no hedging.
+	Hedge *Hedge
 
 	clock  clock          // nil: the real clock
 	random func() float64 // nil: math/rand/v2; uniform in [0, 1)
@@ -54,8 +57,11 @@ type Policy struct {
 
 // NextAttempt describes the attempt an Admit hook is asked about.
 type NextAttempt struct {
-	// Number is the attempt's number, 1 for the first.
+	// Number is the attempt's number, 1 for the first; hedges are numbered
+	// with the other attempts, in the order they start.
 	Number int
+	// Hedge reports whether the attempt is a hedge.
+	Hedge bool
 	// Criticality is the caller's, from the context.
 	Criticality Criticality
 }
@@ -99,18 +105,23 @@ type Result[T any] struct {
 	// attempt's error. (An error a classifier rule called OK is returned
 	// as it is, with Stop == StopSuccess.)
 	Err error
-	// Attempts is the attempt log, in order.
+	// Attempts is the attempt log, in the order the attempts started,
+	// hedges included (verdict.Attempt.Hedge).
 	Attempts []verdict.Attempt
 	// Stop says why the executor stopped.
 	Stop StopReason
+	// Suppressed says why the last hedge the gate held back was not sent;
+	// verdict.SuppressedNone when none was. The attempt log notes each one
+	// on the first attempt of its round.
+	Suppressed verdict.Suppression
 }
 
 // Run calls fn until an attempt succeeds or p says stop, and returns the
 // successful value, or T's zero value and a *StopError. fn receives the
 // attempt's context: the caller's, bounded by min(AttemptTimeout, remaining
-// deadline).
+// deadline). With a Hedge, fn may run concurrently with itself.
 func Run[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error)) (T, error) {
-	v, _, err := run(ctx, p, fn, nil)
+	v, _, err := run(ctx, p, fn, nil, nil)
 	return v, err
 }
 
@@ -118,8 +129,9 @@ func Run[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T,
 // reason.
 func Try[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error)) Result[T] {
 	log := make([]verdict.Attempt, 0, min(p.maxAttempts(), 16))
-	v, stop, err := run(ctx, p, fn, &log)
-	return Result[T]{Value: v, Err: err, Attempts: log, Stop: stop}
+	var sup verdict.Suppression
+	v, stop, err := run(ctx, p, fn, &log, &sup)
+	return Result[T]{Value: v, Err: err, Attempts: log, Stop: stop, Suppressed: sup}
 }
 
 var zeroPolicy Policy
@@ -153,7 +165,9 @@ func stopFor(ctxErr error) StopReason {
 	return StopCancelled
 }
 
-func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, error), log *[]verdict.Attempt) (val T, stop StopReason, err error) {
+// run is Run and Try: log and sup, when set, receive the attempt log and
+// the last reason a hedge was suppressed.
+func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, error), log *[]verdict.Attempt, sup *verdict.Suppression) (val T, stop StopReason, err error) {
 	if p == nil {
 		p = &zeroPolicy
 	}
@@ -173,28 +187,45 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 	}
 
 	var lastErr error
-	for n := 1; ; n++ {
+	made := 0 // attempts made, hedges included
+	for rounds := 1; ; rounds++ {
 		if cerr := ctx.Err(); cerr != nil {
-			stop, err = stopped(stopFor(cerr), n-1, lastErr, cerr)
+			stop, err = stopped(stopFor(cerr), made, lastErr, cerr)
 			return
 		}
 		if !deadline.IsZero() && !now.Before(deadline) {
-			stop, err = stopped(StopDeadline, n-1, lastErr, context.DeadlineExceeded)
+			stop, err = stopped(StopDeadline, made, lastErr, context.DeadlineExceeded)
 			return
 		}
 		var permit Permit
 		if p.Breaker != nil {
 			var ok bool
 			if permit, ok = p.Breaker.Allow(now); !ok {
-				stop, err = stopped(StopBreakerOpen, n-1, lastErr, nil)
+				stop, err = stopped(StopBreakerOpen, made, lastErr, nil)
 				return
 			}
 		}
 
-		a := attempt(ctx, p, clk, fn, n, now, deadline, deadlineIsCtx)
+		// A round: one attempt, and with a Hedge the hedges sent beside it.
+		var a outcome[T]
+		var r *round[T]
+		if p.Hedge != nil {
+			a, r = hedged(ctx, p, clk, fn, made+1, maxAttempts, now, deadline, deadlineIsCtx)
+		} else {
+			a = attempt(ctx, ctx, p, clk, fn, attemptInfo{n: made + 1}, now, deadline, deadlineIsCtx)
+		}
 		end := clk.Now()
+		first := a.v
+		made++
+		if r != nil {
+			first = r.firstVerdict()
+			made += r.sent
+			if sup != nil && r.suppressed != verdict.SuppressedNone {
+				*sup = r.suppressed
+			}
+		}
 		if p.Breaker != nil {
-			p.Breaker.Record(end, permit, a.v)
+			p.Breaker.Record(end, permit, first)
 		}
 		lastErr = a.err
 
@@ -202,37 +233,38 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 			if p.Budget != nil {
 				p.Budget.Deposit()
 			}
-			record(log, a.v, end.Sub(now), 0)
+			recordRound(log, r, a.v, end.Sub(now), 0)
 			return a.val, StopSuccess, a.err
 		}
 		if a.halt {
-			record(log, a.v, end.Sub(now), 0)
-			stop, err = stopped(a.stop, n, lastErr, nil)
+			recordRound(log, r, a.v, end.Sub(now), 0)
+			stop, err = stopped(a.stop, made, lastErr, nil)
 			return
 		}
 
-		reason, delay := p.next(ctx, a.v, n, maxAttempts, end, deadline)
+		reason, delay := p.next(ctx, a.v, made, rounds, maxAttempts, end, deadline)
 		if reason != StopSuccess {
-			record(log, a.v, end.Sub(now), 0)
-			stop, err = stopped(reason, n, lastErr, nil)
+			recordRound(log, r, a.v, end.Sub(now), 0)
+			stop, err = stopped(reason, made, lastErr, nil)
 			return
 		}
-		record(log, a.v, end.Sub(now), delay)
+		recordRound(log, r, a.v, end.Sub(now), delay)
 		if serr := clk.Sleep(ctx, delay); serr != nil {
-			stop, err = stopped(stopFor(serr), n, lastErr, nil)
+			stop, err = stopped(stopFor(serr), made, lastErr, nil)
 			return
 		}
 		now = clk.Now()
 	}
 }
 
-// next decides, after attempt n came to the retryable-or-not verdict v at
-// end, whether to retry and after what delay. StopSuccess means retry.
-func (p *Policy) next(ctx context.Context, v verdict.Verdict, n, maxAttempts int, end, deadline time.Time) (StopReason, time.Duration) {
+// next decides, after round n came to the retryable-or-not verdict v at
+// end with made attempts in all, whether to retry and after what delay.
+// StopSuccess means retry.
+func (p *Policy) next(ctx context.Context, v verdict.Verdict, made, n, maxAttempts int, end, deadline time.Time) (StopReason, time.Duration) {
 	if k := v.Kind(); k != verdict.Transient && k != verdict.Throttled {
 		return StopPermanent, 0
 	}
-	if n >= maxAttempts {
+	if made >= maxAttempts {
 		return StopAttemptsExhausted, 0
 	}
 	var u float64
@@ -260,25 +292,47 @@ type outcome[T any] struct {
 	stop StopReason
 }
 
-// attempt makes attempt n, started at start, and classifies it.
-func attempt[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), n int, start, deadline time.Time, deadlineIsCtx bool) (o outcome[T]) {
-	// The attempt's deadline: min(AttemptTimeout, remaining deadline). When
-	// it is the caller's own, the caller's context already enforces it.
-	actx := ctx
-	attemptDeadline, byTimeout := deadline, false
+// attemptInfo is what an Admit hook is told about an attempt besides the
+// caller's criticality.
+type attemptInfo struct {
+	n     int
+	hedge bool
+}
+
+// attempt makes attempt n, started at start, and classifies it. ctx is the
+// caller's context; base is what the attempt's context derives from: ctx
+// itself, or for a hedge a cancellable child of it.
+func attempt[T any](ctx, base context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo, start, deadline time.Time, deadlineIsCtx bool) outcome[T] {
+	actx, cancel, byTimeout := attemptContext(base, p, clk, start, deadline, deadlineIsCtx)
+	if cancel != nil {
+		defer cancel()
+	}
+	return runAttempt(ctx, actx, byTimeout, p, clk, fn, info)
+}
+
+// attemptContext derives an attempt's context from base: its deadline is
+// min(AttemptTimeout, remaining deadline). When that is the caller's own
+// deadline, the caller's context already enforces it, and base is returned
+// as it is, with a nil cancel.
+func attemptContext(base context.Context, p *Policy, clk clock, start, deadline time.Time, deadlineIsCtx bool) (actx context.Context, cancel context.CancelFunc, byTimeout bool) {
+	attemptDeadline := deadline
 	if p.AttemptTimeout > 0 {
 		if t := start.Add(p.AttemptTimeout); attemptDeadline.IsZero() || t.Before(attemptDeadline) {
 			attemptDeadline, byTimeout = t, true
 		}
 	}
 	if !attemptDeadline.IsZero() && (byTimeout || !deadlineIsCtx) {
-		var cancel context.CancelFunc
-		actx, cancel = clk.WithDeadline(ctx, attemptDeadline)
-		defer cancel()
+		actx, cancel = clk.WithDeadline(base, attemptDeadline)
+		return actx, cancel, byTimeout
 	}
+	return base, nil, false
+}
 
+// runAttempt asks Admit, runs fn on actx and classifies what it returned.
+// ctx is the caller's context: when it has ended, so has the call.
+func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo) (o outcome[T]) {
 	if p.Admit != nil {
-		next := NextAttempt{Number: n, Criticality: CriticalityFrom(ctx)}
+		next := NextAttempt{Number: info.n, Hedge: info.hedge, Criticality: CriticalityFrom(ctx)}
 		if v := p.Admit(actx, next); v.Kind() != verdict.OK {
 			o.v, o.err = v, &NotAdmittedError{Verdict: v}
 			return o
@@ -311,10 +365,16 @@ func attempt[T any](ctx context.Context, p *Policy, clk clock, fn func(context.C
 	return o
 }
 
-func record(log *[]verdict.Attempt, v verdict.Verdict, duration, delay time.Duration) {
-	if log != nil {
-		*log = append(*log, verdict.NewAttempt(v, duration, delay))
+// recordRound logs a round: the one attempt it was, or r's attempts.
+func recordRound[T any](log *[]verdict.Attempt, r *round[T], v verdict.Verdict, duration, delay time.Duration) {
+	if log == nil {
+		return
 	}
+	if r == nil {
+		*log = append(*log, verdict.NewAttempt(v, duration, delay))
+		return
+	}
+	r.record(log, delay)
 }
 
 // stopped builds the error for a call that ended for reason after n

@@ -169,3 +169,44 @@ func TestAttemptString(t *testing.T) {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 }
+
+func TestAttemptHedging(t *testing.T) {
+	base := NewAttempt(New(Transient), time.Second, 3*time.Second)
+	tests := []struct {
+		name       string
+		a          Attempt
+		hedge      bool
+		lost       bool
+		suppressed Suppression
+		str        string
+	}{
+		{"plain", base, false, false, SuppressedNone, "Transient in 1s, then 3s"},
+		{"hedge", base.AsHedge(), true, false, SuppressedNone, "hedge: Transient in 1s, then 3s"},
+		{"lost", base.AsLost(), false, true, SuppressedNone, "Transient in 1s, then 3s (lost)"},
+		{"lost hedge", base.AsHedge().AsLost(), true, true, SuppressedNone, "hedge: Transient in 1s, then 3s (lost)"},
+		{"suppressed", base.WithSuppressed(SuppressedBudget), false, false, SuppressedBudget, "Transient in 1s, then 3s (hedge suppressed: budget)"},
+		{"suppressed twice keeps the last", base.WithSuppressed(SuppressedBreaker).WithSuppressed(SuppressedAttempts).AsHedge(), true, false, SuppressedAttempts, "hedge: Transient in 1s, then 3s (hedge suppressed: attempts)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.a.Hedge() != tt.hedge || tt.a.Lost() != tt.lost || tt.a.Suppressed() != tt.suppressed {
+				t.Errorf("Hedge, Lost, Suppressed = %v, %v, %v; want %v, %v, %v", tt.a.Hedge(), tt.a.Lost(), tt.a.Suppressed(), tt.hedge, tt.lost, tt.suppressed)
+			}
+			// The flags ride in spare bits: the rest of the record is intact.
+			if tt.a.Verdict() != base.Verdict() || tt.a.Duration() != base.Duration() || tt.a.Delay() != base.Delay() {
+				t.Errorf("record changed: %v", tt.a)
+			}
+			if got := tt.a.String(); got != tt.str {
+				t.Errorf("String() = %q, want %q", got, tt.str)
+			}
+		})
+	}
+	for s := Suppression(0); s.Valid(); s++ {
+		if s.String() == "" || NewAttempt(Verdict{}, 0, 0).WithSuppressed(s).Suppressed() != s {
+			t.Errorf("suppression %d does not round-trip", s)
+		}
+	}
+	if got := NewAttempt(Verdict{}, 0, math.MaxInt64).Delay(); got != MaxAttemptDuration {
+		t.Errorf("Delay of MaxInt64 = %v, want it saturated at %v", got, MaxAttemptDuration)
+	}
+}

@@ -1,0 +1,507 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/bits"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/egressd/egressd/pkg/verdict"
+)
+
+// HedgeOptions configure a Hedge.
+type HedgeOptions struct {
+	// Delay is how long an attempt runs before a hedge is sent, and how
+	// long after it the next hedge is. With Percentile set it is the delay
+	// used until the percentile has been learned; zero then means no
+	// hedges until it has. Without Percentile it is required.
+	Delay time.Duration
+	// Percentile, if set, learns the delay online: the given quantile (in
+	// (0, 1), e.g. 0.95) of the latencies of the recent first attempts of
+	// this hedge's calls - those that came to OK, and those cut short by a
+	// hedge that answered first, counted for as long as they had run - never
+	// below MinDelay. It is learned from the last thousand or two such
+	// latencies, older ones weighing less.
+	Percentile float64
+	// MinDelay is the floor under a learned delay: hedging sooner would race
+	// every call a scheduling hiccup slows. Zero means 1ms.
+	MinDelay time.Duration
+	// MaxHedges is the most hedges sent in one round (a first attempt or a
+	// retry); zero means 1. Hedges count towards the policy's MaxAttempts.
+	MaxHedges int
+	// Observer, if set, is told about every hedge sent, won and suppressed.
+	Observer HedgeObserver
+}
+
+// HedgeObserver is told what a Hedge does, for metrics; package sdkmetrics
+// implements it with Prometheus. Methods are called from the executor's
+// goroutines, concurrently; they must be cheap and must not block.
+type HedgeObserver interface {
+	// OnHedgeSent: a hedge passed the gate and its attempt started. Its
+	// Admit hook, or a limiter in the callback, may still refuse it.
+	OnHedgeSent()
+	// OnHedgeWon: a hedge's answer was the call's.
+	OnHedgeWon()
+	// OnHedgeSuppressed: a hedge came due and the gate held it back.
+	OnHedgeSuppressed(reason verdict.Suppression)
+}
+
+const (
+	defaultMinDelay = time.Millisecond
+	// A learned delay needs this many latencies, and forgets the older half
+	// of them once it holds twice latencyWindow.
+	minLatencies  = 100
+	latencyWindow = 1000
+	// How often the watcher looks while no delay is known yet.
+	warmupTick = 10 * time.Millisecond
+)
+
+// Hedge sends hedged attempts: when an attempt has run for the hedge's
+// delay without an answer, another copy is started beside it, up to
+// MaxHedges; the first acceptable answer (OK, or a Permanent one, which
+// stops the call whatever the others say) wins, and the others are
+// cancelled through their contexts. Hedges are attempts like any other:
+// each takes its own breaker permit, asks Admit, runs the callback with its
+// own attempt timeout under the call's deadline, and has its entry in the
+// attempt log. Run returns once every attempt of the round has returned.
+//
+// Before each hedge the gate is asked, and holds the hedge back - saying
+// why in the attempt log, Result.Suppressed and the observer - when:
+//
+//   - the work is below Critical (see Criticality): nobody is waiting for
+//     it, so no copy of it is raced;
+//   - an attempt of the round was refused by this process or host: the
+//     dependency was not even asked, and a copy would ask the same limit;
+//   - the call has made MaxAttempts attempts, hedges included;
+//   - the breaker is not closed;
+//   - the retry budget is down to half: a hedge spends a token like a
+//     retry, and never takes the last half of the bucket.
+//
+// A hedge can only help if the attempt it races can be cut short, so the
+// callback must return when its context is cancelled; and with a Hedge the
+// callback runs concurrently with itself. Share one Hedge per dependency, as
+// with a Breaker; copies of a Policy share it. While calls are running it
+// keeps one goroutine, which starts the hedges and learns the delay, and
+// which ends once calls stop.
+type Hedge struct {
+	delay      time.Duration // fixed, or until learned
+	percentile float64
+	minDelay   time.Duration
+	maxHedges  int
+	obs        HedgeObserver
+
+	clock  clock
+	origin time.Time // slot words hold microseconds since this, on clock
+
+	table    atomic.Pointer[[]*slot]
+	growMu   sync.Mutex
+	watching atomic.Bool
+	learned  atomic.Int64 // the delay in force, nanoseconds; 0: none
+
+	// What scan keeps: one goroutine at a time, the watcher's.
+	scanMu sync.Mutex
+	lat    latencies
+	rounds []hedgeRound
+}
+
+// NewHedge returns a Hedge. It panics on options that cannot work: a
+// Percentile outside (0, 1), neither a Percentile nor a positive Delay, or
+// a negative value.
+func NewHedge(o HedgeOptions) *Hedge { return newHedge(o, realClock{}) }
+
+func newHedge(o HedgeOptions, clk clock) *Hedge {
+	var problems []string
+	if o.Percentile < 0 || o.Percentile >= 1 || math.IsNaN(o.Percentile) {
+		problems = append(problems, fmt.Sprintf("Percentile %v is outside (0, 1)", o.Percentile))
+	}
+	if o.Percentile == 0 && o.Delay <= 0 {
+		problems = append(problems, "neither a Percentile nor a positive Delay")
+	}
+	if o.Delay < 0 || o.MinDelay < 0 || o.MaxHedges < 0 {
+		problems = append(problems, "negative Delay, MinDelay or MaxHedges")
+	}
+	if len(problems) > 0 {
+		panic("sdk: NewHedge: " + strings.Join(problems, "; "))
+	}
+	h := &Hedge{
+		delay:      o.Delay,
+		percentile: o.Percentile,
+		minDelay:   o.MinDelay,
+		maxHedges:  o.MaxHedges,
+		obs:        o.Observer,
+		clock:      clk,
+		origin:     clk.Now(),
+	}
+	if h.minDelay == 0 {
+		h.minDelay = defaultMinDelay
+	}
+	if h.maxHedges == 0 {
+		h.maxHedges = 1
+	}
+	h.learned.Store(int64(h.delay))
+	t := make([]*slot, 16)
+	for i := range t {
+		t[i] = new(slot)
+	}
+	h.table.Store(&t)
+	return h
+}
+
+// Delay returns the delay in force: the fixed one, or the learned one; zero
+// while a Percentile hedge has learned nothing and has no Delay to start
+// from.
+func (h *Hedge) Delay() time.Duration { return time.Duration(h.learned.Load()) }
+
+// The gate's decision before the budget is asked, a pure function of what
+// the executor knows when a hedge comes due. Order matters only for which
+// reason is reported when several hold.
+func hedgeGate(c Criticality, roundRefused, attemptsLeft, breakerClosed bool) verdict.Suppression {
+	switch {
+	case c < Critical:
+		return verdict.SuppressedCriticality
+	case roundRefused:
+		return verdict.SuppressedRefused
+	case !attemptsLeft:
+		return verdict.SuppressedAttempts
+	case !breakerClosed:
+		return verdict.SuppressedBreaker
+	}
+	return verdict.SuppressedNone
+}
+
+// A slot's word is a value in microseconds shifted over a phase: a first
+// attempt registers there while it runs, so that the watcher can find it
+// when a hedge comes due, and leaves its latency behind when it is done.
+const (
+	phaseFree    = iota // nothing
+	phaseSample         // free, holding a latency the watcher has not read
+	phaseClaimed        // being filled in; the watcher ignores it
+	phaseActive         // a first attempt started at the value
+	phaseFiring         // a hedge came due: the round is the watcher's and the caller's
+
+	phaseBits = 3
+	phaseMask = 1<<phaseBits - 1
+)
+
+// slot is where one running first attempt is registered.
+type slot struct {
+	word atomic.Uint64
+	// cache is the *hedgedCall[T] of whoever holds the slot, kept for the next
+	// holder of the same T so that registering allocates nothing. Only the
+	// holder writes it; the watcher reads it after taking the slot from
+	// phaseActive to phaseFiring, which the holder's store of phaseActive
+	// published.
+	cache any
+	_     [40]byte // a cache line of its own
+}
+
+func word(phase, v uint64) uint64 { return v<<phaseBits | phase }
+
+// micros returns t as microseconds since the hedge's origin.
+func (h *Hedge) micros(t time.Time) uint64 {
+	return uint64(max(t.Sub(h.origin), 0) / time.Microsecond)
+}
+
+// claim takes a free slot for an attempt starting at start (microseconds).
+func (h *Hedge) claim(start uint64) *slot {
+	for {
+		t := *h.table.Load()
+		n := uint64(len(t))
+		i := (start ^ start>>7) & (n - 1) // spread concurrent calls
+		for probe := range min(n, 8) {
+			s := t[(i+probe)&(n-1)]
+			w := s.word.Load()
+			if w&phaseMask <= phaseSample && s.word.CompareAndSwap(w, phaseClaimed) {
+				return s
+			}
+		}
+		h.grow(len(t))
+	}
+}
+
+// grow doubles the table from size n, unless another caller already has.
+func (h *Hedge) grow(n int) {
+	h.growMu.Lock()
+	defer h.growMu.Unlock()
+	t := *h.table.Load()
+	if len(t) != n {
+		return
+	}
+	g := make([]*slot, 2*n)
+	copy(g, t)
+	for i := n; i < len(g); i++ {
+		g[i] = new(slot)
+	}
+	h.table.Store(&g)
+}
+
+// watch makes sure the watcher runs. A caller registers before it asks,
+// and the watcher, before it ends, says so and looks again, so that one of
+// the two sees the other.
+func (h *Hedge) watch() {
+	if !h.watching.Load() && h.watching.CompareAndSwap(false, true) {
+		go h.watcher()
+	}
+}
+
+// hedgeRound is a round the watcher has started hedging, for the hedges
+// after the first.
+type hedgeRound interface {
+	// more sends the next hedge if it is due at now, and returns when the
+	// one after it is due; ok is false once the round wants no more.
+	more(now time.Time) (due time.Time, ok bool)
+}
+
+// hedgeable is a *hedgedCall[T] the watcher can start hedging.
+type hedgeable interface {
+	startRound(h *Hedge, now time.Time) hedgeRound
+}
+
+// watcher starts hedges as they come due and learns the delay, for as long
+// as calls are running.
+func (h *Hedge) watcher() {
+	clk := h.clock
+	t := clk.NewTimer()
+	defer t.Stop()
+	idle := 0
+	for {
+		now := clk.Now()
+		next, busy := h.scan(now)
+		if busy {
+			idle = 0
+		} else if idle++; idle >= 2 {
+			h.watching.Store(false)
+			// A call that registered after the scan but saw the watcher
+			// still running is seen here.
+			if next, busy = h.scan(now); !busy || !h.watching.CompareAndSwap(false, true) {
+				return
+			}
+			idle = 0
+		}
+		t.Reset(next)
+		<-t.C()
+	}
+}
+
+// scan reads the latencies the slots hold, sends the hedges due at now,
+// and returns when it should look next and whether anything was running.
+func (h *Hedge) scan(now time.Time) (next time.Time, busy bool) {
+	h.scanMu.Lock()
+	defer h.scanMu.Unlock()
+	nowUS := h.micros(now)
+	d := h.Delay()
+	tick := d
+	if tick <= 0 {
+		tick = warmupTick
+	}
+	next = now.Add(tick)
+	dueUS := uint64(d / time.Microsecond)
+	for _, s := range *h.table.Load() {
+		w := s.word.Load()
+		switch w & phaseMask {
+		case phaseSample:
+			busy = true
+			if s.word.CompareAndSwap(w, phaseFree) {
+				h.lat.add(w >> phaseBits)
+			}
+		case phaseClaimed, phaseFiring:
+			busy = true
+		case phaseActive:
+			busy = true
+			if d <= 0 {
+				continue
+			}
+			start := w >> phaseBits
+			if start+dueUS > nowUS {
+				if due := h.origin.Add(time.Duration(start+dueUS) * time.Microsecond); due.Before(next) {
+					next = due
+				}
+				continue
+			}
+			if s.word.CompareAndSwap(w, word(phaseFiring, start)) {
+				r := s.cache.(hedgeable).startRound(h, now)
+				h.rounds = append(h.rounds, r)
+			}
+		}
+	}
+	kept := h.rounds[:0]
+	for _, r := range h.rounds {
+		if due, ok := r.more(now); ok {
+			kept = append(kept, r)
+			if due.Before(next) {
+				next = due
+			}
+		}
+	}
+	clear(h.rounds[len(kept):])
+	h.rounds = kept
+	if len(kept) > 0 {
+		busy = true
+	}
+	if h.percentile > 0 {
+		if q, ok := h.lat.quantile(h.percentile); ok {
+			h.learned.Store(int64(max(time.Duration(q)*time.Microsecond, h.minDelay)))
+		}
+	}
+	return next, busy
+}
+
+// latencies is a histogram of microseconds with about 6% resolution (16
+// buckets per power of two) that forgets its older half as it fills: the
+// watcher's alone.
+type latencies struct {
+	counts [latencyBuckets]uint32
+	total  uint32
+	// cached quantile, recomputed when enough has changed
+	q      uint64
+	qAt    uint32 // total when q was computed
+	qValid bool
+}
+
+const latencyBuckets = 16 * 62
+
+func bucketOf(us uint64) int {
+	if us < 16 {
+		return int(us)
+	}
+	shift := bits.Len64(us) - 5 // us>>shift is in [16, 32)
+	return min(16*shift+int(us>>shift), latencyBuckets-1)
+}
+
+// bucketTop is the largest value in bucket b.
+func bucketTop(b int) uint64 {
+	if b < 16 {
+		return uint64(b)
+	}
+	shift, m := b/16-1, uint64(b%16+16)
+	return (m+1)<<shift - 1
+}
+
+func (l *latencies) add(us uint64) {
+	l.counts[bucketOf(us)]++
+	l.total++
+	if l.total >= 2*latencyWindow {
+		l.total = 0
+		for i, c := range l.counts {
+			c -= c / 2 // round up, so that a lone old value is not lost at once
+			l.counts[i] = c
+			l.total += c
+		}
+		l.qValid = false
+	}
+}
+
+// quantile returns the q-quantile in microseconds (the top of its bucket),
+// and false until minLatencies have been seen.
+func (l *latencies) quantile(q float64) (uint64, bool) {
+	if l.total < minLatencies {
+		return 0, false
+	}
+	if l.qValid && l.total-l.qAt < latencyWindow/20 {
+		return l.q, true
+	}
+	rank := uint32(math.Ceil(q * float64(l.total)))
+	var seen uint32
+	for b, c := range l.counts {
+		if seen += c; seen >= rank {
+			l.q, l.qAt, l.qValid = bucketTop(b), l.total, true
+			break
+		}
+	}
+	return l.q, true
+}
+
+// hedgeContext is a first attempt's context on a hedged call for which the
+// executor derives none of its own: the caller's, made cancellable so that
+// the attempt can be cut short when a hedge answers first.
+//
+// It costs nothing until something waits on it. Until Done is called (or
+// Value after a cancellation) it answers from the caller's context; then it
+// makes a context.WithCancel of it and answers from that, so that contexts
+// derived from it are children of a real cancelCtx. A hedgeContext nobody
+// waited on and nobody cancelled is used again for the next call with the
+// very same caller's context - same values, same deadline - which is what
+// makes a hedged call allocate nothing. A callback that keeps its context
+// after it returns may therefore see it cancelled later, when an attempt of
+// another call with the same context loses a race: an attempt's context is
+// only good until the attempt returns.
+type hedgeContext struct {
+	parent    context.Context
+	cancelled atomic.Bool
+	inner     atomic.Pointer[innerContext]
+	mu        sync.Mutex
+}
+
+type innerContext struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// reusable reports whether c may serve a call with caller's context ctx.
+func (c *hedgeContext) reusable(ctx context.Context) bool {
+	return c != nil && c.inner.Load() == nil && !c.cancelled.Load() && sameContext(c.parent, ctx)
+}
+
+func (c *hedgeContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+
+func (c *hedgeContext) Done() <-chan struct{} { return c.materialize().Done() }
+
+func (c *hedgeContext) Err() error {
+	if in := c.inner.Load(); in != nil {
+		return in.ctx.Err()
+	}
+	if c.cancelled.Load() {
+		return context.Canceled
+	}
+	return c.parent.Err()
+}
+
+func (c *hedgeContext) Value(key any) any {
+	if in := c.inner.Load(); in != nil {
+		return in.ctx.Value(key)
+	}
+	if c.cancelled.Load() { // so that context.Cause agrees with Err
+		return c.materialize().Value(key)
+	}
+	return c.parent.Value(key)
+}
+
+func (c *hedgeContext) String() string { return "sdk.hedgeContext" }
+
+func (c *hedgeContext) materialize() context.Context {
+	if in := c.inner.Load(); in != nil {
+		return in.ctx
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if in := c.inner.Load(); in != nil {
+		return in.ctx
+	}
+	ctx, cancel := context.WithCancel(c.parent)
+	if c.cancelled.Load() {
+		cancel()
+	}
+	c.inner.Store(&innerContext{ctx, cancel})
+	return ctx
+}
+
+func (c *hedgeContext) cancel() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cancelled.Store(true)
+	if in := c.inner.Load(); in != nil {
+		in.cancel()
+	}
+}
+
+// sameContext reports whether a and b are the same context. It never
+// panics on a context type that cannot be compared: such contexts are
+// never the same.
+func sameContext(a, b context.Context) (same bool) {
+	defer func() { _ = recover() }()
+	return a == b
+}

@@ -1,0 +1,617 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/verdict"
+)
+
+const hedgeDelay = 100 * time.Millisecond
+
+// hedgeObs is a HedgeObserver that counts and signals.
+type hedgeObs struct {
+	sent, won  atomic.Int64
+	mu         sync.Mutex
+	suppressed []verdict.Suppression
+	events     chan string
+}
+
+func newHedgeObs() *hedgeObs { return &hedgeObs{events: make(chan string, 16)} }
+
+func (o *hedgeObs) OnHedgeSent() { o.sent.Add(1); o.events <- "sent" }
+func (o *hedgeObs) OnHedgeWon()  { o.won.Add(1) }
+func (o *hedgeObs) OnHedgeSuppressed(r verdict.Suppression) {
+	o.mu.Lock()
+	o.suppressed = append(o.suppressed, r)
+	o.mu.Unlock()
+	o.events <- "suppressed:" + r.String()
+}
+
+// waitEvent waits for the observer's next event, failing after a while: the
+// watcher runs on its own goroutine.
+func (o *hedgeObs) waitEvent(t *testing.T) string {
+	t.Helper()
+	select {
+	case e := <-o.events:
+		return e
+	case <-time.After(10 * time.Second):
+		t.Fatal("no hedge event")
+		return ""
+	}
+}
+
+// hedgeRig runs a call whose attempts follow a script, on a fake clock.
+type hedgeRig struct {
+	t       *testing.T
+	clk     *fakeClock
+	p       *Policy
+	obs     *hedgeObs
+	started chan int // attempt numbers, as their callbacks start
+	release []chan struct{}
+	mu      sync.Mutex
+	ctxs    map[int]context.Context
+	calls   atomic.Int64
+}
+
+func newHedgeRig(t *testing.T, o HedgeOptions) *hedgeRig {
+	clk := newFakeClock()
+	rig := &hedgeRig{t: t, clk: clk, p: testPolicy(clk), obs: newHedgeObs(), started: make(chan int, 8), ctxs: map[int]context.Context{}}
+	for range 4 {
+		rig.release = append(rig.release, make(chan struct{}))
+	}
+	o.Observer = rig.obs
+	if o.Delay == 0 && o.Percentile == 0 {
+		o.Delay = hedgeDelay
+	}
+	rig.p.Hedge = newHedge(o, clk)
+	return rig
+}
+
+// An act is what one attempt's callback does once started.
+type act func(ctx context.Context, release <-chan struct{}) (int, error)
+
+// hang waits for the attempt's context to end.
+func hang(ctx context.Context, _ <-chan struct{}) (int, error) { <-ctx.Done(); return 0, ctx.Err() }
+
+// answer returns at once.
+func answer(v int, err error) act {
+	return func(context.Context, <-chan struct{}) (int, error) { return v, err }
+}
+
+// held answers v once released, or returns when its context ends.
+func held(v int, err error) act {
+	return func(ctx context.Context, release <-chan struct{}) (int, error) {
+		select {
+		case <-release:
+			return v, err
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// fn plays acts[i] for the callback's i-th call.
+func (rig *hedgeRig) fn(acts ...act) func(context.Context) (int, error) {
+	return func(ctx context.Context) (int, error) {
+		i := int(rig.calls.Add(1)) - 1
+		rig.mu.Lock()
+		rig.ctxs[i] = ctx
+		rig.mu.Unlock()
+		rig.started <- i
+		if i >= len(acts) {
+			rig.t.Errorf("callback called %d times, script has %d acts", i+1, len(acts))
+			return 0, errCustom
+		}
+		return acts[i](ctx, rig.release[i])
+	}
+}
+
+func (rig *hedgeRig) ctx(i int) context.Context {
+	rig.mu.Lock()
+	defer rig.mu.Unlock()
+	return rig.ctxs[i]
+}
+
+func (rig *hedgeRig) waitStarted(want int) {
+	rig.t.Helper()
+	select {
+	case got := <-rig.started:
+		if got != want {
+			rig.t.Fatalf("callback call %d started, want %d", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		rig.t.Fatalf("callback call %d never started", want)
+	}
+}
+
+// try starts the call; wait returns its result.
+func (rig *hedgeRig) try(ctx context.Context, fn func(context.Context) (int, error)) (wait func() Result[int]) {
+	done := make(chan Result[int], 1)
+	go func() { done <- Try(ctx, rig.p, fn) }()
+	return func() Result[int] {
+		rig.t.Helper()
+		select {
+		case r := <-done:
+			return r
+		case <-time.After(10 * time.Second):
+			rig.t.Fatal("call never returned")
+			return Result[int]{}
+		}
+	}
+}
+
+func hedgeLog(log []verdict.Attempt) []string {
+	s := make([]string, len(log))
+	for i, a := range log {
+		s[i] = a.String()
+	}
+	return s
+}
+
+func TestHedgeGate(t *testing.T) {
+	tests := []struct {
+		name          string
+		c             Criticality
+		refused       bool
+		attemptsLeft  bool
+		breakerClosed bool
+		want          verdict.Suppression
+	}{
+		{"critical, all clear", Critical, false, true, true, verdict.SuppressedNone},
+		{"critical plus, all clear", CriticalPlus, false, true, true, verdict.SuppressedNone},
+		{"sheddable", Sheddable, false, true, true, verdict.SuppressedCriticality},
+		{"sheddable plus", SheddablePlus, false, true, true, verdict.SuppressedCriticality},
+		{"round refused", Critical, true, true, true, verdict.SuppressedRefused},
+		{"no attempts left", Critical, false, false, true, verdict.SuppressedAttempts},
+		{"breaker not closed", Critical, false, true, false, verdict.SuppressedBreaker},
+		{"criticality is reported first", Sheddable, true, false, false, verdict.SuppressedCriticality},
+		{"then a refusal", Critical, true, false, false, verdict.SuppressedRefused},
+		{"then attempts", Critical, false, false, false, verdict.SuppressedAttempts},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := hedgeGate(tt.c, tt.refused, tt.attemptsLeft, tt.breakerClosed); got != tt.want {
+				t.Errorf("hedgeGate = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// The hedge answers first: its value is the call's, the first attempt is
+// cancelled through its context and logged as lost, no evidence.
+func TestHedgeWinsAndCancelsTheFirst(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{})
+	rig.p.Budget = NewRetryBudget(0.1, 10)
+	rig.p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
+	wait := rig.try(context.Background(), rig.fn(hang, answer(2, nil)))
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	rig.waitStarted(1)
+	r := wait()
+
+	if r.Err != nil || r.Value != 2 || r.Stop != StopSuccess {
+		t.Fatalf("Try = %v, %v, %v; want the hedge's 2", r.Value, r.Stop, r.Err)
+	}
+	want := []string{"Permanent in 100ms, then 0s (lost)", "hedge: OK in 0s, then 0s"}
+	if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
+		t.Errorf("attempt log = %q, want %q", got, want)
+	}
+	if err := rig.ctx(0).Err(); !errors.Is(err, context.Canceled) {
+		t.Errorf("first attempt's context: %v, want cancelled", err)
+	}
+	if rig.obs.sent.Load() != 1 || rig.obs.won.Load() != 1 {
+		t.Errorf("observer: %d sent, %d won; want 1, 1", rig.obs.sent.Load(), rig.obs.won.Load())
+	}
+	// The hedge spent a token; the success funded a tenth of one.
+	if got := rig.p.Budget.Tokens(); got < 9.09 || got > 9.11 {
+		t.Errorf("budget holds %v tokens, want 9.1", got)
+	}
+	if got := rig.p.Breaker.State(rig.clk.Now()); got != BreakerClosed {
+		t.Errorf("breaker %v after a cancelled loser, want closed (no evidence)", got)
+	}
+}
+
+// The first attempt answers while the hedge runs: the hedge is cancelled
+// and logged as lost.
+func TestFirstWinsAndCancelsTheHedge(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{})
+	wait := rig.try(context.Background(), rig.fn(held(1, nil), hang))
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	rig.waitStarted(1)
+	close(rig.release[0])
+	r := wait()
+
+	if r.Err != nil || r.Value != 1 {
+		t.Fatalf("Try = %v, %v; want the first attempt's 1", r.Value, r.Err)
+	}
+	want := []string{"OK in 100ms, then 0s", "hedge: Permanent in 0s, then 0s (lost)"}
+	if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
+		t.Errorf("attempt log = %q, want %q", got, want)
+	}
+	if err := rig.ctx(1).Err(); !errors.Is(err, context.Canceled) {
+		t.Errorf("hedge's context: %v, want cancelled", err)
+	}
+	if rig.obs.won.Load() != 0 {
+		t.Errorf("observer counted %d hedges won, want 0", rig.obs.won.Load())
+	}
+}
+
+// Each reason the gate holds a hedge back, through the executor: the reason
+// is in the attempt log, in Result and told to the observer, and no hedge
+// attempt is made.
+func TestHedgeSuppressed(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(rig *hedgeRig) context.Context
+		want  verdict.Suppression
+	}{
+		{"sheddable work", func(*hedgeRig) context.Context {
+			return WithCriticality(context.Background(), Sheddable)
+		}, verdict.SuppressedCriticality},
+		{"no attempts left", func(rig *hedgeRig) context.Context {
+			rig.p.MaxAttempts = 1
+			return context.Background()
+		}, verdict.SuppressedAttempts},
+		{"budget down to half", func(rig *hedgeRig) context.Context {
+			rig.p.Budget = NewRetryBudget(0.1, 2)
+			rig.p.Budget.TrySpend(Critical)
+			return context.Background()
+		}, verdict.SuppressedBudget},
+		{"breaker half-open", func(rig *hedgeRig) context.Context {
+			rig.p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1, OpenFor: time.Second})
+			rig.p.Breaker.Record(rig.clk.Now(), Permit{}, verdict.New(verdict.Transient))
+			rig.clk.Advance(time.Second) // the call's attempt is the half-open probe
+			return context.Background()
+		}, verdict.SuppressedBreaker},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rig := newHedgeRig(t, HedgeOptions{})
+			ctx := tt.setup(rig)
+			tokens := -1.0
+			if rig.p.Budget != nil {
+				tokens = rig.p.Budget.Tokens()
+			}
+			wait := rig.try(ctx, rig.fn(held(1, nil)))
+			rig.waitStarted(0)
+			rig.clk.Advance(hedgeDelay)
+			if e := rig.obs.waitEvent(t); e != "suppressed:"+tt.want.String() {
+				t.Fatalf("observer: %s, want suppressed:%v", e, tt.want)
+			}
+			close(rig.release[0])
+			r := wait()
+			if r.Err != nil || r.Value != 1 || r.Suppressed != tt.want {
+				t.Fatalf("Try = %v, %v, suppressed %v; want 1 with %v", r.Value, r.Err, r.Suppressed, tt.want)
+			}
+			want := []string{"OK in 100ms, then 0s (hedge suppressed: " + tt.want.String() + ")"}
+			if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
+				t.Errorf("attempt log = %q, want %q", got, want)
+			}
+			if rig.calls.Load() != 1 || rig.obs.sent.Load() != 0 {
+				t.Errorf("%d callback calls, %d hedges sent; want 1, 0", rig.calls.Load(), rig.obs.sent.Load())
+			}
+			if rig.p.Budget != nil && rig.p.Budget.Tokens() < tokens {
+				t.Errorf("budget went from %v to %v tokens: a suppressed hedge spent one", tokens, rig.p.Budget.Tokens())
+			}
+			if rig.p.Breaker != nil {
+				if got := rig.p.Breaker.State(rig.clk.Now()); got != BreakerClosed {
+					t.Errorf("breaker %v after the probe succeeded, want closed", got)
+				}
+			}
+		})
+	}
+}
+
+// A hedge an Admit hook (a limiter per attempt) refuses is an attempt,
+// logged as a self-imposed refusal; the next hedge of the round is then
+// suppressed, since the limit refused the last copy.
+func TestHedgeRefusedThenSuppressed(t *testing.T) {
+	done := make(chan struct{}, 4)
+	testHookHedgeDone = func() { done <- struct{}{} }
+	t.Cleanup(func() { testHookHedgeDone = nil })
+	rig := newHedgeRig(t, HedgeOptions{MaxHedges: 2})
+	rig.p.Budget = NewRetryBudget(0.1, 10)
+	var admitted []NextAttempt
+	rig.p.Admit = func(_ context.Context, next NextAttempt) verdict.Verdict {
+		admitted = append(admitted, next) // attempts are admitted one at a time here
+		if next.Hedge {
+			return verdict.Refused(time.Second)
+		}
+		return verdict.Verdict{}
+	}
+	wait := rig.try(context.Background(), rig.fn(held(1, nil)))
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	if e := rig.obs.waitEvent(t); e != "sent" {
+		t.Fatalf("observer: %s, want sent", e)
+	}
+	<-done
+	rig.clk.Advance(hedgeDelay)
+	if e := rig.obs.waitEvent(t); e != "suppressed:refused" {
+		t.Fatalf("observer: %s, want suppressed:refused", e)
+	}
+	close(rig.release[0])
+	r := wait()
+
+	want := []string{
+		"OK in 200ms, then 0s (hedge suppressed: refused)",
+		"hedge: Throttled(self-imposed, retry after 1s) in 0s, then 0s",
+	}
+	if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
+		t.Errorf("attempt log = %q, want %q", got, want)
+	}
+	if len(admitted) != 2 || admitted[1] != (NextAttempt{Number: 2, Hedge: true, Criticality: Critical}) {
+		t.Errorf("Admit saw %+v, want the first attempt and hedge number 2", admitted)
+	}
+	// The refused hedge reached nothing, but it was sent: it spent its token.
+	if got := rig.p.Budget.Tokens(); got < 9.09 || got > 9.11 {
+		t.Errorf("budget holds %v tokens, want 9.1", got)
+	}
+}
+
+// Several hedges, MaxHedges of them, each a delay after the last; the last
+// answers.
+func TestHedgesUpToMax(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{MaxHedges: 2})
+	rig.p.MaxAttempts = 5
+	wait := rig.try(context.Background(), rig.fn(hang, hang, answer(3, nil)))
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	rig.waitStarted(1)
+	rig.clk.Advance(hedgeDelay)
+	rig.waitStarted(2)
+	r := wait()
+	if r.Value != 3 || r.Err != nil {
+		t.Fatalf("Try = %v, %v; want the second hedge's 3", r.Value, r.Err)
+	}
+	want := []string{"Permanent in 200ms, then 0s (lost)", "hedge: Permanent in 100ms, then 0s (lost)", "hedge: OK in 0s, then 0s"}
+	if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
+		t.Errorf("attempt log = %q, want %q", got, want)
+	}
+	rig.clk.Advance(time.Hour) // nothing more is sent
+	if n := rig.calls.Load(); n != 3 {
+		t.Errorf("callback called %d times, want 3", n)
+	}
+}
+
+// A failure does not end a round while another attempt may still answer;
+// when none does, the call retries, and hedges count as attempts.
+func TestHedgedRoundFailsThenRetries(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{})
+	rig.p.MaxAttempts = 3
+	wait := rig.try(context.Background(), rig.fn(held(0, errReset), held(0, errReset), answer(7, nil)))
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	rig.waitStarted(1)
+	close(rig.release[0])
+	close(rig.release[1])
+	rig.waitStarted(2) // the retry, after the transient backoff
+	r := wait()
+	if r.Value != 7 || r.Err != nil {
+		t.Fatalf("Try = %v, %v; want 7 from the retry", r.Value, r.Err)
+	}
+	if got := verdicts(r.Attempts); !slices.Equal(got, []string{"Transient", "Transient", "OK"}) {
+		t.Errorf("attempt log = %q", got)
+	}
+	if !r.Attempts[1].Hedge() || r.Attempts[1].Delay() != 100*time.Millisecond || r.Attempts[0].Delay() != 0 {
+		t.Errorf("the round's last entry should be the hedge, followed by the backoff: %q", hedgeLog(r.Attempts))
+	}
+	// The retry was the third attempt of three: no hedge could follow it.
+	if rig.clk.Sleeps()[0] != 100*time.Millisecond {
+		t.Errorf("sleeps %v", rig.clk.Sleeps())
+	}
+}
+
+// A Permanent answer is final: it ends the round and the call, cancelling
+// the attempt still running.
+func TestHedgePermanentEndsTheRound(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{})
+	wait := rig.try(context.Background(), rig.fn(hang, answer(0, err404)))
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	r := wait()
+	if r.Stop != StopPermanent || !errors.Is(r.Err, err404) {
+		t.Fatalf("Try = %v, %v; want the hedge's 404", r.Stop, r.Err)
+	}
+	if err := rig.ctx(0).Err(); !errors.Is(err, context.Canceled) {
+		t.Errorf("first attempt's context: %v, want cancelled", err)
+	}
+}
+
+// The call's deadline bounds the hedges too.
+func TestHedgeBoundedByDeadline(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{})
+	rig.p.Deadline = 250 * time.Millisecond
+	var deadlines []time.Time
+	var mu sync.Mutex
+	fn := rig.fn(hang, hang)
+	wait := rig.try(context.Background(), func(ctx context.Context) (int, error) {
+		d, _ := ctx.Deadline()
+		mu.Lock()
+		deadlines = append(deadlines, d)
+		mu.Unlock()
+		return fn(ctx)
+	})
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	rig.waitStarted(1)
+	rig.clk.Advance(150 * time.Millisecond)
+	r := wait()
+	if r.Stop != StopDeadline {
+		t.Fatalf("Stop = %v, want deadline", r.Stop)
+	}
+	if want := []time.Time{at(250 * time.Millisecond), at(250 * time.Millisecond)}; !slices.EqualFunc(deadlines, want, time.Time.Equal) {
+		t.Errorf("attempt deadlines %v, want both %v", deadlines, want[0])
+	}
+	if len(r.Attempts) != 2 || !r.Attempts[1].Hedge() {
+		t.Errorf("attempt log = %q, want the first attempt and its hedge", hedgeLog(r.Attempts))
+	}
+}
+
+// The delay is learned: the percentile of the first attempts' latencies,
+// never below the floor.
+func TestHedgeLearnsTheDelay(t *testing.T) {
+	clk := newFakeClock()
+	h := newHedge(HedgeOptions{Percentile: 0.9, MinDelay: 5 * time.Millisecond}, clk)
+	p := testPolicy(clk)
+	p.Hedge = h
+	p.MaxAttempts = 1 // learn, but send nothing
+	// 90 calls of 10ms and 10 of 50ms; the 90th percentile is 10ms.
+	for i := range 200 {
+		d := 10 * time.Millisecond
+		if i%10 == 9 {
+			d = 50 * time.Millisecond
+		}
+		if _, err := Run(context.Background(), p, func(context.Context) (int, error) { clk.Advance(d); return 0, nil }); err != nil {
+			t.Fatal(err)
+		}
+		h.scanNow() // as the watcher would, between calls
+	}
+	if got := h.Delay(); got < 10*time.Millisecond || got > 11*time.Millisecond {
+		t.Errorf("learned delay %v, want about 10ms", got)
+	}
+	for range 2 * latencyWindow {
+		_, _ = Run(context.Background(), p, func(context.Context) (int, error) { clk.Advance(time.Millisecond); return 0, nil })
+		h.scanNow()
+	}
+	if got := h.Delay(); got != 5*time.Millisecond {
+		t.Errorf("learned delay %v once calls take 1ms, want the 5ms floor", got)
+	}
+}
+
+// scanNow does what the watcher does when it wakes.
+func (h *Hedge) scanNow() { h.scan(h.clock.Now()) }
+
+func TestLatencies(t *testing.T) {
+	var l latencies
+	if _, ok := l.quantile(0.5); ok {
+		t.Fatal("quantile of nothing")
+	}
+	for v := range uint64(100) {
+		l.add(v * 100) // 0µs ... 9.9ms
+	}
+	for _, tt := range []struct {
+		q    float64
+		want uint64
+	}{{0.5, 4900}, {0.95, 9400}, {0.99, 9800}, {1, 9900}} {
+		l.qValid = false
+		got, ok := l.quantile(tt.q)
+		// The top of the value's bucket: at most 1/16 above it.
+		if !ok || got < tt.want || float64(got) > float64(tt.want)*(1+1.0/16) {
+			t.Errorf("quantile(%v) = %d, %v; want %d or up to 1/16 above", tt.q, got, ok, tt.want)
+		}
+	}
+	for v := range uint64(1 << 20) {
+		if b := bucketOf(v); bucketTop(b) < v || (b > 0 && bucketTop(b-1) >= v) {
+			t.Fatalf("%d is in bucket %d, which runs to %d", v, b, bucketTop(b))
+		}
+	}
+	if b := bucketOf(1<<63 + 5); b != latencyBuckets-1 && bucketTop(b) < 1<<63 {
+		t.Errorf("the largest values land in bucket %d", b)
+	}
+	// It forgets: after many more samples of 20ms, the old ones weigh nothing.
+	for range 10 * latencyWindow {
+		l.add(20000)
+	}
+	l.qValid = false
+	if got, _ := l.quantile(0.5); got < 20000 || got > 21250 {
+		t.Errorf("median after the shift = %d, want about 20000", got)
+	}
+}
+
+func TestHedgeContext(t *testing.T) {
+	type key struct{}
+	parent, cancelParent := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	t.Cleanup(cancelParent)
+
+	c := &hedgeContext{parent: parent}
+	if !c.reusable(parent) || c.reusable(context.Background()) {
+		t.Error("a fresh hedgeContext is for its own parent only")
+	}
+	if c.Value(key{}) != "v" || c.Err() != nil {
+		t.Error("values and state are the parent's")
+	}
+	child, cancelChild := context.WithCancel(c) // waits on c: makes it real
+	t.Cleanup(cancelChild)
+	if c.reusable(parent) {
+		t.Error("a hedgeContext something waited on is not reused")
+	}
+	c.cancel()
+	<-child.Done()
+	if !errors.Is(c.Err(), context.Canceled) || !errors.Is(context.Cause(c), context.Canceled) || parent.Err() != nil {
+		t.Errorf("after cancel: Err %v, Cause %v, parent %v", c.Err(), context.Cause(c), parent.Err())
+	}
+
+	// Cancelled before anything waited on it: Done is closed when asked for.
+	c = &hedgeContext{parent: parent}
+	c.cancel()
+	if c.reusable(parent) || !errors.Is(c.Err(), context.Canceled) || !errors.Is(context.Cause(c), context.Canceled) {
+		t.Error("a cancelled hedgeContext reports it, and is not reused")
+	}
+	<-c.Done()
+
+	// The parent's cancellation reaches it, waited on or not.
+	c, w := &hedgeContext{parent: parent}, &hedgeContext{parent: parent}
+	done := w.Done()
+	cancelParent()
+	<-done
+	if !errors.Is(c.Err(), context.Canceled) {
+		t.Errorf("Err after the parent was cancelled: %v", c.Err())
+	}
+	if sameContext(uncomparableCtx{Context: parent}, uncomparableCtx{Context: parent}) {
+		t.Error("contexts that cannot be compared are never the same")
+	}
+}
+
+type uncomparableCtx struct {
+	context.Context
+	_ []int
+}
+
+// Hedged calls on the real clock, many at once, some hedged, some not:
+// for the race detector, and the invariants that hold whatever the timing.
+func TestHedgeConcurrent(t *testing.T) {
+	p := Defaults()
+	p.Backoff = Backoff{}
+	p.Hedge = NewHedge(HedgeOptions{Delay: time.Millisecond, MaxHedges: 2})
+	p.MaxAttempts = 4
+	var wg sync.WaitGroup
+	var inFlight, maxInFlight atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				r := Try(context.Background(), p, func(ctx context.Context) (int, error) {
+					n := inFlight.Add(1)
+					defer inFlight.Add(-1)
+					for m := maxInFlight.Load(); n > m && !maxInFlight.CompareAndSwap(m, n); m = maxInFlight.Load() {
+					}
+					if (g+i)%3 == 0 { // slow: a hedge comes due
+						select {
+						case <-ctx.Done():
+							return 0, ctx.Err()
+						case <-time.After(3 * time.Millisecond):
+						}
+					}
+					return 1, nil
+				})
+				if r.Err != nil || r.Value != 1 {
+					t.Errorf("call: %v, %v", r.Value, r.Err)
+				}
+				if len(r.Attempts) > p.MaxAttempts {
+					t.Errorf("%d attempts, more than %d", len(r.Attempts), p.MaxAttempts)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := inFlight.Load(); n != 0 {
+		t.Errorf("%d callbacks still running after every call returned", n)
+	}
+}

@@ -1,0 +1,340 @@
+package sdk
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/egressd/egressd/pkg/verdict"
+)
+
+// hedgedCall is a first attempt registered in a slot: what the watcher needs to
+// start hedging it. Each slot keeps one per type T and reuses it, so that
+// registering allocates nothing.
+type hedgedCall[T any] struct {
+	ctx           context.Context
+	fn            func(context.Context) (T, error)
+	p             *Policy
+	clk           clock
+	n             int // the first attempt's number
+	maxAttempts   int
+	start         time.Time
+	deadline      time.Time
+	deadlineIsCtx bool
+	// The first attempt's context is cancelled through cancel when the
+	// executor derived it, otherwise through hctx.
+	cancel context.CancelFunc
+	hctx   *hedgeContext
+
+	round atomic.Pointer[round[T]]
+	ready chan struct{} // the watcher's word that round is set
+}
+
+// hedged makes attempt n, started at start, with p.Hedge watching it: in
+// the common case the attempt answers before a hedge comes due, and this is
+// attempt with a slot taken and given back. Otherwise the watcher has
+// started a round, r, which this joins once the attempt has returned; the
+// outcome is then the round's.
+func hedged[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), n, maxAttempts int, start, deadline time.Time, deadlineIsCtx bool) (outcome[T], *round[T]) {
+	h := p.Hedge
+	startUS := h.micros(start)
+	s := h.claim(startUS)
+	c, _ := s.cache.(*hedgedCall[T])
+	if c == nil {
+		c = &hedgedCall[T]{ready: make(chan struct{}, 1)}
+		s.cache = c
+	}
+	actx, cancel, byTimeout := attemptContext(ctx, p, clk, start, deadline, deadlineIsCtx)
+	if cancel != nil {
+		defer cancel()
+	} else {
+		if !c.hctx.reusable(ctx) {
+			c.hctx = &hedgeContext{parent: ctx}
+		}
+		actx = c.hctx
+	}
+	c.ctx, c.fn, c.p, c.clk = ctx, fn, p, clk
+	c.n, c.maxAttempts, c.start, c.deadline, c.deadlineIsCtx = n, maxAttempts, start, deadline, deadlineIsCtx
+	c.cancel = cancel
+	active := word(phaseActive, startUS)
+	s.word.Store(active) // publishes c to the watcher
+	h.watch()
+
+	o := runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
+	end := clk.Now()
+	ok := o.v.Kind() == verdict.OK
+	if s.word.CompareAndSwap(active, released(ok, end.Sub(start))) {
+		return o, nil // c is the next holder's now; it keeps ctx and fn until then
+	}
+
+	// A hedge came due while the attempt ran.
+	<-c.ready
+	r := c.round.Load()
+	c.round.Store(nil)
+	c.ctx, c.fn = nil, nil
+	o = r.join(o, end)
+	first := r.atts[0]
+	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.end.Sub(first.start)))
+	return o, r
+}
+
+// released is a slot's word once its attempt is done: the attempt's
+// latency, for the delay to learn from, if it is one.
+func released(sample bool, d time.Duration) uint64 {
+	if !sample {
+		return phaseFree
+	}
+	return word(phaseSample, uint64(max(d, 0)/time.Microsecond))
+}
+
+// round is a first attempt and the hedges sent beside it.
+type round[T any] struct {
+	h             *Hedge
+	ctx           context.Context
+	fn            func(context.Context) (T, error)
+	p             *Policy
+	clk           clock
+	maxAttempts   int
+	deadline      time.Time
+	deadlineIsCtx bool
+
+	mu         sync.Mutex
+	atts       []*roundAttempt[T] // in the order they started; [0] is the first
+	running    int
+	winner     int  // index of the attempt whose answer was taken; -1: none
+	over       bool // no more hedges: an answer was taken or every attempt returned
+	held       bool // the gate held a hedge back: no more in this round
+	joined     bool // the caller is waiting for done
+	done       chan struct{}
+	sent       int
+	suppressed verdict.Suppression
+}
+
+type roundAttempt[T any] struct {
+	hedge      bool
+	n          int
+	start, end time.Time
+	o          outcome[T]
+	lost       bool
+	cancel     func()
+	permit     Permit
+}
+
+// startRound is called by the watcher, which has taken c's slot to
+// phaseFiring: c's fields stay as they are until the caller joins the round.
+func (c *hedgedCall[T]) startRound(h *Hedge, now time.Time) hedgeRound {
+	r := &round[T]{
+		h: h, ctx: c.ctx, fn: c.fn, p: c.p, clk: c.clk,
+		maxAttempts: c.maxAttempts, deadline: c.deadline, deadlineIsCtx: c.deadlineIsCtx,
+		winner: -1, done: make(chan struct{}),
+	}
+	cancel := c.cancel
+	if cancel == nil {
+		cancel = c.hctx.cancel
+	}
+	r.atts = append(r.atts, &roundAttempt[T]{n: c.n, start: c.start, cancel: cancel})
+	r.running = 1
+	r.mu.Lock()
+	r.hedgeLocked(now)
+	r.mu.Unlock()
+	c.round.Store(r)
+	c.ready <- struct{}{}
+	return r
+}
+
+// more implements hedgeRound.
+func (r *round[T]) more(now time.Time) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		if r.over || r.held || r.sent >= r.h.maxHedges {
+			return time.Time{}, false
+		}
+		due := r.atts[0].start.Add(time.Duration(r.sent+1) * r.h.Delay())
+		if now.Before(due) {
+			return due, true
+		}
+		r.hedgeLocked(now)
+	}
+}
+
+// hedgeLocked asks the gate about a hedge at now and, if it may, sends it.
+func (r *round[T]) hedgeLocked(now time.Time) {
+	if r.over || r.held || r.sent >= r.h.maxHedges {
+		return
+	}
+	p := r.p
+	refused := false
+	for _, a := range r.atts {
+		refused = refused || a.end != (time.Time{}) && a.o.v.SelfImposed()
+	}
+	n := r.atts[0].n + r.sent + 1
+	closed := p.Breaker == nil || p.Breaker.State(now) == BreakerClosed
+	reason := hedgeGate(CriticalityFrom(r.ctx), refused, n <= r.maxAttempts, closed)
+	var permit Permit
+	if reason == verdict.SuppressedNone && p.Breaker != nil {
+		var ok bool
+		if permit, ok = p.Breaker.Allow(now); !ok || permit.Probe() {
+			if ok { // half-open since State: give the probe slot back
+				p.Breaker.Record(now, permit, noEvidence)
+			}
+			reason = verdict.SuppressedBreaker
+		}
+	}
+	if reason == verdict.SuppressedNone && p.Budget != nil && !p.Budget.trySpendHedge() {
+		if p.Breaker != nil {
+			p.Breaker.Record(now, permit, noEvidence)
+		}
+		reason = verdict.SuppressedBudget
+	}
+	if reason != verdict.SuppressedNone {
+		r.held, r.suppressed = true, reason
+		if obs := r.h.obs; obs != nil {
+			obs.OnHedgeSuppressed(reason)
+		}
+		return
+	}
+	hctx, cancel := context.WithCancel(r.ctx)
+	a := &roundAttempt[T]{hedge: true, n: n, start: now, cancel: cancel, permit: permit}
+	r.atts = append(r.atts, a)
+	r.running++
+	r.sent++
+	if obs := r.h.obs; obs != nil {
+		obs.OnHedgeSent()
+	}
+	go r.runHedge(a, hctx)
+}
+
+// noEvidence is what a breaker is told of an attempt whose answer says
+// nothing about the dependency: one that lost to another, or a permit given
+// back unused.
+var noEvidence = verdict.New(verdict.Permanent)
+
+func (r *round[T]) runHedge(a *roundAttempt[T], hctx context.Context) {
+	o := attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true}, a.start, r.deadline, r.deadlineIsCtx)
+	end := r.clk.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.finishLocked(a, o, end)
+	if r.p.Breaker != nil {
+		v := o.v
+		if a.lost {
+			v = noEvidence
+		}
+		r.p.Breaker.Record(end, a.permit, v)
+	}
+	a.cancel()
+	if testHookHedgeDone != nil {
+		testHookHedgeDone()
+	}
+	r.leaveLocked()
+}
+
+// testHookHedgeDone, set by tests only, is called when a hedge's attempt
+// has been counted out of its round.
+var testHookHedgeDone func()
+
+// join is the caller's: the first attempt came to o at end. It waits for
+// every attempt of the round and returns the round's outcome.
+func (r *round[T]) join(o outcome[T], end time.Time) outcome[T] {
+	r.mu.Lock()
+	r.joined = true
+	r.finishLocked(r.atts[0], o, end)
+	r.leaveLocked()
+	r.mu.Unlock()
+	<-r.done
+
+	if r.winner >= 0 {
+		return r.atts[r.winner].o
+	}
+	// No answer to take: the call's end, or the latest failure, preferring
+	// one that reached the dependency.
+	var last, reached *roundAttempt[T]
+	for _, a := range r.atts {
+		if a.o.halt {
+			return a.o
+		}
+		if last == nil || !a.end.Before(last.end) {
+			last = a
+		}
+		if !a.o.v.SelfImposed() && (reached == nil || !a.end.Before(reached.end)) {
+			reached = a
+		}
+	}
+	if reached != nil {
+		return reached.o
+	}
+	return last.o
+}
+
+// finishLocked records that a came to o at end, and takes its answer if it
+// is the round's first acceptable one - OK, or a Permanent answer, which
+// stops the call whatever the others say - cancelling the others.
+func (r *round[T]) finishLocked(a *roundAttempt[T], o outcome[T], end time.Time) {
+	a.o, a.end = o, end
+	if r.winner >= 0 {
+		a.lost = true
+		return
+	}
+	k := o.v.Kind()
+	if k != verdict.OK && (k != verdict.Permanent || o.halt) {
+		return
+	}
+	r.over = true
+	for i, b := range r.atts {
+		if b == a {
+			r.winner = i
+		} else if b.end == (time.Time{}) {
+			b.cancel()
+		}
+	}
+	if a.hedge && r.h.obs != nil {
+		r.h.obs.OnHedgeWon()
+	}
+}
+
+// leaveLocked counts an attempt out, and lets the caller go once every
+// attempt is out and it is waiting.
+func (r *round[T]) leaveLocked() {
+	r.running--
+	if r.running == 0 {
+		r.over = true
+		if r.joined {
+			close(r.done)
+		}
+	}
+}
+
+// firstVerdict is what the breaker is told of the round's first attempt.
+func (r *round[T]) firstVerdict() verdict.Verdict {
+	if a := r.atts[0]; !a.lost {
+		return a.o.v
+	}
+	return noEvidence
+}
+
+// record appends the round's attempts to log, the last followed by delay.
+func (r *round[T]) record(log *[]verdict.Attempt, delay time.Duration) {
+	for i, a := range r.atts {
+		v := a.o.v
+		if a.lost {
+			v = noEvidence
+		}
+		d := time.Duration(0)
+		if i == len(r.atts)-1 {
+			d = delay
+		}
+		e := verdict.NewAttempt(v, a.end.Sub(a.start), d)
+		if a.hedge {
+			e = e.AsHedge()
+		}
+		if a.lost {
+			e = e.AsLost()
+		}
+		if i == 0 && r.suppressed != verdict.SuppressedNone {
+			e = e.WithSuppressed(r.suppressed)
+		}
+		*log = append(*log, e)
+	}
+}
