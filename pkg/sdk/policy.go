@@ -209,12 +209,13 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 		// A round: one attempt, and with a Hedge the hedges sent beside it.
 		var a outcome[T]
 		var r *round[T]
+		var end time.Time
 		if p.Hedge != nil {
-			a, r = hedged(ctx, p, clk, fn, made+1, maxAttempts, now, deadline, deadlineIsCtx)
+			a, r, end = hedged(ctx, p, clk, fn, made+1, maxAttempts, now, deadline, deadlineIsCtx)
 		} else {
 			a = attempt(ctx, ctx, p, clk, fn, attemptInfo{n: made + 1}, now, deadline, deadlineIsCtx)
+			end = clk.Now()
 		}
-		end := clk.Now()
 		first := a.v
 		made++
 		if r != nil {

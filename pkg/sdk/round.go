@@ -35,8 +35,8 @@ type hedgedCall[T any] struct {
 // the common case the attempt answers before a hedge comes due, and this is
 // attempt with a slot taken and given back. Otherwise the watcher has
 // started a round, r, which this joins once the attempt has returned; the
-// outcome is then the round's.
-func hedged[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), n, maxAttempts int, start, deadline time.Time, deadlineIsCtx bool) (outcome[T], *round[T]) {
+// outcome is then the round's. end is when the round ended.
+func hedged[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), n, maxAttempts int, start, deadline time.Time, deadlineIsCtx bool) (o outcome[T], r *round[T], end time.Time) {
 	h := p.Hedge
 	startUS := h.micros(start)
 	s := h.claim(startUS)
@@ -61,22 +61,22 @@ func hedged[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Co
 	s.word.Store(active) // publishes c to the watcher
 	h.watch()
 
-	o := runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
-	end := clk.Now()
+	o = runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
+	end = clk.Now()
 	ok := o.v.Kind() == verdict.OK
 	if s.word.CompareAndSwap(active, released(ok, end.Sub(start))) {
-		return o, nil // c is the next holder's now; it keeps ctx and fn until then
+		return o, nil, end // c is the next holder's now; it keeps ctx and fn until then
 	}
 
 	// A hedge came due while the attempt ran.
 	<-c.ready
-	r := c.round.Load()
+	r = c.round.Load()
 	c.round.Store(nil)
 	c.ctx, c.fn = nil, nil
 	o = r.join(o, end)
 	first := r.atts[0]
 	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.end.Sub(first.start)))
-	return o, r
+	return o, r, clk.Now()
 }
 
 // released is a slot's word once its attempt is done: the attempt's
