@@ -51,15 +51,30 @@
 // Responses of earlier attempts are closed. To see the attempt log and the stop reason, pass a
 // *Result in the request's context with WithResult.
 //
-// Every method is retried when the policy says so. A refusal in this process
-// never sent anything, but a POST that got a 503 may have done some of its
-// work: send requests that must not be repeated through a stack whose policy
-// makes one attempt.
+// Every method is retried when the policy says so (but only idempotent
+// ones are hedged). A refusal in this process never sent anything, but a
+// POST that got a 503 may have done some of its work: send requests that
+// must not be repeated through a stack whose policy makes one attempt.
 //
 // A failed response's body is read into memory (up to 64 KiB) inside the
 // attempt, so that its connection and any permit it holds are free during
 // the backoff, and handed to the caller if it was the last attempt. A
 // longer body is kept open until the next attempt starts.
+//
+// # Hedging
+//
+// With a policy whose Hedge is set, a request that has run for the hedge's
+// delay gets a copy sent beside it (see sdk.Hedge for the delay, the gate
+// and the accounting): the first response that answers it - any status
+// below 400, or one the classifier calls Permanent - is returned, and the
+// other copies are cancelled on the wire. Only idempotent requests are
+// hedged (see Idempotent): GET, HEAD and OPTIONS, or any method with an
+// Idempotency-Key header; others run under the same policy without its
+// Hedge. Each copy sends its own copy of the body, as a retry does. The
+// responses of copies that lost - one that answered too late, a failed one
+// - are drained and closed, which gives back their connections and the
+// permits Limit steps took for them. Each copy is an attempt: the Limit and
+// Quota steps are asked for it, and may refuse it.
 //
 // # Request bodies
 //

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/verdict"
@@ -23,13 +24,14 @@ const MaxBufferedBody = 1 << 20
 var ErrBodyNotReplayable = errors.New("request body cannot be replayed")
 
 // Result is what the Retry step knows about one request: the attempt log,
-// why it stopped, and the executor's error (a *sdk.StopError; nil on
-// success). Err is set even when RoundTrip returned the last attempt's
-// response, e.g. a 503 after the attempts ran out.
+// why it stopped, why a hedge was held back, and the executor's error (a
+// *sdk.StopError; nil on success). Err is set even when RoundTrip returned
+// the last attempt's response, e.g. a 503 after the attempts ran out.
 type Result struct {
-	Attempts []verdict.Attempt
-	Stop     sdk.StopReason
-	Err      error
+	Attempts   []verdict.Attempt
+	Stop       sdk.StopReason
+	Suppressed verdict.Suppression
+	Err        error
 }
 
 type resultKey struct{}
@@ -46,35 +48,51 @@ func resultFrom(ctx context.Context) *Result {
 	return r
 }
 
-// retryLayer runs each request through the policy's executor.
+// retryLayer runs each request through the policy's executor: policy for
+// requests that may be hedged, plain (the same, without its Hedge) for the
+// rest.
 type retryLayer struct {
-	policy sdk.Policy
-	next   http.RoundTripper
+	policy, plain sdk.Policy
+	next          http.RoundTripper
+}
+
+// Idempotent reports whether req may be sent more than once at the same
+// time, which is what hedging does: a GET, HEAD or OPTIONS request, or one
+// carrying an Idempotency-Key header (the IETF draft's promise that the
+// server does the work once however many copies arrive).
+func Idempotent(req *http.Request) bool {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions:
+		return true
+	}
+	_, ok := req.Header["Idempotency-Key"]
+	return ok
 }
 
 func (t *retryLayer) RoundTrip(req *http.Request) (*http.Response, error) {
-	body, err := newReplay(req, max(t.policy.MaxAttempts, 1))
+	p := &t.plain
+	if t.policy.Hedge != nil && Idempotent(req) {
+		p = &t.policy
+	}
+	body, err := newReplay(req, max(p.MaxAttempts, 1))
 	if err != nil {
 		return nil, err
 	}
 	defer body.close()
-	ex := &exchange{req: req, body: body, next: t.next}
+	ex := &exchange{req: req, body: body, next: t.next, hedged: p.Hedge != nil}
 	ctx := req.Context()
-	if t.policy.Admit != nil {
+	if p.Admit != nil {
 		ctx = context.WithValue(ctx, exchangeKey{}, ex) // for admitting
 	}
+	var won *http.Response
 	if res := resultFrom(ctx); res != nil {
-		r := sdk.Try(ctx, &t.policy, ex.attempt)
-		*res = Result{Attempts: r.Attempts, Stop: r.Stop, Err: r.Err}
-		err = r.Err
+		r := sdk.Try(ctx, p, ex.attempt)
+		*res = Result{Attempts: r.Attempts, Stop: r.Stop, Suppressed: r.Suppressed, Err: r.Err}
+		won, err = r.Value, r.Err
 	} else {
-		_, err = sdk.Run(ctx, &t.policy, ex.attempt)
+		won, err = sdk.Run(ctx, p, ex.attempt)
 	}
-	if ex.last != nil && (err == nil || req.Context().Err() == nil) {
-		return ex.last, nil
-	}
-	discard(ex.last) // the caller gave up: it gets its context's error
-	return nil, err
+	return ex.finish(won, err, req.Context().Err() == nil)
 }
 
 // newRetryLayer returns the Retry step for a copy of p.
@@ -90,29 +108,36 @@ func newRetryLayer(p sdk.Policy, next http.RoundTripper) *retryLayer {
 			return admit(ctx, next)
 		}
 	}
-	return &retryLayer{policy: p, next: next}
+	plain := p
+	plain.Hedge = nil
+	return &retryLayer{policy: p, plain: plain, next: next}
 }
 
 type exchangeKey struct{}
 
-// exchange is one request's attempts.
+// exchange is one request's attempts, which may run at the same time when
+// the policy hedges.
 type exchange struct {
-	req  *http.Request
-	body *replay
-	next http.RoundTripper
-	n    int            // attempts made
-	last *http.Response // the latest attempt's response, if it got one
+	req    *http.Request
+	body   *replay
+	next   http.RoundTripper
+	hedged bool // attempts may run side by side, and lose
+
+	mu    sync.Mutex
+	n     int                     // attempts made
+	last  *http.Response          // the latest response an attempt returned, if any
+	resps map[*http.Response]bool // every response not yet handed over or discarded
 }
 
 // attempt is the executor's callback: one exchange, on the attempt's
 // context actx.
 func (ex *exchange) attempt(actx context.Context) (*http.Response, error) {
 	ex.dropLast()
-	ex.n++
 
 	// The request's context is the caller's with the attempt's deadline,
-	// not actx itself: the executor cancels actx when the callback returns,
-	// which would cut off the body the caller has yet to read.
+	// and cancelled with the attempt's when that is (a hedge that lost),
+	// but not when the callback returns, which would cut off the body the
+	// caller has yet to read.
 	parent := ex.req.Context()
 	var rctx context.Context
 	var cancel context.CancelFunc
@@ -121,8 +146,20 @@ func (ex *exchange) attempt(actx context.Context) (*http.Response, error) {
 	} else {
 		rctx, cancel = context.WithCancel(parent)
 	}
+	if ex.hedged {
+		stop := context.AfterFunc(actx, func() {
+			if actx.Err() == context.Canceled {
+				cancel() // lost to a hedge: cut it short, body and all
+			}
+		})
+		defer stop()
+	}
 	areq := ex.req.WithContext(rctx)
-	if err := ex.body.set(areq, ex.n); err != nil {
+	ex.mu.Lock()
+	ex.n++
+	err := ex.body.set(areq, ex.n)
+	ex.mu.Unlock()
+	if err != nil {
 		cancel()
 		return nil, err
 	}
@@ -138,7 +175,13 @@ func (ex *exchange) attempt(actx context.Context) (*http.Response, error) {
 		return nil, err
 	}
 	wrapResponse(resp, cancel, noLease)
+	ex.mu.Lock()
+	if ex.resps == nil {
+		ex.resps = map[*http.Response]bool{}
+	}
+	ex.resps[resp] = true
 	ex.last = resp
+	ex.mu.Unlock()
 	if resp.StatusCode < http.StatusBadRequest {
 		return resp, nil
 	}
@@ -146,10 +189,46 @@ func (ex *exchange) attempt(actx context.Context) (*http.Response, error) {
 	return resp, &sdk.StatusError{Code: resp.StatusCode, RetryAfter: resp.Header.Get("Retry-After")}
 }
 
-// dropLast closes the previous attempt's response.
+// dropLast closes the latest response: a new attempt starts, so it is no
+// longer the one to hand back.
 func (ex *exchange) dropLast() {
-	discard(ex.last)
+	ex.mu.Lock()
+	last := ex.last
 	ex.last = nil
+	delete(ex.resps, last)
+	ex.mu.Unlock()
+	discard(last)
+}
+
+// finish picks what RoundTrip returns once the executor is done: the
+// winning response on success; on failure the latest response, if the
+// caller is still there to read it, else the executor's error. Every other
+// response - a hedge's that lost the race, an earlier attempt's - is
+// drained and closed, which lets go of its connection and its permits.
+func (ex *exchange) finish(won *http.Response, err error, callerWaits bool) (*http.Response, error) {
+	ex.mu.Lock()
+	keep := won
+	if err != nil {
+		keep = nil
+		if callerWaits {
+			keep = ex.last
+		}
+	}
+	var rest []*http.Response
+	for r := range ex.resps {
+		if r != keep {
+			rest = append(rest, r)
+		}
+	}
+	ex.resps = nil
+	ex.mu.Unlock()
+	for _, r := range rest {
+		discard(r)
+	}
+	if keep != nil {
+		return keep, nil
+	}
+	return nil, err
 }
 
 // replay hands each attempt its own copy of the request body.

@@ -1,0 +1,164 @@
+package sdkhttp
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/limit"
+	"github.com/egressd/egressd/pkg/sdk"
+)
+
+const testHedgeDelay = 20 * time.Millisecond
+
+// hedgePolicy hedges once, testHedgeDelay into an attempt.
+func hedgePolicy() *sdk.Policy {
+	p := testPolicy(3)
+	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: testHedgeDelay})
+	return p
+}
+
+// stall answers nothing until the request is cancelled, and counts the
+// requests it saw cancelled.
+func stall(cancelled *atomic.Int32) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		cancelled.Add(1)
+	}
+}
+
+// The first request stalls; the hedge sent beside it answers, and the first
+// is cancelled on the wire. Only idempotent requests are hedged.
+func TestHedgedRequests(t *testing.T) {
+	tests := []struct {
+		name       string
+		method     string
+		header     string
+		wantHedged bool
+	}{
+		{"GET", http.MethodGet, "", true},
+		{"HEAD", http.MethodHead, "", true},
+		{"OPTIONS", http.MethodOptions, "", true},
+		{"POST with Idempotency-Key", http.MethodPost, "Idempotency-Key", true},
+		{"PUT with Idempotency-Key", http.MethodPut, "Idempotency-Key", true},
+		{"POST", http.MethodPost, "", false},
+		{"DELETE", http.MethodDelete, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var cancelled atomic.Int32
+			srv := serve(t, stall(&cancelled), okReply)
+			c := build(t, NewStack(nil).Retry(hedgePolicy()))
+			ctx, cancel := context.WithTimeout(context.Background(), 5*testHedgeDelay)
+			defer cancel()
+			req := mustRequest(t, ctx, tt.method, srv.URL, strings.NewReader("payload"))
+			if tt.header != "" {
+				req.Header.Set(tt.header, "k1")
+			}
+			code, _, res, err := do(t, c, req)
+			if !tt.wantHedged {
+				// Never hedged: the stalled request runs into the caller's
+				// deadline alone.
+				if err == nil || srv.hits.Load() != 1 {
+					t.Fatalf("%s: %d, %v after %d requests; want the deadline after one", tt.method, code, err, srv.hits.Load())
+				}
+				return
+			}
+			if err != nil || code != http.StatusOK {
+				t.Fatalf("%s: %d, %v; want the hedge's 200", tt.method, code, err)
+			}
+			if got := kinds(res.Attempts); !slices.Equal(got, []string{"Permanent", "OK"}) || !res.Attempts[0].Lost() || !res.Attempts[1].Hedge() {
+				t.Errorf("attempt log %v, want the first lost and the hedge OK", res.Attempts)
+			}
+			waitFor(t, func() bool { return cancelled.Load() == 1 }, "the first request cancelled at the server")
+			if got := srv.received(); tt.method != http.MethodHead && (len(got) != 2 || got[0] != "payload" || got[1] != "payload") {
+				t.Errorf("server received bodies %q, want the payload twice", got)
+			}
+		})
+	}
+}
+
+// Both copies answer 200 at once: one wins, the other's response is drained
+// and closed, and every permit the Limit step took is given back.
+func TestLosingResponseIsClosed(t *testing.T) {
+	second := make(chan struct{})
+	var served atomic.Int32
+	srv := serve(t,
+		func(w http.ResponseWriter, r *http.Request) {
+			<-second // answer together with the hedge
+			served.Add(1)
+			io.WriteString(w, "first")
+		},
+		func(w http.ResponseWriter, r *http.Request) {
+			close(second)
+			served.Add(1)
+			io.WriteString(w, "second")
+		},
+	)
+	bulkhead := newLimiter(t, limit.Options{Name: "pair", Concurrency: 2})
+	c := build(t, NewStack(nil).Retry(hedgePolicy()).Limit(bulkhead))
+	code, body, res, err := get(t, c, srv.URL)
+	if err != nil || code != http.StatusOK || (body != "first" && body != "second") {
+		t.Fatalf("GET: %d %q %v", code, body, err)
+	}
+	if len(res.Attempts) != 2 || !res.Attempts[1].Hedge() {
+		t.Fatalf("attempt log %v, want the first attempt and a hedge", res.Attempts)
+	}
+	waitFor(t, func() bool { return served.Load() == 2 }, "both requests served")
+	// Both permits are free again: the winner's body was closed by get, the
+	// loser's by the Retry step.
+	waitFor(t, func() bool {
+		a, errA := bulkhead.Acquire(context.Background())
+		b, errB := bulkhead.Acquire(context.Background())
+		a.Release()
+		b.Release()
+		return errA == nil && errB == nil
+	}, "both permits given back")
+}
+
+// The limiter inside the retry loop is asked per attempt: the hedge finds
+// the bulkhead full (the first attempt holds it) and is refused, a
+// self-imposed refusal in the log; the first attempt's answer is the call's.
+func TestHedgeRefusedByTheLimiter(t *testing.T) {
+	release := make(chan struct{})
+	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		io.WriteString(w, "ok")
+	})
+	bulkhead := newLimiter(t, limit.Options{Name: "one", Concurrency: 1})
+	p := hedgePolicy()
+	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: testHedgeDelay, MaxHedges: 2})
+	c := build(t, NewStack(nil).Retry(p).Limit(bulkhead))
+	go func() {
+		time.Sleep(5 * testHedgeDelay) // both hedges have come due
+		close(release)
+	}()
+	code, _, res, err := get(t, c, srv.URL)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("GET: %d %v", code, err)
+	}
+	if got := kinds(res.Attempts); !slices.Equal(got, []string{"OK", "Throttled(self-imposed)"}) {
+		t.Errorf("attempt log %v, want the first OK and the hedge refused", res.Attempts)
+	}
+	// The second hedge was not sent: the limit had refused the first.
+	if res.Suppressed.String() != "refused" || res.Attempts[0].Suppressed().String() != "refused" {
+		t.Errorf("suppressed %v (%v), want refused", res.Suppressed, res.Attempts[0])
+	}
+	if srv.hits.Load() != 1 {
+		t.Errorf("server saw %d requests, want 1", srv.hits.Load())
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
