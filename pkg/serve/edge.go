@@ -26,10 +26,10 @@ func (m *Middleware) edge(r *http.Request) (*http.Request, context.CancelFunc) {
 	if ctx.Value(edgeKey{}) != nil {
 		return r, noop
 	}
-	c, cres := m.crit.level(r.Header.Values(sdk.CriticalityHeader))
+	c, cres := m.crit.Level(r.Header.Values(sdk.CriticalityHeader))
 	ctx = sdk.WithCriticality(ctx, c)
 	deadline, bounded := ctx.Deadline()
-	d, tres := timeout(r.Header.Values(sdk.TimeoutHeader), time.Now(), deadline, bounded)
+	d, tres := Timeout(r.Header.Values(sdk.TimeoutHeader), time.Now(), deadline, bounded)
 	cancel := context.CancelFunc(noop)
 	if tres == HeaderAccepted {
 		ctx, cancel = context.WithTimeout(ctx, d)
@@ -44,10 +44,11 @@ func (m *Middleware) edge(r *http.Request) (*http.Request, context.CancelFunc) {
 	return r.WithContext(ctx), cancel
 }
 
-// level decides a request's criticality from its header's values: missing
+// Level decides a request's criticality from its header's values: missing
 // or malformed (sent more than once, or not one of the four names) is the
-// default; a level above the ceiling is the ceiling.
-func (o CriticalityOptions) level(values []string) (sdk.Criticality, HeaderResult) {
+// default; a level above the ceiling is the ceiling. Other servers of the
+// edge headers (package sdkgrpc's, from metadata) decide by it too.
+func (o CriticalityOptions) Level(values []string) (sdk.Criticality, HeaderResult) {
 	switch len(values) {
 	case 0:
 		return o.Default, HeaderMissing
@@ -65,11 +66,11 @@ func (o CriticalityOptions) level(values []string) (sdk.Criticality, HeaderResul
 	return c, HeaderAccepted
 }
 
-// timeout decides, at now, what a request's timeout header's values ask
+// Timeout decides, at now, what a request's timeout header's values ask
 // for: HeaderAccepted with the time to apply, or another result with
 // nothing to apply - missing, malformed (sent more than once, or not whole
 // milliseconds), or capped (no sooner than the deadline the request has).
-func timeout(values []string, now, deadline time.Time, bounded bool) (time.Duration, HeaderResult) {
+func Timeout(values []string, now, deadline time.Time, bounded bool) (time.Duration, HeaderResult) {
 	switch len(values) {
 	case 0:
 		return 0, HeaderMissing

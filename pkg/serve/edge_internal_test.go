@@ -38,9 +38,9 @@ func TestLevel(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, result := tt.opts.level(tt.values)
+			got, result := tt.opts.Level(tt.values)
 			if got != tt.want || result != tt.result {
-				t.Errorf("level(%q) = %v, %v; want %v, %v", tt.values, got, result, tt.want, tt.result)
+				t.Errorf("Level(%q) = %v, %v; want %v, %v", tt.values, got, result, tt.want, tt.result)
 			}
 		})
 	}
@@ -74,9 +74,9 @@ func TestTimeout(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, result := timeout(tt.values, now, now.Add(tt.deadline), tt.deadline != 0)
+			got, result := Timeout(tt.values, now, now.Add(tt.deadline), tt.deadline != 0)
 			if got != tt.want || result != tt.result {
-				t.Errorf("timeout(%q) = %v, %v; want %v, %v", tt.values, got, result, tt.want, tt.result)
+				t.Errorf("Timeout(%q) = %v, %v; want %v, %v", tt.values, got, result, tt.want, tt.result)
 			}
 		})
 	}

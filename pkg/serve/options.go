@@ -100,7 +100,7 @@ func (o *Options) Validate() error {
 			add("%s is defined more than once", label)
 		}
 		seen[p.Name] = true
-		lo := p.limiterOptions()
+		lo := p.LimiterOptions()
 		if err := lo.Validate(); err != nil {
 			for _, problem := range nested(err) {
 				add("%s: Limiter.%s", label, problem)
@@ -124,9 +124,10 @@ func (o *Options) Validate() error {
 	return &OptionsError{Problems: problems}
 }
 
-// limiterOptions returns p.Limiter with the policy's defaults applied, on
-// copies: the caller's options are not changed.
-func (p *Policy) limiterOptions() partition.Options {
+// LimiterOptions returns p.Limiter with the policy's defaults applied, on
+// copies: the caller's options are not changed. Package sdkgrpc's policies
+// take the same defaults.
+func (p *Policy) LimiterOptions() partition.Options {
 	o := p.Limiter
 	if o.Name == "" {
 		o.Name = p.Name

@@ -14,10 +14,15 @@ import (
 // Behind a proxy or a load balancer the peer is the proxy, and every client
 // shares its budget: partition by a header the proxy sets, and that clients
 // cannot, instead (ByHeader).
-func ByClientIP(r *http.Request) string {
-	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+func ByClientIP(r *http.Request) string { return AddrKey(r.RemoteAddr) }
+
+// AddrKey is ByClientIP's key for a peer's address given as "host:port":
+// the address, an IPv6 one as its /64, an IPv4-mapped one as IPv4; anything
+// else as it is. Package sdkgrpc partitions gRPC peers by it.
+func AddrKey(addr string) string {
+	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
-		return r.RemoteAddr
+		return addr
 	}
 	a := ap.Addr().Unmap().WithZone("")
 	if a.Is6() {

@@ -47,7 +47,7 @@ func New(opts Options) (*Middleware, error) {
 	}
 	for _, p := range opts.Policies {
 		pol := &policy{m: m, name: p.Name, by: p.Partition}
-		lo := p.limiterOptions()
+		lo := p.LimiterOptions()
 		if m.obs != nil {
 			obs, user := m.obs.Policy(p.Name), lo.OnCount
 			pol.obs = obs

@@ -1,0 +1,54 @@
+// Package sdkgrpc is the SDK for gRPC: client interceptors that run each
+// call through an sdk.Policy, and server interceptors that admit calls
+// through partitioned limiters and read the callers' criticality and
+// deadline, the gRPC side of what packages sdkhttp and serve do for HTTP.
+//
+//	c := sdkgrpc.NewClient(sdkgrpc.ClientOptions{
+//		Policy:     p, // e.g. sdkgrpc.Defaults(), with a Hedge
+//		Idempotent: func(m string) bool { return m == "/search.Search/Query" },
+//		Propagate:  true,
+//	})
+//	conn, err := grpc.NewClient(target, append(c.DialOptions(), creds)...)
+//
+//	s, err := sdkgrpc.NewServer(sdkgrpc.ServerOptions{Policies: []sdkgrpc.ServerPolicy{
+//		{Name: "per-peer", Partition: sdkgrpc.ByPeer, Limiter: partition.Options{
+//			Local: &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 100}}}},
+//	}})
+//	srv := grpc.NewServer(s.ServerOptions()...)
+//
+// # Client
+//
+// A unary call is one sdk.Run: each attempt is an invocation on the
+// attempt's context, its status classified by Classifier (RESOURCE_EXHAUSTED
+// Throttled honouring the grpc-retry-pushback-ms trailer, UNAVAILABLE
+// Transient, DEADLINE_EXCEEDED by the attempt timeout rules, the rest
+// Permanent). A failed call returns the executor's *sdk.StopError, whose
+// chain keeps the last status: status.Code reads it. A streaming call's
+// establishment is retried the same way, and the stream then runs on the
+// caller's context. gRPC's own retries, if a service config enables them,
+// run inside each attempt: leave them off.
+//
+// Hedging (a Policy with a Hedge) is for the unary methods Idempotent names
+// only, with protobuf replies: each attempt decodes into a reply of its
+// own, and the winner's is copied into the caller's.
+//
+// A connection egressd's kernel rules refuse fails its dial with EPERM,
+// which gRPC reports as UNAVAILABLE without the cause. The Client's dialer
+// (DialOptions installs it) remembers the EPERM, and hands it to the
+// classifier's Attributor behind the UNAVAILABLE, so that Defaults'
+// sdk.DaemonAttributor makes the call a self-imposed refusal naming the
+// rule, as in HTTP; unclaimed, it is Permanent. gRPC reconnects on its own
+// backoff: a retry sooner than its next dial finds the same UNAVAILABLE.
+//
+// # Server
+//
+// The interceptors read egressd-criticality and egressd-timeout-ms from
+// the call's metadata under package serve's rules (the criticality within
+// CriticalityOptions.Ceiling, the timeout only when it is sooner than the
+// deadline the call has), remove both from the metadata the handler sees,
+// then ask every policy naming the method for a permit, held until the
+// handler returns. A refusal is RESOURCE_EXHAUSTED with the limiter's hint
+// in the grpc-retry-pushback-ms trailer (rounded up to the millisecond); a
+// limiter that could not decide, UNAVAILABLE. The Observer is package
+// serve's, so servemetrics counts gRPC calls as it counts requests.
+package sdkgrpc
