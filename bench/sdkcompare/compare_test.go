@@ -106,3 +106,22 @@ func TestPairs(t *testing.T) {
 		}
 	}
 }
+
+// TestHedgeComparison runs the hedging comparison small: every call
+// succeeds, every hedger's requests are counted, and the unhedged one
+// sends exactly one request per call.
+func TestHedgeComparison(t *testing.T) {
+	hs, stats, err := compareHedging(400, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hs {
+		s := stats[i]
+		if s.failed != 0 || s.calls != 400 || len(s.latencies) != 400 || s.requests < s.calls {
+			t.Errorf("%s: %d failed, %d calls, %d latencies, %d requests", h.name, s.failed, s.calls, len(s.latencies), s.requests)
+		}
+	}
+	if stats[0].requests != stats[0].calls {
+		t.Errorf("no hedging sent %d requests for %d calls", stats[0].requests, stats[0].calls)
+	}
+}

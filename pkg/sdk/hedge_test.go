@@ -491,21 +491,27 @@ func (h *Hedge) scanNow() { h.scan(h.clock.Now()) }
 
 func TestLatencies(t *testing.T) {
 	var l latencies
-	if _, ok := l.quantile(0.5); ok {
-		t.Fatal("quantile of nothing")
+	if _, ok := l.delay(0.5, 0); ok {
+		t.Fatal("a delay from nothing")
 	}
 	for v := range uint64(100) {
 		l.add(v * 100) // 0µs ... 9.9ms
 	}
 	for _, tt := range []struct {
 		q    float64
-		want uint64
-	}{{0.5, 4900}, {0.95, 9400}, {0.99, 9800}, {1, 9900}} {
-		l.qValid = false
-		got, ok := l.quantile(tt.q)
+		want time.Duration
+	}{
+		// Less the margin: at q 0.5 and n 100, a quarter of 50 points and
+		// two standard deviations, 10 points.
+		{0.5, 2700 * time.Microsecond},
+		{0.95, 8900 * time.Microsecond},
+		{0.99, 9600 * time.Microsecond},
+		{1, 9900 * time.Microsecond},
+	} {
+		got, ok := l.delay(tt.q, 0)
 		// The top of the value's bucket: at most 1/16 above it.
 		if !ok || got < tt.want || float64(got) > float64(tt.want)*(1+1.0/16) {
-			t.Errorf("quantile(%v) = %d, %v; want %d or up to 1/16 above", tt.q, got, ok, tt.want)
+			t.Errorf("delay(%v) = %v, %v; want %v or up to 1/16 above", tt.q, got, ok, tt.want)
 		}
 	}
 	for v := range uint64(1 << 20) {
@@ -520,9 +526,38 @@ func TestLatencies(t *testing.T) {
 	for range 10 * latencyWindow {
 		l.add(20000)
 	}
-	l.qValid = false
-	if got, _ := l.quantile(0.5); got < 20000 || got > 21250 {
-		t.Errorf("median after the shift = %d, want about 20000", got)
+	if got, _ := l.delay(0.5, time.Second); got < 20*time.Millisecond || got > 21250*time.Microsecond {
+		t.Errorf("median after the shift = %v, want about 20ms", got)
+	}
+}
+
+// Censored latencies count as slower than any: the quantile stays exact
+// while it is below them, noise at the edge of a slow mode allowed for, and
+// the delay grows when clearly too many calls ran past it.
+func TestLatenciesCensored(t *testing.T) {
+	tests := []struct {
+		name     string
+		fast     int // latencies of 1ms
+		censored int
+		want     time.Duration
+	}{
+		{"few cut short: the quantile is among the fast", 100, 4, 1023 * time.Microsecond},
+		{"as many as 1-q, give or take noise", 100, 10, 1023 * time.Microsecond},
+		{"clearly more: the delay grows by half", 100, 50, 15 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l latencies
+			for range tt.fast {
+				l.add(1000)
+			}
+			for range tt.censored {
+				l.addCensored()
+			}
+			if got, ok := l.delay(0.95, 10*time.Millisecond); !ok || got != tt.want {
+				t.Errorf("delay = %v, %v; want %v", got, ok, tt.want)
+			}
+		})
 	}
 }
 

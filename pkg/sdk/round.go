@@ -64,7 +64,7 @@ func hedged[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Co
 	o = runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
 	end = clk.Now()
 	ok := o.v.Kind() == verdict.OK
-	if s.word.CompareAndSwap(active, released(ok, end.Sub(start))) {
+	if s.word.CompareAndSwap(active, released(ok, false, end.Sub(start))) {
 		return o, nil, end // c is the next holder's now; it keeps ctx and fn until then
 	}
 
@@ -75,17 +75,23 @@ func hedged[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Co
 	c.ctx, c.fn = nil, nil
 	o = r.join(o, end)
 	first := r.atts[0]
-	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.end.Sub(first.start)))
+	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.lost, first.end.Sub(first.start)))
 	return o, r, clk.Now()
 }
 
 // released is a slot's word once its attempt is done: the attempt's
-// latency, for the delay to learn from, if it is one.
-func released(sample bool, d time.Duration) uint64 {
+// latency, for the delay to learn from, if it is one. A censored latency -
+// an attempt cut short by a hedge that answered first - says only that the
+// attempt would have taken longer than it ran.
+func released(sample, censored bool, d time.Duration) uint64 {
 	if !sample {
 		return phaseFree
 	}
-	return word(phaseSample, uint64(max(d, 0)/time.Microsecond))
+	v := uint64(max(d, 0)/time.Microsecond) << 1
+	if censored {
+		v |= 1
+	}
+	return word(phaseSample, v)
 }
 
 // round is a first attempt and the hedges sent beside it.
