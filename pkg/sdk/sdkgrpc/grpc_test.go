@@ -219,7 +219,7 @@ func TestUnaryRetries(t *testing.T) {
 func TestServerRefusalWithPushback(t *testing.T) {
 	s, err := NewServer(ServerOptions{Policies: []ServerPolicy{{
 		Name: "per-peer", Partition: ByPeer,
-		Limiter: partition.Options{Local: &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: 40 * time.Millisecond}}},
+		Limiter: partition.Options{Local: &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Second}}},
 	}}})
 	if err != nil {
 		t.Fatal(err)
@@ -238,8 +238,8 @@ func TestServerRefusalWithPushback(t *testing.T) {
 		t.Fatalf("second call: %v, want RESOURCE_EXHAUSTED", err)
 	}
 	d, ok := ParsePushback(firstOf(trailer.Get(PushbackKey)))
-	if !ok || d <= 0 || d > 40*time.Millisecond {
-		t.Fatalf("pushback %q, want up to the 40ms window", trailer.Get(PushbackKey))
+	if !ok || d <= 0 || d > time.Second {
+		t.Fatalf("pushback %q, want up to the 1s window", trailer.Get(PushbackKey))
 	}
 
 	// One with retries waits the pushback and gets through.
@@ -251,7 +251,7 @@ func TestServerRefusalWithPushback(t *testing.T) {
 	if len(res.Attempts) != 2 || res.Attempts[0].Kind() != verdict.Throttled || res.Attempts[0].SelfImposed() {
 		t.Errorf("attempt log %q, want the server's throttling then OK", log(res))
 	}
-	if ra, ok := res.Attempts[0].Verdict().RetryAfter(); !ok || ra <= 0 || ra > 40*time.Millisecond {
+	if ra, ok := res.Attempts[0].Verdict().RetryAfter(); !ok || ra <= 0 || ra > time.Second {
 		t.Errorf("retry after %v, %v; want the server's pushback", ra, ok)
 	}
 	if h.calls.Load() != 2 {
@@ -353,7 +353,12 @@ func TestHedging(t *testing.T) {
 		p := testPolicy(3)
 		p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: hedgeDelay})
 		hc := dial(t, listen(t, h), NewClient(ClientOptions{Policy: p, Idempotent: func(m string) bool { return idempotent && m == checkMethod }}))
-		ctx, cancel := context.WithTimeout(context.Background(), 5*hedgeDelay)
+		// Not hedged, the call stalls until its deadline: a short one.
+		timeout := time.Minute
+		if !idempotent {
+			timeout = 5 * hedgeDelay
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		resp, res, err := check(t, hc, ctx)
 		cancel()
 		if !idempotent {

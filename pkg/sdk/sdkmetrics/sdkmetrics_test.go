@@ -13,6 +13,7 @@ import (
 	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/sdk/sdkmetrics"
+	"github.com/egressd/egressd/pkg/verdict"
 )
 
 // use makes two hedged calls: one whose hedge wins, one whose hedge the
@@ -20,7 +21,8 @@ import (
 func use(t *testing.T, m *sdkmetrics.Metrics) {
 	t.Helper()
 	p := sdk.Defaults()
-	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: time.Millisecond, Observer: m.Hedge("search")})
+	obs := &signalling{HedgeObserver: m.Hedge("search"), suppressed: make(chan struct{}, 1)}
+	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: time.Millisecond, Observer: obs})
 	var calls atomic.Int64
 	slowFirst := func(ctx context.Context) (int, error) {
 		if calls.Add(1) == 1 {
@@ -33,10 +35,23 @@ func use(t *testing.T, m *sdkmetrics.Metrics) {
 		t.Fatalf("hedged call: %v, %v", r.Err, r.Attempts)
 	}
 	shed := sdk.WithCriticality(context.Background(), sdk.Sheddable)
-	if r := sdk.Try(shed, p, func(context.Context) (int, error) { time.Sleep(20 * time.Millisecond); return 1, nil }); r.Suppressed.String() != "criticality" {
+	wait := func(context.Context) (int, error) { <-obs.suppressed; return 1, nil } // until the gate has said no
+	if r := sdk.Try(shed, p, wait); r.Suppressed.String() != "criticality" {
 		t.Fatalf("sheddable call: suppressed %v, want criticality", r.Suppressed)
 	}
 	_ = m.Hedge("idle")
+}
+
+// signalling passes what it is told on, and says when a hedge was
+// suppressed.
+type signalling struct {
+	sdk.HedgeObserver
+	suppressed chan struct{}
+}
+
+func (o *signalling) OnHedgeSuppressed(r verdict.Suppression) {
+	o.HedgeObserver.OnHedgeSuppressed(r)
+	o.suppressed <- struct{}{}
 }
 
 func TestLint(t *testing.T) {
