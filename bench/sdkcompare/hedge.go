@@ -80,8 +80,8 @@ func noHedging() hedger {
 
 func egressdHedge() hedger {
 	p := &sdk.Policy{MaxAttempts: 2, Hedge: sdk.NewHedge(sdk.HedgeOptions{Percentile: 0.95, MinDelay: hedgeMedian / 2})}
-	return hedger{"egressd sdk.Hedge p95", func(fn func(context.Context) (int, error)) (int, error) {
-		return sdk.Run(context.Background(), p, fn)
+	return hedger{"egressd sdk.RunHedged p95", func(fn func(context.Context) (int, error)) (int, error) {
+		return sdk.RunHedged(context.Background(), p, fn)
 	}}
 }
 

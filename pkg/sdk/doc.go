@@ -10,6 +10,11 @@
 //		return fetch(ctx) // ctx is min(AttemptTimeout, remaining deadline), linked with the caller's
 //	})
 //
+// Run and Try never hedge, and allocate nothing on the success path, even
+// for a closure that captures the caller's variables. RunHedged and
+// TryHedged are the same calls with the policy's Hedge: copies of a slow
+// attempt raced beside it (see Hedge).
+//
 // Each attempt's error is classified into a verdict.Verdict. Transient and
 // Throttled are retried on their own backoff curves; a RetryAfter from the
 // server or a limiter wins over the curve. A refusal by something in this

@@ -25,6 +25,10 @@ var (
 	ErrAttemptTimeout = errors.New("attempt timeout")
 	// ErrNotAdmitted is matched by a *NotAdmittedError.
 	ErrNotAdmitted = errors.New("not admitted")
+	// ErrHedgeNeedsRunHedged is what a *StopError with Reason
+	// StopInvalidUse wraps: Run or Try was given a policy with a Hedge,
+	// which only RunHedged and TryHedged send.
+	ErrHedgeNeedsRunHedged = errors.New("policy has a Hedge: call RunHedged or TryHedged")
 )
 
 // RateLimitedError is a refusal by something in this process - a limiter, a
@@ -80,7 +84,8 @@ func (e *NotAdmittedError) Is(target error) bool { return target == ErrNotAdmitt
 // errors.Is matches the reason's sentinel: ErrAttemptsExhausted,
 // ErrBudgetExhausted, ErrBreakerOpen, context.DeadlineExceeded for
 // StopDeadline and context.Canceled for StopCancelled. StopPermanent has no
-// sentinel of its own; match the wrapped cause.
+// sentinel of its own; match the wrapped cause. StopInvalidUse wraps its
+// cause, ErrHedgeNeedsRunHedged.
 type StopError struct {
 	Reason   StopReason
 	Attempts int
@@ -145,6 +150,10 @@ const (
 	StopPermanent
 	// StopCancelled: the caller's context was cancelled.
 	StopCancelled
+	// StopInvalidUse: the call was refused before any attempt, its policy
+	// wanting another entry point (a Hedge given to Run or Try; the error
+	// wraps ErrHedgeNeedsRunHedged).
+	StopInvalidUse
 
 	stopReasonLen // sentinel; keep last.
 )
@@ -157,6 +166,7 @@ var stopReasonNames = [stopReasonLen]string{
 	StopBreakerOpen:       "breaker open",
 	StopPermanent:         "permanent",
 	StopCancelled:         "cancelled",
+	StopInvalidUse:        "invalid use",
 }
 
 func (r StopReason) String() string {

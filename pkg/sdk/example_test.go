@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/egressd/egressd/pkg/sdk"
@@ -55,4 +56,33 @@ func ExamplePolicy_admit() {
 	// Output:
 	// done <nil>
 	// attempts exhausted (1 attempt): not admitted: Throttled(self-imposed, retry after 1s)
+}
+
+// A hedge races a copy of an attempt that runs past the hedge's delay; the
+// first answer wins and the other attempt is cancelled. Hedged calls go
+// through RunHedged or TryHedged: Run refuses a policy with a Hedge.
+func ExampleTryHedged() {
+	p := sdk.Defaults()
+	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: time.Millisecond})
+	var calls atomic.Int32
+	call := func(ctx context.Context) (string, error) {
+		if calls.Add(1) == 1 {
+			<-ctx.Done() // the first attempt hangs until the hedge answers
+			return "", ctx.Err()
+		}
+		return "from the hedge", nil
+	}
+
+	r := sdk.TryHedged(context.Background(), p, call)
+	fmt.Println(r.Value)
+	for _, a := range r.Attempts {
+		fmt.Println(a.Hedge(), a.Lost())
+	}
+	_, err := sdk.Run(context.Background(), p, call)
+	fmt.Println(errors.Is(err, sdk.ErrHedgeNeedsRunHedged))
+	// Output:
+	// from the hedge
+	// false true
+	// true false
+	// true
 }

@@ -61,14 +61,17 @@ const (
 	warmupTick = 10 * time.Millisecond
 )
 
-// Hedge sends hedged attempts: when an attempt has run for the hedge's
+// Hedge sends hedged attempts in the calls made with RunHedged or
+// TryHedged (Run and Try refuse a policy with one, see
+// ErrHedgeNeedsRunHedged): when an attempt has run for the hedge's
 // delay without an answer, another copy is started beside it, up to
 // MaxHedges; the first acceptable answer (OK, or a Permanent one, which
 // stops the call whatever the others say) wins, and the others are
 // cancelled through their contexts. Hedges are attempts like any other:
 // each takes its own breaker permit, asks Admit, runs the callback with its
 // own attempt timeout under the call's deadline, and has its entry in the
-// attempt log. Run returns once every attempt of the round has returned.
+// attempt log. RunHedged returns once every attempt of the round has
+// returned.
 //
 // Before each hedge the gate is asked, and holds the hedge back - saying
 // why in the attempt log, Result.Suppressed and the observer - when:

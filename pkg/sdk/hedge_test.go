@@ -133,7 +133,7 @@ func (rig *hedgeRig) waitStarted(want int) {
 // try starts the call; wait returns its result.
 func (rig *hedgeRig) try(ctx context.Context, fn func(context.Context) (int, error)) (wait func() Result[int]) {
 	done := make(chan Result[int], 1)
-	go func() { done <- Try(ctx, rig.p, fn) }()
+	go func() { done <- TryHedged(ctx, rig.p, fn) }()
 	return func() Result[int] {
 		rig.t.Helper()
 		select {
@@ -469,7 +469,7 @@ func TestHedgeLearnsTheDelay(t *testing.T) {
 		if i%10 == 9 {
 			d = 50 * time.Millisecond
 		}
-		if _, err := Run(context.Background(), p, func(context.Context) (int, error) { clk.Advance(d); return 0, nil }); err != nil {
+		if _, err := RunHedged(context.Background(), p, func(context.Context) (int, error) { clk.Advance(d); return 0, nil }); err != nil {
 			t.Fatal(err)
 		}
 		h.scanNow() // as the watcher would, between calls
@@ -478,7 +478,7 @@ func TestHedgeLearnsTheDelay(t *testing.T) {
 		t.Errorf("learned delay %v, want about 10ms", got)
 	}
 	for range 2 * latencyWindow {
-		_, _ = Run(context.Background(), p, func(context.Context) (int, error) { clk.Advance(time.Millisecond); return 0, nil })
+		_, _ = RunHedged(context.Background(), p, func(context.Context) (int, error) { clk.Advance(time.Millisecond); return 0, nil })
 		h.scanNow()
 	}
 	if got := h.Delay(); got != 5*time.Millisecond {
@@ -622,7 +622,7 @@ func TestHedgeConcurrent(t *testing.T) {
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range 50 {
-				r := Try(context.Background(), p, func(ctx context.Context) (int, error) {
+				r := TryHedged(context.Background(), p, func(ctx context.Context) (int, error) {
 					n := inFlight.Add(1)
 					defer inFlight.Add(-1)
 					for m := maxInFlight.Load(); n > m && !maxInFlight.CompareAndSwap(m, n); m = maxInFlight.Load() {

@@ -47,8 +47,9 @@ type Policy struct {
 	// that leaves Admit nil pays one nil check per attempt.
 	Admit func(ctx context.Context, next NextAttempt) verdict.Verdict
 	// Hedge, if set, sends hedged attempts: copies of an attempt started
-	// beside it when it runs too long, behind a gate (see Hedge). Nil means
-	// no hedging.
+	// beside it when it runs too long, behind a gate (see Hedge). Only
+	// RunHedged and TryHedged hedge; Run and Try refuse a policy with a
+	// Hedge (ErrHedgeNeedsRunHedged). Nil means no hedging.
 	Hedge *Hedge
 
 	clock  clock          // nil: the real clock
@@ -119,18 +120,44 @@ type Result[T any] struct {
 // Run calls fn until an attempt succeeds or p says stop, and returns the
 // successful value, or T's zero value and a *StopError. fn receives the
 // attempt's context: the caller's, bounded by min(AttemptTimeout, remaining
-// deadline). With a Hedge, fn may run concurrently with itself.
+// deadline).
+//
+// Run never hedges, and so fn never leaves the call: a closure passed to
+// Run stays on its caller's stack, and the success path allocates nothing
+// (unless the policy's deadlines need a context of their own). A policy
+// with a Hedge is refused before any attempt, with a *StopError
+// (StopInvalidUse) wrapping ErrHedgeNeedsRunHedged: hedged calls go through
+// RunHedged.
 func Run[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error)) (T, error) {
-	v, _, err := run(ctx, p, fn, nil, nil)
+	v, _, err := run(ctx, p, fn, nil)
 	return v, err
 }
 
 // Try is Run returning the full Result: value, error, attempt log and stop
-// reason.
+// reason. Like Run, it refuses a policy with a Hedge; see TryHedged.
 func Try[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error)) Result[T] {
 	log := make([]verdict.Attempt, 0, min(p.maxAttempts(), 16))
+	v, stop, err := run(ctx, p, fn, &log)
+	return Result[T]{Value: v, Err: err, Attempts: log, Stop: stop}
+}
+
+// RunHedged is Run with the policy's Hedge: an attempt that runs past the
+// hedge's delay gets copies started beside it, behind the hedge gate (see
+// Hedge). fn may therefore run concurrently with itself, and is kept where
+// the hedge's goroutine can reach it: a closure that captures variables
+// costs an allocation per call, hedge or not. With a nil Hedge, RunHedged
+// sends no hedges.
+func RunHedged[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error)) (T, error) {
+	v, _, err := runHedged(ctx, p, fn, nil, nil)
+	return v, err
+}
+
+// TryHedged is RunHedged returning the full Result, hedges and the reason
+// a hedge was held back included.
+func TryHedged[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error)) Result[T] {
+	log := make([]verdict.Attempt, 0, min(p.maxAttempts(), 16))
 	var sup verdict.Suppression
-	v, stop, err := run(ctx, p, fn, &log, &sup)
+	v, stop, err := runHedged(ctx, p, fn, &log, &sup)
 	return Result[T]{Value: v, Err: err, Attempts: log, Stop: stop, Suppressed: sup}
 }
 
@@ -165,97 +192,120 @@ func stopFor(ctxErr error) StopReason {
 	return StopCancelled
 }
 
-// run is Run and Try: log and sup, when set, receive the attempt log and
-// the last reason a hedge was suppressed.
-func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, error), log *[]verdict.Attempt, sup *verdict.Suppression) (val T, stop StopReason, err error) {
+// run is Run and Try: log, when set, receives the attempt log. Each round
+// is one attempt, and fn goes nowhere but into it.
+func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, error), log *[]verdict.Attempt) (T, StopReason, error) {
+	var zero T
+	if p != nil && p.Hedge != nil {
+		stop, err := stopped(StopInvalidUse, 0, nil, ErrHedgeNeedsRunHedged)
+		return zero, stop, err
+	}
+	c := newCallState(ctx, p)
+	for {
+		if stop, err := c.begin(ctx); err != nil {
+			return zero, stop, err
+		}
+		a := attempt(ctx, ctx, c.p, c.clk, fn, attemptInfo{n: c.made + 1}, c.now, c.deadline, c.deadlineIsCtx)
+		end := c.clk.Now()
+		c.made++
+		took := end.Sub(c.now)
+		delay, stop, err, done := c.after(ctx, a.settled, a.v, end)
+		if log != nil {
+			*log = append(*log, verdict.NewAttempt(a.v, took, delay))
+		}
+		if done {
+			return a.val, stop, err
+		}
+	}
+}
+
+// callState is one call's progress from round to round: what the executor
+// does between rounds, whether a round is one attempt (run) or an attempt
+// and its hedges (runHedged). It never holds the callback.
+type callState struct {
+	p             *Policy
+	clk           clock
+	maxAttempts   int
+	now           time.Time // when the current round started
+	deadline      time.Time // the overall deadline; zero: none
+	deadlineIsCtx bool      // deadline is the caller's context's own
+	made          int       // attempts made, hedges included
+	rounds        int
+	permit        Permit // the breaker's, for the round's first attempt
+	lastErr       error
+}
+
+func newCallState(ctx context.Context, p *Policy) callState {
 	if p == nil {
 		p = &zeroPolicy
 	}
-	clk := p.clockOrReal()
-	maxAttempts := p.maxAttempts()
-	now := clk.Now()
-
+	c := callState{p: p, clk: p.clockOrReal(), maxAttempts: p.maxAttempts()}
+	c.now = c.clk.Now()
 	// The overall deadline: the policy's, or the caller's if that is sooner.
-	var deadline time.Time
 	if p.Deadline > 0 {
-		deadline = now.Add(p.Deadline)
+		c.deadline = c.now.Add(p.Deadline)
 	}
 	ctxDeadline, hasCtxDeadline := ctx.Deadline()
-	deadlineIsCtx := hasCtxDeadline && (deadline.IsZero() || !deadline.Before(ctxDeadline))
-	if deadlineIsCtx {
-		deadline = ctxDeadline
+	c.deadlineIsCtx = hasCtxDeadline && (c.deadline.IsZero() || !c.deadline.Before(ctxDeadline))
+	if c.deadlineIsCtx {
+		c.deadline = ctxDeadline
 	}
+	return c
+}
 
-	var lastErr error
-	made := 0 // attempts made, hedges included
-	for rounds := 1; ; rounds++ {
-		if cerr := ctx.Err(); cerr != nil {
-			stop, err = stopped(stopFor(cerr), made, lastErr, cerr)
-			return
-		}
-		if !deadline.IsZero() && !now.Before(deadline) {
-			stop, err = stopped(StopDeadline, made, lastErr, context.DeadlineExceeded)
-			return
-		}
-		var permit Permit
-		if p.Breaker != nil {
-			var ok bool
-			if permit, ok = p.Breaker.Allow(now); !ok {
-				stop, err = stopped(StopBreakerOpen, made, lastErr, nil)
-				return
-			}
-		}
-
-		// A round: one attempt, and with a Hedge the hedges sent beside it.
-		var a outcome[T]
-		var r *round[T]
-		var end time.Time
-		if p.Hedge != nil {
-			a, r, end = hedged(ctx, p, clk, fn, made+1, maxAttempts, now, deadline, deadlineIsCtx)
-		} else {
-			a = attempt(ctx, ctx, p, clk, fn, attemptInfo{n: made + 1}, now, deadline, deadlineIsCtx)
-			end = clk.Now()
-		}
-		first := a.v
-		made++
-		if r != nil {
-			first = r.firstVerdict()
-			made += r.sent
-			if sup != nil && r.suppressed != verdict.SuppressedNone {
-				*sup = r.suppressed
-			}
-		}
-		if p.Breaker != nil {
-			p.Breaker.Record(end, permit, first)
-		}
-		lastErr = a.err
-
-		if a.v.Kind() == verdict.OK {
-			if p.Budget != nil {
-				p.Budget.Deposit()
-			}
-			recordRound(log, r, a.v, end.Sub(now), 0)
-			return a.val, StopSuccess, a.err
-		}
-		if a.halt {
-			recordRound(log, r, a.v, end.Sub(now), 0)
-			stop, err = stopped(a.stop, made, lastErr, nil)
-			return
-		}
-
-		reason, delay := p.next(ctx, a.v, made, rounds, maxAttempts, end, deadline)
-		if reason != StopSuccess {
-			recordRound(log, r, a.v, end.Sub(now), 0)
-			stop, err = stopped(reason, made, lastErr, nil)
-			return
-		}
-		recordRound(log, r, a.v, end.Sub(now), delay)
-		if serr := clk.Sleep(ctx, delay); serr != nil {
-			stop, err = stopped(stopFor(serr), made, lastErr, nil)
-			return
-		}
-		now = clk.Now()
+// begin starts a round at c.now, unless the caller's context, the deadline
+// or the breaker stops the call; err is then the *StopError.
+func (c *callState) begin(ctx context.Context) (StopReason, error) {
+	if cerr := ctx.Err(); cerr != nil {
+		return stopped(stopFor(cerr), c.made, c.lastErr, cerr)
 	}
+	if !c.deadline.IsZero() && !c.now.Before(c.deadline) {
+		return stopped(StopDeadline, c.made, c.lastErr, context.DeadlineExceeded)
+	}
+	c.rounds++
+	c.permit = Permit{}
+	if c.p.Breaker != nil {
+		var ok bool
+		if c.permit, ok = c.p.Breaker.Allow(c.now); !ok {
+			return stopped(StopBreakerOpen, c.made, c.lastErr, nil)
+		}
+	}
+	return StopSuccess, nil
+}
+
+// after ends a round that came to o at end; first is what the breaker is
+// told of the round's first attempt. The call is done when the round
+// succeeded (stop is StopSuccess, err what a classifier rule called OK, if
+// anything) or may not be retried (err is the *StopError); otherwise after
+// waits delay, and the next round starts at c.now. A call whose caller
+// gives up during the wait is done too, its delay still reported.
+func (c *callState) after(ctx context.Context, o settled, first verdict.Verdict, end time.Time) (delay time.Duration, stop StopReason, err error, done bool) {
+	p := c.p
+	if p.Breaker != nil {
+		p.Breaker.Record(end, c.permit, first)
+	}
+	c.lastErr = o.err
+	if o.v.Kind() == verdict.OK {
+		if p.Budget != nil {
+			p.Budget.Deposit()
+		}
+		return 0, StopSuccess, o.err, true
+	}
+	if o.halt {
+		stop, err = stopped(o.stop, c.made, c.lastErr, nil)
+		return 0, stop, err, true
+	}
+	reason, delay := p.next(ctx, o.v, c.made, c.rounds, c.maxAttempts, end, c.deadline)
+	if reason != StopSuccess {
+		stop, err = stopped(reason, c.made, c.lastErr, nil)
+		return 0, stop, err, true
+	}
+	if serr := c.clk.Sleep(ctx, delay); serr != nil {
+		stop, err = stopped(stopFor(serr), c.made, c.lastErr, nil)
+		return delay, stop, err, true
+	}
+	c.now = c.clk.Now()
+	return delay, StopSuccess, nil, false
 }
 
 // next decides, after round n came to the retryable-or-not verdict v at
@@ -286,7 +336,12 @@ func (p *Policy) next(ctx context.Context, v verdict.Verdict, made, n, maxAttemp
 }
 
 type outcome[T any] struct {
-	val  T
+	val T
+	settled
+}
+
+// settled is an attempt's outcome but its value.
+type settled struct {
 	v    verdict.Verdict
 	err  error
 	halt bool // the caller's context or the overall deadline ended the call
@@ -340,10 +395,12 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		}
 	}
 
-	o.val, o.err = fn(actx)
-	if o.err == nil {
+	val, err := fn(actx)
+	if err == nil {
+		o.val = val
 		return o
 	}
+	o.err = err // and o.val stays zero: a call that fails returns none
 	// Outcomes the executor recognises itself, before any classifier rule.
 	if cerr := ctx.Err(); cerr != nil {
 		o.halt, o.stop = true, stopFor(cerr)
@@ -363,19 +420,10 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		return o
 	}
 	o.v, o.err = p.Classifier.classify(actx, o.err, clk.Now())
+	if o.v.Kind() == verdict.OK {
+		o.val = val // an error a rule calls OK keeps its value
+	}
 	return o
-}
-
-// recordRound logs a round: the one attempt it was, or r's attempts.
-func recordRound[T any](log *[]verdict.Attempt, r *round[T], v verdict.Verdict, duration, delay time.Duration) {
-	if log == nil {
-		return
-	}
-	if r == nil {
-		*log = append(*log, verdict.NewAttempt(v, duration, delay))
-		return
-	}
-	r.record(log, delay)
 }
 
 // stopped builds the error for a call that ended for reason after n

@@ -31,48 +31,93 @@ type hedgedCall[T any] struct {
 	ready chan struct{} // the watcher's word that round is set
 }
 
-// hedged makes attempt n, started at start, with p.Hedge watching it: in
-// the common case the attempt answers before a hedge comes due, and this is
-// attempt with a slot taken and given back. Otherwise the watcher has
-// started a round, r, which this joins once the attempt has returned; the
-// outcome is then the round's. end is when the round ended.
-func hedged[T any](ctx context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), n, maxAttempts int, start, deadline time.Time, deadlineIsCtx bool) (o outcome[T], r *round[T], end time.Time) {
+// runHedged is RunHedged and TryHedged: run with p.Hedge watching each
+// round's first attempt. log and sup, when set, receive the attempt log and
+// the last reason a hedge was suppressed.
+func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, error), log *[]verdict.Attempt, sup *verdict.Suppression) (T, StopReason, error) {
+	if p == nil || p.Hedge == nil {
+		return run(ctx, p, fn, log)
+	}
+	c := newCallState(ctx, p)
+	for {
+		if stop, err := c.begin(ctx); err != nil {
+			var zero T
+			return zero, stop, err
+		}
+		a, r, end := hedged(ctx, &c, fn)
+		first := a.v
+		c.made++
+		if r != nil {
+			first = r.firstVerdict()
+			c.made += r.sent
+			if sup != nil && r.suppressed != verdict.SuppressedNone {
+				*sup = r.suppressed
+			}
+		}
+		took := end.Sub(c.now)
+		delay, stop, err, done := c.after(ctx, a.settled, first, end)
+		recordRound(log, r, a.v, took, delay)
+		if done {
+			return a.val, stop, err
+		}
+	}
+}
+
+// recordRound logs a round: the one attempt it was, or r's attempts.
+func recordRound[T any](log *[]verdict.Attempt, r *round[T], v verdict.Verdict, duration, delay time.Duration) {
+	if log == nil {
+		return
+	}
+	if r == nil {
+		*log = append(*log, verdict.NewAttempt(v, duration, delay))
+		return
+	}
+	r.record(log, delay)
+}
+
+// hedged makes the round's first attempt, c.made+1, with c.p.Hedge
+// watching it: in the common case the attempt answers before a hedge comes
+// due, and this is attempt with a slot taken and given back. Otherwise the
+// watcher has started a round, r, which this joins once the attempt has
+// returned; the outcome is then the round's. end is when the round ended.
+func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (T, error)) (o outcome[T], r *round[T], end time.Time) {
+	p, clk, n, start := c.p, c.clk, c.made+1, c.now
 	h := p.Hedge
 	startUS := h.micros(start)
 	s := h.claim(startUS)
-	c, _ := s.cache.(*hedgedCall[T])
-	if c == nil {
-		c = &hedgedCall[T]{ready: make(chan struct{}, 1)}
-		s.cache = c
+	hc, _ := s.cache.(*hedgedCall[T])
+	if hc == nil {
+		hc = &hedgedCall[T]{ready: make(chan struct{}, 1)}
+		s.cache = hc
 	}
-	actx, cancel, byTimeout := attemptContext(ctx, p, clk, start, deadline, deadlineIsCtx)
+	actx, cancel, byTimeout := attemptContext(ctx, p, clk, start, c.deadline, c.deadlineIsCtx)
 	if cancel != nil {
 		defer cancel()
 	} else {
-		if !c.hctx.reusable(ctx) {
-			c.hctx = &hedgeContext{parent: ctx}
+		if !hc.hctx.reusable(ctx) {
+			hc.hctx = &hedgeContext{parent: ctx}
 		}
-		actx = c.hctx
+		actx = hc.hctx
 	}
-	c.ctx, c.fn, c.p, c.clk = ctx, fn, p, clk
-	c.n, c.maxAttempts, c.start, c.deadline, c.deadlineIsCtx = n, maxAttempts, start, deadline, deadlineIsCtx
-	c.cancel = cancel
+	hc.ctx, hc.fn, hc.p, hc.clk = ctx, fn, p, clk
+	hc.n, hc.maxAttempts, hc.start, hc.deadline, hc.deadlineIsCtx = n, c.maxAttempts, start, c.deadline, c.deadlineIsCtx
+	hc.cancel = cancel
 	active := word(phaseActive, startUS)
-	s.word.Store(active) // publishes c to the watcher
+	s.word.Store(active) // publishes hc to the watcher
 	h.watch()
 
 	o = runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
 	end = clk.Now()
 	ok := o.v.Kind() == verdict.OK
 	if s.word.CompareAndSwap(active, released(ok, false, end.Sub(start))) {
-		return o, nil, end // c is the next holder's now; it keeps ctx and fn until then
+		return o, nil, end // hc is the next holder's now; it keeps ctx and fn until then
 	}
 
 	// A hedge came due while the attempt ran.
-	<-c.ready
-	r = c.round.Load()
-	c.round.Store(nil)
-	c.ctx, c.fn = nil, nil
+	<-hc.ready
+	r = hc.round.Load()
+	hc.round.Store(nil)
+	hc.ctx, hc.fn = nil, nil
 	o = r.join(o, end)
 	first := r.atts[0]
 	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.lost, first.end.Sub(first.start)))

@@ -724,6 +724,79 @@ func TestRunSuccessDoesNotAllocate(t *testing.T) {
 
 func succeed(context.Context) (int, error) { return 1, nil }
 
+// Run never hedges, so its callback never leaves the call: a closure that
+// captures its caller's variables stays on the caller's stack.
+func TestRunCapturingClosureDoesNotAllocate(t *testing.T) {
+	for name, p := range map[string]*Policy{"zero": {}, "Defaults": Defaults()} {
+		ctx := context.Background()
+		want := 42
+		allocs := testing.AllocsPerRun(100, func() {
+			var got int
+			v, err := Run(ctx, p, func(context.Context) (int, error) {
+				got = want
+				return want, nil
+			})
+			if err != nil || v != got {
+				t.Fatal(v, got, err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %v allocs per successful Run with a capturing closure, want 0", name, allocs)
+		}
+	}
+}
+
+// Run and Try refuse a policy with a Hedge before any attempt, rather than
+// run it unhedged: the hedge is RunHedged's and TryHedged's.
+func TestRunRefusesAHedge(t *testing.T) {
+	clk := newFakeClock()
+	p := testPolicy(clk)
+	p.Hedge = newHedge(HedgeOptions{Delay: time.Millisecond}, clk)
+	p.Budget = NewRetryBudget(0.1, 10)
+	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
+	calls := 0
+	fn := func(context.Context) (int, error) { calls++; return 1, nil }
+
+	_, runErr := Run(context.Background(), p, fn)
+	r := Try(context.Background(), p, fn)
+	for name, err := range map[string]error{"Run": runErr, "Try": r.Err} {
+		se, ok := AsStop(err)
+		if !errors.Is(err, ErrHedgeNeedsRunHedged) || !ok || se.Reason != StopInvalidUse || se.Attempts != 0 {
+			t.Errorf("%s: error %v, want a *StopError (%v, 0 attempts) wrapping ErrHedgeNeedsRunHedged", name, err, StopInvalidUse)
+		}
+	}
+	if r.Stop != StopInvalidUse || len(r.Attempts) != 0 {
+		t.Errorf("Try: stop %v with %d attempts logged, want %v and none", r.Stop, len(r.Attempts), StopInvalidUse)
+	}
+	if calls != 0 || p.Hedge.watching.Load() || p.Budget.Tokens() != 10 || p.Breaker.State(clk.Now()) != BreakerClosed {
+		t.Errorf("refused calls touched something: %d callback calls, watcher running %v, %v tokens, breaker %v",
+			calls, p.Hedge.watching.Load(), p.Budget.Tokens(), p.Breaker.State(clk.Now()))
+	}
+
+	// The same policy runs through the hedged entry points.
+	if v, err := RunHedged(context.Background(), p, fn); err != nil || v != 1 || calls != 1 {
+		t.Errorf("RunHedged: %v, %v after %d calls", v, err, calls)
+	}
+	if r := TryHedged(context.Background(), p, fn); r.Err != nil || r.Stop != StopSuccess || len(r.Attempts) != 1 {
+		t.Errorf("TryHedged: %v, %v, %d attempts", r.Err, r.Stop, len(r.Attempts))
+	}
+}
+
+// Without a Hedge, the hedged entry points are Run and Try.
+func TestRunHedgedWithoutAHedge(t *testing.T) {
+	clk := newFakeClock()
+	p := testPolicy(clk)
+	var calls int
+	r := TryHedged(context.Background(), p, script(t, clk, &calls, ret(errReset), ret(nil)))
+	if r.Err != nil || r.Stop != StopSuccess || calls != 2 || len(r.Attempts) != 2 || r.Attempts[0].Kind() != verdict.Transient {
+		t.Errorf("TryHedged without a Hedge: %v, %v after %d calls, log %v", r.Err, r.Stop, calls, r.Attempts)
+	}
+	_, err := RunHedged(context.Background(), nil, func(context.Context) (int, error) { return 0, err404 })
+	if se, ok := AsStop(err); !ok || se.Reason != StopPermanent || se.Attempts != 1 || !errors.Is(err, err404) {
+		t.Errorf("RunHedged with a nil policy: %v, want one attempt, permanent, wrapping the 404", err)
+	}
+}
+
 // Policies are shared across goroutines; the budget and breaker must hold
 // their invariants under concurrent calls (run with -race).
 func TestRunConcurrent(t *testing.T) {

@@ -42,8 +42,8 @@ type ClientOptions struct {
 }
 
 // Client runs the calls of one connection through an sdk.Policy: a unary
-// call is a sdk.Run, each attempt an invocation; a streaming call's
-// establishment is retried the same way. Give each grpc.ClientConn its own
+// call is a sdk.Run (sdk.RunHedged when it may be hedged), each attempt an
+// invocation; a streaming call's establishment is retried the same way. Give each grpc.ClientConn its own
 // Client (DialOptions installs it).
 type Client struct {
 	policy, plain sdk.Policy
@@ -101,13 +101,18 @@ func WithResult(ctx context.Context, r *Result) context.Context {
 	return context.WithValue(ctx, resultKey{}, r)
 }
 
-// call runs fn under p, filling the caller's Result if it asked for one.
+// call runs fn under p - hedged, when p has a Hedge - filling the caller's
+// Result if it asked for one.
 func call[T any](ctx context.Context, p *sdk.Policy, fn func(context.Context) (T, error)) (T, error) {
+	run, try := sdk.Run[T], sdk.Try[T]
+	if p.Hedge != nil {
+		run, try = sdk.RunHedged[T], sdk.TryHedged[T]
+	}
 	res, _ := ctx.Value(resultKey{}).(*Result)
 	if res == nil {
-		return sdk.Run(ctx, p, fn)
+		return run(ctx, p, fn)
 	}
-	r := sdk.Try(ctx, p, fn)
+	r := try(ctx, p, fn)
 	*res = Result{Attempts: r.Attempts, Stop: r.Stop, Suppressed: r.Suppressed, Err: r.Err}
 	return r.Value, r.Err
 }

@@ -29,8 +29,10 @@
 // run inside each attempt: leave them off.
 //
 // Hedging (a Policy with a Hedge) is for the unary methods Idempotent names
-// only, with protobuf replies: each attempt decodes into a reply of its
-// own, and the winner's is copied into the caller's.
+// only, with protobuf replies: such a call is one sdk.RunHedged, each
+// attempt decodes into a reply of its own, and the winner's is copied into
+// the caller's. Every other call goes through sdk.Run with the policy's
+// Hedge left out.
 //
 // A connection egressd's kernel rules refuse fails its dial with EPERM,
 // which gRPC reports as UNAVAILABLE without the cause. The Client's dialer

@@ -28,12 +28,12 @@
 //
 // # Retries
 //
-// The Retry step runs each request through sdk.Run with a copy of the
-// policy made at Build (its Budget and Breaker are shared, as they are
-// between copies: give each dependency its own policy). An attempt that gets
-// a response of status 400 or more hands an *sdk.StatusError, with the
-// response's Retry-After, to the policy's classifier, extended by Classifier
-// so that:
+// The Retry step runs each request through sdk.Run (sdk.RunHedged when it
+// is hedged, see below) with a copy of the policy made at Build (its
+// Budget, Breaker and Hedge are shared, as they are between copies: give
+// each dependency its own policy). An attempt that gets a response of
+// status 400 or more hands an *sdk.StatusError, with the response's
+// Retry-After, to the policy's classifier, extended by Classifier so that:
 //
 //   - 429 is Throttled, honouring Retry-After (delay seconds or an
 //     HTTP-date); without one it takes the throttled backoff curve;
@@ -69,12 +69,13 @@
 // below 400, or one the classifier calls Permanent - is returned, and the
 // other copies are cancelled on the wire. Only idempotent requests are
 // hedged (see Idempotent): GET, HEAD and OPTIONS, or any method with an
-// Idempotency-Key header; others run under the same policy without its
-// Hedge. Each copy sends its own copy of the body, as a retry does. The
-// responses of copies that lost - one that answered too late, a failed one
-// - are drained and closed, which gives back their connections and the
-// permits Limit steps took for them. Each copy is an attempt: the Limit and
-// Quota steps are asked for it, and may refuse it.
+// Idempotency-Key header. They run through sdk.RunHedged; the others run
+// through sdk.Run, under the same policy without its Hedge. Each copy
+// sends its own copy of the body, as a retry does. The responses of copies
+// that lost - one that answered too late, a failed one - are drained and
+// closed, which gives back their connections and the permits Limit steps
+// took for them. Each copy is an attempt: the Limit and Quota steps are
+// asked for it, and may refuse it.
 //
 // # Request bodies
 //

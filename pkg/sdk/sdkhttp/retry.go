@@ -48,9 +48,9 @@ func resultFrom(ctx context.Context) *Result {
 	return r
 }
 
-// retryLayer runs each request through the policy's executor: policy for
-// requests that may be hedged, plain (the same, without its Hedge) for the
-// rest.
+// retryLayer runs each request through the policy's executor: policy, with
+// sdk.RunHedged, for requests that may be hedged when it has a Hedge; plain
+// (the same without its Hedge), with sdk.Run, for the rest.
 type retryLayer struct {
 	policy, plain sdk.Policy
 	next          http.RoundTripper
@@ -86,9 +86,15 @@ func (t *retryLayer) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	var won *http.Response
 	if res := resultFrom(ctx); res != nil {
-		r := sdk.Try(ctx, p, ex.attempt)
+		try := sdk.Try[*http.Response]
+		if ex.hedged {
+			try = sdk.TryHedged[*http.Response]
+		}
+		r := try(ctx, p, ex.attempt)
 		*res = Result{Attempts: r.Attempts, Stop: r.Stop, Suppressed: r.Suppressed, Err: r.Err}
 		won, err = r.Value, r.Err
+	} else if ex.hedged {
+		won, err = sdk.RunHedged(ctx, p, ex.attempt)
 	} else {
 		won, err = sdk.Run(ctx, p, ex.attempt)
 	}

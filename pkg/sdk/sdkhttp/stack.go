@@ -60,9 +60,10 @@ type Stack struct {
 // actual exchanges; nil means http.DefaultTransport.
 func NewStack(base http.RoundTripper) *Stack { return &Stack{base: base} }
 
-// Retry adds the retry loop: each request runs through sdk.Run with a copy
-// of p taken at Build, its classifier extended by Classifier. It must be
-// the first step, and there may be only one.
+// Retry adds the retry loop: each request runs through sdk.Run (or, when p
+// has a Hedge and the request is idempotent, sdk.RunHedged) with a copy of
+// p taken at Build, its classifier extended by Classifier. It must be the
+// first step, and there may be only one.
 func (s *Stack) Retry(p *sdk.Policy) *Stack {
 	s.steps = append(s.steps, step{kind: retryStep, policy: p})
 	return s

@@ -7,6 +7,7 @@
 //	reg.MustRegister(m) // the application's registry, not the global one
 //	p := sdkhttp.Defaults()
 //	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Percentile: 0.95, Observer: m.Hedge("search")})
+//	v, err := sdk.RunHedged(ctx, p, call) // or an sdkhttp stack, an sdkgrpc client
 //
 // Three families, one set of series per hedge:
 //

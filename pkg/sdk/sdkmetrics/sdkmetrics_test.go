@@ -31,12 +31,12 @@ func use(t *testing.T, m *sdkmetrics.Metrics) {
 		}
 		return 1, nil
 	}
-	if r := sdk.Try(context.Background(), p, slowFirst); r.Err != nil || !r.Attempts[1].Hedge() {
+	if r := sdk.TryHedged(context.Background(), p, slowFirst); r.Err != nil || !r.Attempts[1].Hedge() {
 		t.Fatalf("hedged call: %v, %v", r.Err, r.Attempts)
 	}
 	shed := sdk.WithCriticality(context.Background(), sdk.Sheddable)
 	wait := func(context.Context) (int, error) { <-obs.suppressed; return 1, nil } // until the gate has said no
-	if r := sdk.Try(shed, p, wait); r.Suppressed.String() != "criticality" {
+	if r := sdk.TryHedged(shed, p, wait); r.Suppressed.String() != "criticality" {
 		t.Fatalf("sheddable call: suppressed %v, want criticality", r.Suppressed)
 	}
 	_ = m.Hedge("idle")
