@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -210,6 +211,13 @@ func (h *Hedge) micros(t time.Time) uint64 {
 	return uint64(max(t.Sub(h.origin), 0) / time.Microsecond)
 }
 
+// tryClaim takes s if it is free; hedged tries the slot an attempt's start
+// picks this way, and only then claim.
+func (s *slot) tryClaim() bool {
+	w := s.word.Load()
+	return w&phaseMask <= phaseSample && s.word.CompareAndSwap(w, phaseClaimed)
+}
+
 // claim takes a free slot for an attempt starting at start (microseconds).
 func (h *Hedge) claim(start uint64) *slot {
 	for {
@@ -217,9 +225,7 @@ func (h *Hedge) claim(start uint64) *slot {
 		n := uint64(len(t))
 		i := (start ^ start>>7) & (n - 1) // spread concurrent calls
 		for probe := range min(n, 8) {
-			s := t[(i+probe)&(n-1)]
-			w := s.word.Load()
-			if w&phaseMask <= phaseSample && s.word.CompareAndSwap(w, phaseClaimed) {
+			if s := t[(i+probe)&(n-1)]; s.tryClaim() {
 				return s
 			}
 		}
@@ -247,7 +253,13 @@ func (h *Hedge) grow(n int) {
 // and the watcher, before it ends, says so and looks again, so that one of
 // the two sees the other.
 func (h *Hedge) watch() {
-	if !h.watching.Load() && h.watching.CompareAndSwap(false, true) {
+	if !h.watching.Load() {
+		h.startWatcher()
+	}
+}
+
+func (h *Hedge) startWatcher() {
+	if h.watching.CompareAndSwap(false, true) {
 		go h.watcher()
 	}
 }
@@ -458,10 +470,17 @@ func (l *latencies) delay(q float64, cur time.Duration) (time.Duration, bool) {
 // another call with the same context loses a race: an attempt's context is
 // only good until the attempt returns.
 type hedgeContext struct {
-	parent    context.Context
-	cancelled atomic.Bool
-	inner     atomic.Pointer[innerContext]
-	mu        sync.Mutex
+	parent context.Context
+	// comparable: parent can be compared with == without panicking, which
+	// is what reusing c takes. Checked once, here, not on every call.
+	comparable bool
+	cancelled  atomic.Bool
+	inner      atomic.Pointer[innerContext]
+	mu         sync.Mutex
+}
+
+func newHedgeContext(parent context.Context) *hedgeContext {
+	return &hedgeContext{parent: parent, comparable: reflect.ValueOf(parent).Comparable()}
 }
 
 type innerContext struct {
@@ -470,8 +489,11 @@ type innerContext struct {
 }
 
 // reusable reports whether c may serve a call with caller's context ctx.
+// Comparing with == cannot panic when parent's value is comparable: a ctx
+// of another dynamic type is unequal, and one of the same type has, field
+// by field, either other dynamic types or parent's comparable ones.
 func (c *hedgeContext) reusable(ctx context.Context) bool {
-	return c != nil && c.inner.Load() == nil && !c.cancelled.Load() && sameContext(c.parent, ctx)
+	return c != nil && c.comparable && c.parent == ctx && c.inner.Load() == nil && !c.cancelled.Load()
 }
 
 func (c *hedgeContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
@@ -524,12 +546,4 @@ func (c *hedgeContext) cancel() {
 	if in := c.inner.Load(); in != nil {
 		in.cancel()
 	}
-}
-
-// sameContext reports whether a and b are the same context. It never
-// panics on a context type that cannot be compared: such contexts are
-// never the same.
-func sameContext(a, b context.Context) (same bool) {
-	defer func() { _ = recover() }()
-	return a == b
 }

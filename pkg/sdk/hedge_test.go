@@ -566,7 +566,7 @@ func TestHedgeContext(t *testing.T) {
 	parent, cancelParent := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
 	t.Cleanup(cancelParent)
 
-	c := &hedgeContext{parent: parent}
+	c := newHedgeContext(parent)
 	if !c.reusable(parent) || c.reusable(context.Background()) {
 		t.Error("a fresh hedgeContext is for its own parent only")
 	}
@@ -585,7 +585,7 @@ func TestHedgeContext(t *testing.T) {
 	}
 
 	// Cancelled before anything waited on it: Done is closed when asked for.
-	c = &hedgeContext{parent: parent}
+	c = newHedgeContext(parent)
 	c.cancel()
 	if c.reusable(parent) || !errors.Is(c.Err(), context.Canceled) || !errors.Is(context.Cause(c), context.Canceled) {
 		t.Error("a cancelled hedgeContext reports it, and is not reused")
@@ -593,15 +593,27 @@ func TestHedgeContext(t *testing.T) {
 	<-c.Done()
 
 	// The parent's cancellation reaches it, waited on or not.
-	c, w := &hedgeContext{parent: parent}, &hedgeContext{parent: parent}
+	c, w := newHedgeContext(parent), newHedgeContext(parent)
 	done := w.Done()
 	cancelParent()
 	<-done
 	if !errors.Is(c.Err(), context.Canceled) {
 		t.Errorf("Err after the parent was cancelled: %v", c.Err())
 	}
-	if sameContext(uncomparableCtx{Context: parent}, uncomparableCtx{Context: parent}) {
-		t.Error("contexts that cannot be compared are never the same")
+
+	// Contexts that cannot be compared are never reused, and comparing
+	// never panics, however deep the uncomparable value.
+	for _, ctx := range []context.Context{
+		uncomparableCtx{Context: parent},
+		wrappedCtx{uncomparableCtx{Context: parent}},
+	} {
+		if c := newHedgeContext(ctx); c.reusable(ctx) {
+			t.Errorf("%T: an uncomparable context is reused", ctx)
+		}
+	}
+	c = newHedgeContext(wrappedCtx{parent})
+	if !c.reusable(wrappedCtx{parent}) || c.reusable(wrappedCtx{uncomparableCtx{Context: parent}}) {
+		t.Error("a comparable wrapper is reused for an equal context only")
 	}
 }
 
@@ -609,6 +621,9 @@ type uncomparableCtx struct {
 	context.Context
 	_ []int
 }
+
+// wrappedCtx is a comparable type whose values need not be.
+type wrappedCtx struct{ context.Context }
 
 // Hedged calls on the real clock, many at once, some hedged, some not:
 // for the race detector, and the invariants that hold whatever the timing.

@@ -3,7 +3,6 @@ package sdk
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/egressd/egressd/pkg/verdict"
@@ -15,10 +14,8 @@ import (
 type hedgedCall[T any] struct {
 	ctx           context.Context
 	fn            func(context.Context) (T, error)
-	p             *Policy
-	clk           clock
-	n             int // the first attempt's number
-	maxAttempts   int
+	p             *Policy // its clock and MaxAttempts are the call's
+	n             int     // the first attempt's number
 	start         time.Time
 	deadline      time.Time
 	deadlineIsCtx bool
@@ -27,8 +24,10 @@ type hedgedCall[T any] struct {
 	cancel context.CancelFunc
 	hctx   *hedgeContext
 
-	round atomic.Pointer[round[T]]
-	ready chan struct{} // the watcher's word that round is set
+	// The watcher sets round, then sends on ready: the caller reads round
+	// once it has received.
+	round *round[T]
+	ready chan struct{}
 }
 
 // runHedged is RunHedged and TryHedged: run with p.Hedge watching each
@@ -44,7 +43,7 @@ func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (
 			var zero T
 			return zero, stop, err
 		}
-		a, r, end := hedged(ctx, &c, fn)
+		a, r, end, took := hedged(ctx, &c, fn)
 		first := a.v
 		c.made++
 		if r != nil {
@@ -54,53 +53,49 @@ func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (
 				*sup = r.suppressed
 			}
 		}
-		took := end.Sub(c.now)
 		delay, stop, err, done := c.after(ctx, a.settled, first, end)
-		recordRound(log, r, a.v, took, delay)
+		if log != nil {
+			if r == nil {
+				*log = append(*log, verdict.NewAttempt(a.v, took, delay))
+			} else {
+				r.record(log, delay)
+			}
+		}
 		if done {
 			return a.val, stop, err
 		}
 	}
 }
 
-// recordRound logs a round: the one attempt it was, or r's attempts.
-func recordRound[T any](log *[]verdict.Attempt, r *round[T], v verdict.Verdict, duration, delay time.Duration) {
-	if log == nil {
-		return
-	}
-	if r == nil {
-		*log = append(*log, verdict.NewAttempt(v, duration, delay))
-		return
-	}
-	r.record(log, delay)
-}
-
 // hedged makes the round's first attempt, c.made+1, with c.p.Hedge
 // watching it: in the common case the attempt answers before a hedge comes
 // due, and this is attempt with a slot taken and given back. Otherwise the
 // watcher has started a round, r, which this joins once the attempt has
-// returned; the outcome is then the round's. end is when the round ended.
-func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (T, error)) (o outcome[T], r *round[T], end time.Time) {
+// returned; the outcome is then the round's. The round ended at end, took
+// after it started.
+func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (T, error)) (o outcome[T], r *round[T], end time.Time, took time.Duration) {
 	p, clk, n, start := c.p, c.clk, c.made+1, c.now
 	h := p.Hedge
 	startUS := h.micros(start)
-	s := h.claim(startUS)
+	t := *h.table.Load()
+	s := t[startUS&uint64(len(t)-1)]
+	if !s.tryClaim() { // calls side by side
+		s = h.claim(startUS)
+	}
 	hc, _ := s.cache.(*hedgedCall[T])
 	if hc == nil {
 		hc = &hedgedCall[T]{ready: make(chan struct{}, 1)}
 		s.cache = hc
 	}
 	actx, cancel, byTimeout := attemptContext(ctx, p, clk, start, c.deadline, c.deadlineIsCtx)
-	if cancel != nil {
-		defer cancel()
-	} else {
+	if cancel == nil {
 		if !hc.hctx.reusable(ctx) {
-			hc.hctx = &hedgeContext{parent: ctx}
+			hc.hctx = newHedgeContext(ctx)
 		}
 		actx = hc.hctx
 	}
-	hc.ctx, hc.fn, hc.p, hc.clk = ctx, fn, p, clk
-	hc.n, hc.maxAttempts, hc.start, hc.deadline, hc.deadlineIsCtx = n, c.maxAttempts, start, c.deadline, c.deadlineIsCtx
+	hc.ctx, hc.fn, hc.p, hc.n = ctx, fn, p, n
+	hc.start, hc.deadline, hc.deadlineIsCtx = start, c.deadline, c.deadlineIsCtx
 	hc.cancel = cancel
 	active := word(phaseActive, startUS)
 	s.word.Store(active) // publishes hc to the watcher
@@ -108,20 +103,33 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 
 	o = runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
 	end = clk.Now()
-	ok := o.v.Kind() == verdict.OK
-	if s.word.CompareAndSwap(active, released(ok, false, end.Sub(start))) {
-		return o, nil, end // hc is the next holder's now; it keeps ctx and fn until then
+	took = end.Sub(start)
+	if s.word.CompareAndSwap(active, released(o.v.Kind() == verdict.OK, false, took)) {
+		// hc is the next holder's now; it keeps ctx and fn until then.
+		if cancel != nil {
+			cancel()
+		}
+		return o, nil, end, took
 	}
+	o, r, end = hc.join(s, o, end)
+	if cancel != nil {
+		cancel()
+	}
+	return o, r, end, end.Sub(start)
+}
 
-	// A hedge came due while the attempt ran.
+// join is hedged once a hedge came due while the first attempt, which came
+// to o at end, ran: it waits for the round the watcher started, and gives
+// the slot back with the first attempt's latency. From then on hc is the
+// next holder's.
+func (hc *hedgedCall[T]) join(s *slot, o outcome[T], end time.Time) (outcome[T], *round[T], time.Time) {
 	<-hc.ready
-	r = hc.round.Load()
-	hc.round.Store(nil)
-	hc.ctx, hc.fn = nil, nil
+	r := hc.round
+	hc.round, hc.ctx, hc.fn = nil, nil, nil
 	o = r.join(o, end)
 	first := r.atts[0]
 	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.lost, first.end.Sub(first.start)))
-	return o, r, clk.Now()
+	return o, r, r.clk.Now()
 }
 
 // released is a slot's word once its attempt is done: the attempt's
@@ -176,8 +184,8 @@ type roundAttempt[T any] struct {
 // phaseFiring: c's fields stay as they are until the caller joins the round.
 func (c *hedgedCall[T]) startRound(h *Hedge, now time.Time) hedgeRound {
 	r := &round[T]{
-		h: h, ctx: c.ctx, fn: c.fn, p: c.p, clk: c.clk,
-		maxAttempts: c.maxAttempts, deadline: c.deadline, deadlineIsCtx: c.deadlineIsCtx,
+		h: h, ctx: c.ctx, fn: c.fn, p: c.p, clk: c.p.clockOrReal(),
+		maxAttempts: c.p.maxAttempts(), deadline: c.deadline, deadlineIsCtx: c.deadlineIsCtx,
 		winner: -1, done: make(chan struct{}),
 	}
 	cancel := c.cancel
@@ -189,7 +197,7 @@ func (c *hedgedCall[T]) startRound(h *Hedge, now time.Time) hedgeRound {
 	r.mu.Lock()
 	r.hedgeLocked(now)
 	r.mu.Unlock()
-	c.round.Store(r)
+	c.round = r
 	c.ready <- struct{}{}
 	return r
 }
