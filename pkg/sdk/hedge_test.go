@@ -457,6 +457,54 @@ func TestHedgeBoundedByDeadline(t *testing.T) {
 
 // The delay is learned: the percentile of the first attempts' latencies,
 // never below the floor.
+// A first attempt that panics takes its slot with it: the panic reaches
+// the caller, no hedge is sent for it afterwards, and a hedge already sent
+// is cancelled and has returned by then. No copy of the callback runs on
+// after the call, and the watcher has nothing left to watch.
+func TestHedgeFirstAttemptPanics(t *testing.T) {
+	panics := func(_ context.Context, release <-chan struct{}) (int, error) {
+		<-release
+		panic("boom")
+	}
+	for _, hedgeSent := range []bool{false, true} {
+		rig := newHedgeRig(t, HedgeOptions{})
+		var hedgeReturned atomic.Bool
+		hedge := func(ctx context.Context, release <-chan struct{}) (int, error) {
+			defer hedgeReturned.Store(true)
+			return hang(ctx, release)
+		}
+		recovered := make(chan any, 1)
+		go func() {
+			defer func() { recovered <- recover() }()
+			RunHedged(context.Background(), rig.p, rig.fn(panics, hedge))
+		}()
+		rig.waitStarted(0)
+		if hedgeSent {
+			rig.clk.Advance(hedgeDelay)
+			rig.waitStarted(1)
+		}
+		close(rig.release[0])
+		select {
+		case v := <-recovered:
+			if v != "boom" {
+				t.Fatalf("hedge sent %v: recovered %v, want the callback's panic", hedgeSent, v)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("hedge sent %v: the panic never reached the caller", hedgeSent)
+		}
+		if hedgeSent && (!hedgeReturned.Load() || !errors.Is(rig.ctx(1).Err(), context.Canceled)) {
+			t.Errorf("the hedge was not cancelled and done when the panic reached the caller")
+		}
+		rig.clk.Advance(10 * hedgeDelay)
+		if next, busy := rig.p.Hedge.scan(rig.clk.Now()); busy {
+			t.Errorf("hedge sent %v: the watcher still sees a call running (next look %v)", hedgeSent, next)
+		}
+		if want := int64(map[bool]int{false: 0, true: 1}[hedgeSent]); rig.obs.sent.Load() != want || rig.obs.won.Load() != 0 {
+			t.Errorf("hedge sent %v: observer saw %d sent, %d won; want %d, 0", hedgeSent, rig.obs.sent.Load(), rig.obs.won.Load(), want)
+		}
+	}
+}
+
 func TestHedgeLearnsTheDelay(t *testing.T) {
 	clk := newFakeClock()
 	h := newHedge(HedgeOptions{Percentile: 0.9, MinDelay: 5 * time.Millisecond}, clk)

@@ -100,22 +100,45 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	active := word(phaseActive, startUS)
 	s.word.Store(active) // publishes hc to the watcher
 	h.watch()
-
-	o = runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
-	end = clk.Now()
-	took = end.Sub(start)
-	if s.word.CompareAndSwap(active, released(o.v.Kind() == verdict.OK, false, took)) {
-		// hc is the next holder's now; it keeps ctx and fn until then.
+	returned := false
+	defer func() {
+		if !returned { // fn panicked
+			hc.abandon(s, active, clk.Now())
+		}
 		if cancel != nil {
 			cancel()
 		}
-		return o, nil, end, took
+	}()
+
+	o = runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
+	returned = true
+	end = clk.Now()
+	took = end.Sub(start)
+	if s.word.CompareAndSwap(active, released(o.v.Kind() == verdict.OK, false, took)) {
+		return o, nil, end, took // hc is the next holder's now; it keeps ctx and fn until then
 	}
 	o, r, end = hc.join(s, o, end)
-	if cancel != nil {
-		cancel()
-	}
 	return o, r, end, end.Sub(start)
+}
+
+// abandon gives the slot back when the first attempt panicked, at end: the
+// round the watcher may have started is cancelled and waited for, so that no
+// copy of the callback runs on after the call.
+func (hc *hedgedCall[T]) abandon(s *slot, active uint64, end time.Time) {
+	if s.word.CompareAndSwap(active, phaseFree) {
+		return
+	}
+	hc.takeRound().abandon(end)
+	s.word.Store(phaseFree)
+}
+
+// takeRound waits for the round the watcher started for hc's attempt, and
+// lets go of what the call lent the slot.
+func (hc *hedgedCall[T]) takeRound() *round[T] {
+	<-hc.ready
+	r := hc.round
+	hc.round, hc.ctx, hc.fn = nil, nil, nil
+	return r
 }
 
 // join is hedged once a hedge came due while the first attempt, which came
@@ -123,9 +146,7 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 // the slot back with the first attempt's latency. From then on hc is the
 // next holder's.
 func (hc *hedgedCall[T]) join(s *slot, o outcome[T], end time.Time) (outcome[T], *round[T], time.Time) {
-	<-hc.ready
-	r := hc.round
-	hc.round, hc.ctx, hc.fn = nil, nil, nil
+	r := hc.takeRound()
 	o = r.join(o, end)
 	first := r.atts[0]
 	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.lost, first.end.Sub(first.start)))
@@ -325,6 +346,23 @@ func (r *round[T]) join(o outcome[T], end time.Time) outcome[T] {
 		return reached.o
 	}
 	return last.o
+}
+
+// abandon is join for a first attempt that panicked at end: the round ends,
+// its hedges are cancelled (lost, as to a winner), and abandon returns once
+// they have.
+func (r *round[T]) abandon(end time.Time) {
+	r.mu.Lock()
+	r.joined, r.over, r.winner = true, true, 0
+	r.atts[0].end = end
+	for _, a := range r.atts[1:] {
+		if a.end == (time.Time{}) {
+			a.cancel()
+		}
+	}
+	r.leaveLocked()
+	r.mu.Unlock()
+	<-r.done
 }
 
 // finishLocked records that a came to o at end, and takes its answer if it
