@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/egressd/egressd/pkg/sdk"
@@ -58,19 +58,27 @@ func ExamplePolicy_admit() {
 	// attempts exhausted (1 attempt): not admitted: Throttled(self-imposed, retry after 1s)
 }
 
+// hedges holds, for ExampleTryHedged, which attempt contexts are hedges'.
+var hedges sync.Map
+
 // A hedge races a copy of an attempt that runs past the hedge's delay; the
 // first answer wins and the other attempt is cancelled. Hedged calls go
 // through RunHedged or TryHedged: Run refuses a policy with a Hedge.
 func ExampleTryHedged() {
 	p := sdk.Defaults()
 	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: time.Millisecond})
-	var calls atomic.Int32
 	call := func(ctx context.Context) (string, error) {
-		if calls.Add(1) == 1 {
+		if hedge, _ := hedges.Load(ctx); hedge != true {
 			<-ctx.Done() // the first attempt hangs until the hedge answers
 			return "", ctx.Err()
 		}
 		return "from the hedge", nil
+	}
+	// Admit is asked about each attempt, on the attempt's own context:
+	// here, to tell the callback which attempts are hedges.
+	p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
+		hedges.Store(ctx, next.Hedge)
+		return verdict.Verdict{}
 	}
 
 	r := sdk.TryHedged(context.Background(), p, call)

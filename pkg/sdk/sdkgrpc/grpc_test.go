@@ -349,9 +349,26 @@ func TestStreamEstablishmentRetried(t *testing.T) {
 // cancelled at the server. A method not marked idempotent is never hedged.
 func TestHedging(t *testing.T) {
 	for _, idempotent := range []bool{true, false} {
-		h := &healthServer{steps: []step{stall, serving}}
+		// The hedge waits in Admit until the first call has reached the
+		// server, so that the first attempt's is the call that stalls,
+		// however late the loaded machine runs it.
+		reached := make(chan struct{})
+		first := func(ctx context.Context) (*healthpb.HealthCheckResponse, error) {
+			close(reached)
+			return stall(ctx)
+		}
+		h := &healthServer{steps: []step{first, serving}}
 		p := testPolicy(3)
 		p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: hedgeDelay})
+		p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
+			if next.Hedge {
+				select {
+				case <-reached:
+				case <-ctx.Done():
+				}
+			}
+			return verdict.Verdict{}
+		}
 		hc := dial(t, listen(t, h), NewClient(ClientOptions{Policy: p, Idempotent: func(m string) bool { return idempotent && m == checkMethod }}))
 		// Not hedged, the call stalls until its deadline: a short one.
 		timeout := time.Minute

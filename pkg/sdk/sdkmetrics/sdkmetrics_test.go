@@ -23,9 +23,20 @@ func use(t *testing.T, m *sdkmetrics.Metrics) {
 	p := sdk.Defaults()
 	obs := &signalling{HedgeObserver: m.Hedge("search"), suppressed: make(chan struct{}, 1)}
 	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: time.Millisecond, Observer: obs})
+	// The hedge waits in Admit until the first attempt has started, so
+	// that the first callback call is the first attempt's however late the
+	// loaded machine runs it.
+	started := make(chan struct{})
+	p.Admit = func(_ context.Context, next sdk.NextAttempt) verdict.Verdict {
+		if next.Hedge {
+			<-started
+		}
+		return verdict.Verdict{}
+	}
 	var calls atomic.Int64
 	slowFirst := func(ctx context.Context) (int, error) {
 		if calls.Add(1) == 1 {
+			close(started)
 			<-ctx.Done() // the hedge answers and cancels this one
 			return 0, ctx.Err()
 		}
