@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,20 +38,24 @@ const (
 )
 
 // tailServer is the dependency: each request takes the median, or one in
-// twenty 20× it, and ends early when the client cancels it.
+// twenty 20× it, and ends early when the client cancels it. It counts the
+// requests to /0, /1, ... apart - one path per hedger - so that a cancelled
+// copy arriving late is counted for the hedger that sent it.
 type tailServer struct {
 	url      string
-	requests atomic.Int64
+	requests []atomic.Int64
 }
 
-func newTailServer() (*tailServer, func(), error) {
+func newTailServer(paths int) (*tailServer, func(), error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
 	}
-	s := &tailServer{url: "http://" + lis.Addr().String() + "/"}
+	s := &tailServer{url: "http://" + lis.Addr().String() + "/", requests: make([]atomic.Int64, paths)}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.requests.Add(1)
+		if i, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/")); err == nil && i >= 0 && i < paths {
+			s.requests[i].Add(1)
+		}
 		d := hedgeMedian
 		if rand.Float64() < hedgeSlowFrac {
 			d *= hedgeSlowMult
@@ -128,9 +134,8 @@ func (s *hedgeStats) quantile(q float64) time.Duration {
 func (s *hedgeStats) extra() float64 { return float64(s.requests)/float64(s.calls) - 1 }
 
 // runCalls makes calls calls through h from hedgeWorkers goroutines and
-// adds what it saw to st.
-func runCalls(h hedger, fn func(context.Context) (int, error), srv *tailServer, calls int, st *hedgeStats) {
-	before := srv.requests.Load()
+// adds them to st.
+func runCalls(h hedger, fn func(context.Context) (int, error), calls int, st *hedgeStats) {
 	var mu sync.Mutex
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -150,37 +155,46 @@ func runCalls(h hedger, fn func(context.Context) (int, error), srv *tailServer, 
 		})
 	}
 	wg.Wait()
-	// Cancelled requests are counted when they arrive, which may be after
-	// the call returned: wait for the server to go quiet.
-	for last := int64(-1); last != srv.requests.Load(); time.Sleep(5 * time.Millisecond) {
-		last = srv.requests.Load()
-	}
 	st.calls += int64(calls)
-	st.requests += srv.requests.Load() - before
 }
 
 // compareHedging warms each hedger up (so that both learn their delay),
 // then makes calls calls through each, in rounds that alternate between
-// them so that the machine's load falls on all alike.
+// them so that the machine's load falls on all alike. Hedger i's measured
+// calls go to the server's path /i, its warm-up to a path not counted.
 func compareHedging(calls, rounds int) ([]hedger, []*hedgeStats, error) {
-	srv, stop, err := newTailServer()
+	hs := []hedger{noHedging(), egressdHedge(), failsafeHedge()}
+	srv, stop, err := newTailServer(len(hs))
 	if err != nil {
 		return nil, nil, err
 	}
 	defer stop()
 	transport := &http.Transport{MaxIdleConnsPerHost: 64}
 	defer transport.CloseIdleConnections()
-	fn := get(&http.Client{Transport: transport}, srv.url)
-	hs := []hedger{noHedging(), egressdHedge(), failsafeHedge()}
+	client := &http.Client{Transport: transport}
 	stats := make([]*hedgeStats, len(hs))
 	for i, h := range hs {
 		stats[i] = &hedgeStats{}
-		runCalls(h, fn, srv, 300, &hedgeStats{}) // warm-up, not counted
+		runCalls(h, get(client, srv.url+"warm-up"), 300, &hedgeStats{})
 	}
 	for range rounds {
 		for i, h := range hs {
-			runCalls(h, fn, srv, calls/rounds, stats[i])
+			runCalls(h, get(client, srv.url+strconv.Itoa(i)), calls/rounds, stats[i])
 		}
+	}
+	// Cancelled copies are counted when they arrive, which may be after
+	// their call returned: wait for the server to go quiet.
+	total := func() (n int64) {
+		for i := range srv.requests {
+			n += srv.requests[i].Load()
+		}
+		return n
+	}
+	for last := int64(-1); last != total(); time.Sleep(5 * time.Millisecond) {
+		last = total()
+	}
+	for i := range hs {
+		stats[i].requests = srv.requests[i].Load()
 	}
 	return hs, stats, nil
 }
