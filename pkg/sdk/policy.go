@@ -200,16 +200,18 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 		stop, err := stopped(StopInvalidUse, 0, nil, ErrHedgeNeedsRunHedged)
 		return zero, stop, err
 	}
-	c := newCallState(ctx, p)
+	var c callState
+	c.init(ctx, p)
 	for {
 		if stop, err := c.begin(ctx); err != nil {
 			return zero, stop, err
 		}
-		a := attempt(ctx, ctx, c.p, c.clk, fn, attemptInfo{n: c.made + 1}, c.now, c.deadline, c.deadlineIsCtx)
+		var a outcome[T]
+		attempt(ctx, ctx, c.p, c.clk, fn, attemptInfo{n: c.made + 1}, c.now, c.deadline, c.deadlineIsCtx, &a)
 		end := c.clk.Now()
 		c.made++
 		took := end.Sub(c.now)
-		delay, stop, err, done := c.after(ctx, a.settled, a.v, end)
+		delay, stop, err, done := c.after(ctx, &a.settled, a.v, end)
 		if log != nil {
 			*log = append(*log, verdict.NewAttempt(a.v, took, delay))
 		}
@@ -235,11 +237,13 @@ type callState struct {
 	lastErr       error
 }
 
-func newCallState(ctx context.Context, p *Policy) callState {
+// init starts c for a call under p: fields are set in place, which costs
+// less than copying a callState out of a constructor.
+func (c *callState) init(ctx context.Context, p *Policy) {
 	if p == nil {
 		p = &zeroPolicy
 	}
-	c := callState{p: p, clk: p.clockOrReal(), maxAttempts: p.maxAttempts()}
+	c.p, c.clk, c.maxAttempts = p, p.clockOrReal(), p.maxAttempts()
 	c.now = c.clk.Now()
 	// The overall deadline: the policy's, or the caller's if that is sooner.
 	if p.Deadline > 0 {
@@ -250,7 +254,6 @@ func newCallState(ctx context.Context, p *Policy) callState {
 	if c.deadlineIsCtx {
 		c.deadline = ctxDeadline
 	}
-	return c
 }
 
 // begin starts a round at c.now, unless the caller's context, the deadline
@@ -279,7 +282,7 @@ func (c *callState) begin(ctx context.Context) (StopReason, error) {
 // anything) or may not be retried (err is the *StopError); otherwise after
 // waits delay, and the next round starts at c.now. A call whose caller
 // gives up during the wait is done too, its delay still reported.
-func (c *callState) after(ctx context.Context, o settled, first verdict.Verdict, end time.Time) (delay time.Duration, stop StopReason, err error, done bool) {
+func (c *callState) after(ctx context.Context, o *settled, first verdict.Verdict, end time.Time) (delay time.Duration, stop StopReason, err error, done bool) {
 	p := c.p
 	if p.Breaker != nil {
 		p.Breaker.Record(end, c.permit, first)
@@ -355,22 +358,31 @@ type attemptInfo struct {
 	hedge bool
 }
 
-// attempt makes attempt n, started at start, and classifies it. ctx is the
-// caller's context; base is what the attempt's context derives from: ctx
-// itself, or for a hedge a cancellable child of it.
-func attempt[T any](ctx, base context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo, start, deadline time.Time, deadlineIsCtx bool) outcome[T] {
+// attempt makes an attempt started at start, and classifies it into o.
+// ctx is the caller's context; base is what the attempt's context derives
+// from: ctx itself, or for a hedge a cancellable child of it. Outcomes are
+// written in place: copying one out of a call costs more than the rest of
+// an attempt's bookkeeping.
+func attempt[T any](ctx, base context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo, start, deadline time.Time, deadlineIsCtx bool, o *outcome[T]) {
 	actx, cancel, byTimeout := attemptContext(base, p, clk, start, deadline, deadlineIsCtx)
 	if cancel != nil {
 		defer cancel()
 	}
-	return runAttempt(ctx, actx, byTimeout, p, clk, fn, info)
+	runAttempt(ctx, actx, byTimeout, p, clk, fn, info, o)
 }
 
 // attemptContext derives an attempt's context from base: its deadline is
 // min(AttemptTimeout, remaining deadline). When that is the caller's own
-// deadline, the caller's context already enforces it, and base is returned
-// as it is, with a nil cancel.
+// deadline, or there is none, the caller's context already enforces it,
+// and base is returned as it is, with a nil cancel.
 func attemptContext(base context.Context, p *Policy, clk clock, start, deadline time.Time, deadlineIsCtx bool) (actx context.Context, cancel context.CancelFunc, byTimeout bool) {
+	if p.AttemptTimeout <= 0 && (deadlineIsCtx || deadline.IsZero()) {
+		return base, nil, false
+	}
+	return deriveAttemptContext(base, p, clk, start, deadline, deadlineIsCtx)
+}
+
+func deriveAttemptContext(base context.Context, p *Policy, clk clock, start, deadline time.Time, deadlineIsCtx bool) (actx context.Context, cancel context.CancelFunc, byTimeout bool) {
 	attemptDeadline := deadline
 	if p.AttemptTimeout > 0 {
 		if t := start.Add(p.AttemptTimeout); attemptDeadline.IsZero() || t.Before(attemptDeadline) {
@@ -384,23 +396,33 @@ func attemptContext(base context.Context, p *Policy, clk clock, start, deadline 
 	return base, nil, false
 }
 
-// runAttempt asks Admit, runs fn on actx and classifies what it returned.
-// ctx is the caller's context: when it has ended, so has the call.
-func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo) (o outcome[T]) {
+// runAttempt asks Admit, runs fn on actx and classifies what it returned
+// into o, which it expects zero. ctx is the caller's context: when it has
+// ended, so has the call.
+func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo, o *outcome[T]) {
 	if p.Admit != nil {
 		next := NextAttempt{Number: info.n, Hedge: info.hedge, Criticality: CriticalityFrom(ctx)}
 		if v := p.Admit(actx, next); v.Kind() != verdict.OK {
 			o.v, o.err = v, &NotAdmittedError{Verdict: v}
-			return o
+			return
 		}
 	}
 
 	val, err := fn(actx)
 	if err == nil {
 		o.val = val
-		return o
+		return
 	}
-	o.err = err // and o.val stays zero: a call that fails returns none
+	// o.val stays zero: a call that fails returns none.
+	o.settled = settle(ctx, actx, byTimeout, p, clk, err)
+	if o.v.Kind() == verdict.OK {
+		o.val = val // an error a rule calls OK keeps its value
+	}
+}
+
+// settle classifies an attempt that returned err.
+func settle(ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, err error) (o settled) {
+	o.err = err
 	// Outcomes the executor recognises itself, before any classifier rule.
 	if cerr := ctx.Err(); cerr != nil {
 		o.halt, o.stop = true, stopFor(cerr)
@@ -420,9 +442,6 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		return o
 	}
 	o.v, o.err = p.Classifier.classify(actx, o.err, clk.Now())
-	if o.v.Kind() == verdict.OK {
-		o.val = val // an error a rule calls OK keeps its value
-	}
 	return o
 }
 

@@ -37,13 +37,15 @@ func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (
 	if p == nil || p.Hedge == nil {
 		return run(ctx, p, fn, log)
 	}
-	c := newCallState(ctx, p)
+	var c callState
+	c.init(ctx, p)
 	for {
 		if stop, err := c.begin(ctx); err != nil {
 			var zero T
 			return zero, stop, err
 		}
-		a, r, end, took := hedged(ctx, &c, fn)
+		var a outcome[T]
+		r, end, took := hedged(ctx, &c, fn, &a)
 		first := a.v
 		c.made++
 		if r != nil {
@@ -53,7 +55,7 @@ func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (
 				*sup = r.suppressed
 			}
 		}
-		delay, stop, err, done := c.after(ctx, a.settled, first, end)
+		delay, stop, err, done := c.after(ctx, &a.settled, first, end)
 		if log != nil {
 			if r == nil {
 				*log = append(*log, verdict.NewAttempt(a.v, took, delay))
@@ -71,9 +73,9 @@ func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (
 // watching it: in the common case the attempt answers before a hedge comes
 // due, and this is attempt with a slot taken and given back. Otherwise the
 // watcher has started a round, r, which this joins once the attempt has
-// returned; the outcome is then the round's. The round ended at end, took
-// after it started.
-func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (T, error)) (o outcome[T], r *round[T], end time.Time, took time.Duration) {
+// returned; the outcome, o, is then the round's. The round ended at end,
+// took after it started.
+func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (T, error), o *outcome[T]) (r *round[T], end time.Time, took time.Duration) {
 	p, clk, n, start := c.p, c.clk, c.made+1, c.now
 	h := p.Hedge
 	startUS := h.micros(start)
@@ -110,15 +112,15 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 		}
 	}()
 
-	o = runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n})
+	runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n}, o)
 	returned = true
 	end = clk.Now()
 	took = end.Sub(start)
 	if s.word.CompareAndSwap(active, released(o.v.Kind() == verdict.OK, false, took)) {
-		return o, nil, end, took // hc is the next holder's now; it keeps ctx and fn until then
+		return nil, end, took // hc is the next holder's now; it keeps ctx and fn until then
 	}
-	o, r, end = hc.join(s, o, end)
-	return o, r, end, end.Sub(start)
+	r, end = hc.join(s, o, end)
+	return r, end, end.Sub(start)
 }
 
 // abandon gives the slot back when the first attempt panicked, at end: the
@@ -145,12 +147,12 @@ func (hc *hedgedCall[T]) takeRound() *round[T] {
 // to o at end, ran: it waits for the round the watcher started, and gives
 // the slot back with the first attempt's latency. From then on hc is the
 // next holder's.
-func (hc *hedgedCall[T]) join(s *slot, o outcome[T], end time.Time) (outcome[T], *round[T], time.Time) {
+func (hc *hedgedCall[T]) join(s *slot, o *outcome[T], end time.Time) (*round[T], time.Time) {
 	r := hc.takeRound()
-	o = r.join(o, end)
+	*o = r.join(*o, end)
 	first := r.atts[0]
 	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.lost, first.end.Sub(first.start)))
-	return o, r, r.clk.Now()
+	return r, r.clk.Now()
 }
 
 // released is a slot's word once its attempt is done: the attempt's
@@ -292,7 +294,8 @@ func (r *round[T]) hedgeLocked(now time.Time) {
 var noEvidence = verdict.New(verdict.Permanent)
 
 func (r *round[T]) runHedge(a *roundAttempt[T], hctx context.Context) {
-	o := attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true}, a.start, r.deadline, r.deadlineIsCtx)
+	var o outcome[T]
+	attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true}, a.start, r.deadline, r.deadlineIsCtx, &o)
 	end := r.clk.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
