@@ -259,12 +259,14 @@ func TestConcurrencyLeaseExpiryFreesCapacity(t *testing.T) {
 
 func TestConcurrencyRenewalKeepsLease(t *testing.T) {
 	s := startRedis(t)
-	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: 60 * time.Millisecond}})
+	// Renewed every third of the lease: a loaded machine must stall the
+	// renewal for over 400 ms to lose it.
+	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: 600 * time.Millisecond}})
 	held, err := l.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // five lease durations
+	time.Sleep(1800 * time.Millisecond) // three lease durations
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
 		t.Fatalf("Acquire while a renewed lease is held = %v, want a refusal", err)
 	}
