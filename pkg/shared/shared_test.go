@@ -259,14 +259,15 @@ func TestConcurrencyLeaseExpiryFreesCapacity(t *testing.T) {
 
 func TestConcurrencyRenewalKeepsLease(t *testing.T) {
 	s := startRedis(t)
-	// Renewed every third of the lease: a loaded machine must stall the
-	// renewal for over 400 ms to lose it.
-	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: 600 * time.Millisecond}})
+	// Renewed every third of the lease: a loaded machine (load averages of
+	// 20 on two cores were seen here) must stall the renewal for over a
+	// second to lose it.
+	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: 2 * time.Second}})
 	held, err := l.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1800 * time.Millisecond) // three lease durations
+	time.Sleep(5 * time.Second) // two and a half lease durations
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
 		t.Fatalf("Acquire while a renewed lease is held = %v, want a refusal", err)
 	}
