@@ -39,12 +39,19 @@ func TestNameLast(t *testing.T) {
 // fakeDaemon serves the limits route on a control socket of the test's own.
 func fakeDaemon(t *testing.T, limits []control.Limit) string {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "sock")
-	srv, err := control.NewServer(control.Config{Socket: sock, Routes: map[string]control.Route{
+	return serveRoutes(t, map[string]control.Route{
 		control.RouteLimits: {Method: http.MethodGet, Handler: control.JSON(func(*http.Request, struct{}) ([]control.Limit, error) {
 			return limits, nil
 		})},
-	}})
+	})
+}
+
+// serveRoutes serves routes on a control socket of the test's own until
+// the test ends, and returns the socket's path.
+func serveRoutes(t *testing.T, routes map[string]control.Route) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "sock")
+	srv, err := control.NewServer(control.Config{Socket: sock, Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,11 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/policy"
 )
 
 func limitCommand() *cli.Command {
+	set := ruleFlags()
 	return &cli.Command{
 		Name:  "limit",
 		Usage: "set, show and remove limits at run time",
@@ -21,34 +23,8 @@ func limitCommand() *cli.Command {
 				Name:      "set",
 				Usage:     "create or replace a limit; it survives restarts and wins over the policy file's rule of that name",
 				ArgsUsage: "NAME",
-				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "dest", Required: true, Usage: "IP, CIDR or host name"},
-					&cli.UintFlag{Name: "port", Usage: "destination port (default: any)"},
-					&cli.StringFlag{Name: "scope", Usage: "cgroup path inside the cgroup2 hierarchy (default: the whole host)"},
-					&cli.StringFlag{Name: "unit", Usage: "systemd unit whose cgroup the limit applies to"},
-					&cli.IntFlag{Name: "concurrency", Usage: "live connections at most"},
-					&cli.IntFlag{Name: "per-second", Usage: "new connections per second"},
-					&cli.IntFlag{Name: "burst", Usage: "with --per-second: bucket size (default: one second's permits)"},
-					&cli.IntFlag{Name: "per-window", Usage: "new connections per --window"},
-					&cli.DurationFlag{Name: "window", Usage: "with --per-window: the sliding window"},
-					&cli.IntFlag{Name: "segments", Usage: "with --per-window: segments of the window (default 8)"},
-					&cli.BoolFlag{Name: "adaptive", Usage: "a concurrency limit moved by measured latency"},
-					&cli.IntFlag{Name: "min", Usage: "with --adaptive: floor (default 4)"},
-					&cli.IntFlag{Name: "max", Usage: "with --adaptive: ceiling (default 200)"},
-					&cli.IntFlag{Name: "initial", Usage: "with --adaptive: starting limit (default 20)"},
-					&cli.Float64Flag{Name: "multiple", Usage: "with --adaptive: how many times the baseline latency counts as queueing (default 2.0)"},
-					&cli.Float64Flag{Name: "decrease-factor", Usage: "with --adaptive: what the limit is multiplied by on queueing (default 0.9)"},
-					&cli.IntFlag{Name: "probe-every", Usage: "with --adaptive: rounds between drain probes that relearn the baseline (default: no probes)"},
-					&cli.Float64Flag{Name: "probe-factor", Usage: "with --probe-every: the limit during a probe, as a fraction (default 0.5)"},
-					&cli.StringFlag{Name: "samples", Usage: "with --adaptive: connect (default) or request latency"},
-					&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"},
-					&cli.StringFlag{Name: "errno", Usage: "errno a refused connect() returns (default EPERM)"},
-					&cli.StringFlag{Name: "shared-redis", Usage: "share the limit with every host naming the same --shared-key: URL of the Redis server keeping it"},
-					&cli.StringFlag{Name: "shared-key", Usage: "with --shared-redis: the budget's Redis key"},
-					&cli.StringFlag{Name: "shared-failure-mode", Usage: "with --shared-redis: throw (keep the last share, default), allow (the whole limit) or deny while Redis is unreachable"},
-					jsonFlag,
-				},
-				Action: limitSet,
+				Flags:     append(set.cliFlags(), jsonFlag),
+				Action:    func(c *cli.Context) error { return limitSet(c, set) },
 			},
 			{
 				Name:      "get",
@@ -104,74 +80,27 @@ func oneArg(c *cli.Context, what string) (string, error) {
 	return c.Args().First(), nil
 }
 
-// limitSet writes the flags as one policy rule; the daemon checks it as it
-// checks the policy file and names every problem.
-func limitSet(c *cli.Context) error {
+// limitSet builds one policy rule from the flags, checks it as a policy
+// file's rule is checked, and sends it; the daemon checks it again against
+// the rules in force.
+func limitSet(c *cli.Context, flags ruleFlagList) error {
 	name, err := oneArg(c, "NAME")
 	if err != nil {
 		return err
 	}
-	var b strings.Builder
-	field := func(k string, v any) { fmt.Fprintf(&b, "%s: %s\n", k, yamlValue(v)) }
-	field("name", name)
-	field("destination", c.String("dest"))
-	if c.IsSet("port") {
-		field("port", c.Uint("port"))
+	r, err := flags.rule(c, name)
+	if err != nil {
+		return err
 	}
-	if c.IsSet("scope") {
-		field("cgroup", c.String("scope"))
+	text, err := policy.FormatRule(r)
+	if err != nil {
+		return err
 	}
-	if c.IsSet("unit") {
-		field("unit", c.String("unit"))
-	}
-	if c.IsSet("concurrency") {
-		field("concurrency", c.Int("concurrency"))
-	}
-	nested := func(key string, subs ...string) {
-		var parts []string
-		for i := 0; i < len(subs); i += 2 {
-			if c.IsSet(subs[i+1]) {
-				parts = append(parts, fmt.Sprintf("%s: %s", subs[i], yamlValue(c.Value(subs[i+1]))))
-			}
-		}
-		fmt.Fprintf(&b, "%s: {%s}\n", key, strings.Join(parts, ", "))
-	}
-	if c.IsSet("per-second") || c.IsSet("burst") {
-		nested("perSecond", "permits", "per-second", "burst", "burst")
-	}
-	if c.IsSet("per-window") || c.IsSet("window") || c.IsSet("segments") {
-		nested("perWindow", "permits", "per-window", "window", "window", "segments", "segments")
-	}
-	if c.Bool("adaptive") || c.IsSet("min") || c.IsSet("max") || c.IsSet("initial") || c.IsSet("multiple") ||
-		c.IsSet("decrease-factor") || c.IsSet("probe-every") || c.IsSet("probe-factor") || c.IsSet("samples") {
-		nested("adaptive", "minimum", "min", "maximum", "max", "initial", "initial", "multiple", "multiple",
-			"decreaseFactor", "decrease-factor", "probeEvery", "probe-every", "probeFactor", "probe-factor", "samples", "samples")
-	}
-	if c.Bool("shadow") {
-		field("shadow", true)
-	}
-	if c.IsSet("shared-redis") || c.IsSet("shared-key") || c.IsSet("shared-failure-mode") {
-		nested("shared", "redis", "shared-redis", "key", "shared-key", "failureMode", "shared-failure-mode")
-	}
-	if c.IsSet("errno") {
-		field("errno", c.String("errno"))
-	}
-	l, err := client(c).SetLimit(c.Context, b.String())
+	l, err := client(c).SetLimit(c.Context, string(text))
 	if err != nil {
 		return err
 	}
 	return output(c, l, func(w io.Writer) { printLimit(w, l) })
-}
-
-// yamlValue quotes strings so that a value is never read as YAML syntax.
-func yamlValue(v any) string {
-	switch v := v.(type) {
-	case string:
-		return fmt.Sprintf("%q", v)
-	case fmt.Stringer:
-		return fmt.Sprintf("%q", v.String())
-	}
-	return fmt.Sprint(v)
 }
 
 func printLimit(w io.Writer, l control.Limit) {

@@ -19,14 +19,25 @@ func Format(p *Policy) ([]byte, error) {
 	for i, r := range p.Rules {
 		file.Rules[i] = formatRule(r)
 	}
+	return encode(file, "policy")
+}
+
+// FormatRule writes one valid rule as the YAML mapping it is in a policy
+// file's rules list ("name: x\ndestination: …"): what the CLI sends the
+// daemon, and what an operator can paste under rules:.
+func FormatRule(r Rule) ([]byte, error) {
+	return encode(formatRule(r), "rule")
+}
+
+func encode(v any, what string) ([]byte, error) {
 	var b bytes.Buffer
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
-	if err := enc.Encode(file); err != nil {
-		return nil, fmt.Errorf("encode policy: %w", err)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("encode %s: %w", what, err)
 	}
 	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("encode policy: %w", err)
+		return nil, fmt.Errorf("encode %s: %w", what, err)
 	}
 	return b.Bytes(), nil
 }

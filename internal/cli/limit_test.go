@@ -1,0 +1,119 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// setDaemon serves limit/set on a control socket of the test's own and
+// records each rule it is sent.
+func setDaemon(t *testing.T) (sock string, sent *[]string) {
+	t.Helper()
+	sent = new([]string)
+	return serveRoutes(t, map[string]control.Route{
+		control.RouteLimitSet: {Method: http.MethodPost, Handler: control.JSON(func(_ *http.Request, in control.SetLimitRequest) (control.Limit, error) {
+			*sent = append(*sent, in.Rule)
+			return control.Limit{Name: "x", Shape: "concurrency", Source: "cli", Rule: in.Rule}, nil
+		})},
+	}), sent
+}
+
+// TestLimitSet: the flags become one policy rule, written by package
+// policy, which reads it back as the rule the flags describe; every
+// problem, the flags' and the rule's, is named at once and nothing is sent.
+func TestLimitSet(t *testing.T) {
+	tests := []struct {
+		name string
+		args string
+		want string   // the rule sent, as policy YAML
+		errs []string // or the problems, and nothing sent
+	}{{
+		name: "concurrency",
+		args: "--dest 10.0.0.1 --port 443 --unit web.service --concurrency 5 --errno ECONNREFUSED",
+		want: "name: x\ndestination: 10.0.0.1\nport: 443\nunit: web.service\nconcurrency: 5\nerrno: ECONNREFUSED\n",
+	}, {
+		name: "per second, burst and a cgroup",
+		args: "--dest db.internal --scope /a.slice/b --per-second 10 --burst 20 --shadow",
+		want: "name: x\ndestination: db.internal\ncgroup: /a.slice/b\nperSecond: {permits: 10, burst: 20}\nshadow: true\n",
+	}, {
+		name: "per window",
+		args: "--dest 10.0.0.0/8 --per-window 100 --window 1m --segments 4",
+		want: "name: x\ndestination: 10.0.0.0/8\nperWindow: {permits: 100, window: 1m0s, segments: 4}\n",
+	}, {
+		name: "adaptive with every default",
+		args: "--dest ::1 --adaptive",
+		want: "name: x\ndestination: ::1\nadaptive: {}\n",
+	}, {
+		name: "an adaptive flag alone makes the rule adaptive",
+		args: "--dest ::1 --max 50 --min 2 --initial 10 --multiple 3 --decrease-factor 0.8 --probe-every 20 --probe-factor 0.25 --samples request",
+		want: "name: x\ndestination: ::1\nadaptive: {minimum: 2, maximum: 50, initial: 10, multiple: 3, decreaseFactor: 0.8, probeEvery: 20, probeFactor: 0.25, samples: request}\n",
+	}, {
+		name: "shared",
+		args: "--dest 10.0.0.1 --concurrency 10 --shared-redis redis://r:6379 --shared-key k --shared-failure-mode deny",
+		want: "name: x\ndestination: 10.0.0.1\nconcurrency: 10\nshared: {redis: 'redis://r:6379', key: k, failureMode: deny}\n",
+	}, {
+		name: "no limit",
+		args: "--dest 10.0.0.1",
+		errs: []string{"rule x: no limit: give one of concurrency, perSecond, perWindow or adaptive"},
+	}, {
+		name: "two shapes, said once",
+		args: "--dest 10.0.0.1 --concurrency 2 --per-second 5 --burst 6",
+		errs: []string{"rule x: concurrency and perSecond are both given; a rule has one limit"},
+	}, {
+		name: "zero for a default",
+		args: "--dest 10.0.0.1 --per-second 5 --burst 0",
+		errs: []string{"rule x: --burst 0 is not allowed; leave it out for the default"},
+	}, {
+		name: "every problem at once",
+		args: "--dest 10.0.0.0/33 --port 70000 --concurrency 0 --errno EBOGUS --unit=",
+		errs: []string{
+			`rule x: destination "10.0.0.0/33" is not a valid CIDR: prefix length out of range`,
+			"rule x: --port 70000 is outside 1..65535; leave it out for any port",
+			"rule x: --unit is empty; leave it out for the whole host",
+			"rule x: concurrency must be at least 1",
+			`rule x: errno "EBOGUS" is not one a refusal may use: EACCES, EAGAIN, ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, ENOBUFS, EPERM, ETIMEDOUT`,
+		},
+	}, {
+		name: "the adaptive options are checked together",
+		args: "--dest 10.0.0.1 --min 30 --samples fast",
+		errs: []string{
+			`rule x: --samples "fast" is not connect or request`,
+			"rule x: adaptive: Initial 20 (default) must lie between Minimum 30 and Maximum 200 (default)",
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sock, sent := setDaemon(t)
+			app := App()
+			var out bytes.Buffer
+			app.Writer = &out
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			args := append([]string{"egressd", "--socket", sock, "limit", "set"}, strings.Fields(tt.args)...)
+			err := app.RunContext(ctx, append(args, "x"))
+			if tt.errs != nil {
+				if err == nil || err.Error() != strings.Join(tt.errs, "\n") || len(*sent) != 0 {
+					t.Fatalf("error:\n%v\nwant:\n%s\nsent %q", err, strings.Join(tt.errs, "\n"), *sent)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(*sent) != 1 || (*sent)[0] != tt.want {
+				t.Fatalf("sent %q, want %q", *sent, tt.want)
+			}
+			// The daemon reads it as a policy file's rule.
+			if _, err := policy.Parse([]byte("rules:\n  - " + strings.ReplaceAll(strings.TrimSuffix(tt.want, "\n"), "\n", "\n    ") + "\n")); err != nil {
+				t.Errorf("the rule sent does not parse: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,239 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// ruleFlag is one flag of limit set and the field of a policy.Rule its
+// value goes to: the CLI's one list of a rule's fields. The rule is then
+// checked and written by package policy, as a policy file's rule is.
+type ruleFlag struct {
+	flag cli.Flag
+	// set puts the flag's value in the rule being built; it is called only
+	// for the flags given.
+	set func(b *ruleBuilder, c *cli.Context, name string)
+}
+
+// flagOf pairs a flag with where its value goes; get reads the value from
+// the command line ((*cli.Context).Int for an IntFlag, and so on).
+func flagOf[T any](f cli.Flag, get func(*cli.Context, string) T, set func(b *ruleBuilder, flag string, v T)) ruleFlag {
+	return ruleFlag{flag: f, set: func(b *ruleBuilder, c *cli.Context, name string) { set(b, "--"+name, get(c, name)) }}
+}
+
+type ruleFlagList []ruleFlag
+
+// ruleFlags returns limit set's flags. They are made afresh for each App,
+// since a cli.Flag remembers whether it was set.
+func ruleFlags() ruleFlagList {
+	return ruleFlagList{
+		flagOf(&cli.StringFlag{Name: "dest", Required: true, Usage: "IP, CIDR or host name"}, (*cli.Context).String,
+			func(b *ruleBuilder, _ string, v string) {
+				d, err := policy.ParseDestination(v)
+				if err != nil {
+					b.problem("%v", err)
+					b.destRefused = true
+				}
+				b.rule.Destination = d
+			}),
+		flagOf(&cli.UintFlag{Name: "port", Usage: "destination port (default: any)"}, (*cli.Context).Uint,
+			func(b *ruleBuilder, flag string, v uint) {
+				if v < 1 || v > math.MaxUint16 {
+					b.problem("%s %d is outside 1..65535; leave it out for any port", flag, v)
+					return
+				}
+				b.rule.Port = uint16(v)
+			}),
+		flagOf(&cli.StringFlag{Name: "scope", Usage: "cgroup path inside the cgroup2 hierarchy (default: the whole host)"}, (*cli.Context).String,
+			func(b *ruleBuilder, flag string, v string) {
+				b.rule.Scope.Cgroup = nonEmpty(b, flag, v, "the whole host")
+			}),
+		flagOf(&cli.StringFlag{Name: "unit", Usage: "systemd unit whose cgroup the limit applies to"}, (*cli.Context).String,
+			func(b *ruleBuilder, flag string, v string) {
+				b.rule.Scope.Unit = nonEmpty(b, flag, v, "the whole host")
+			}),
+
+		flagOf(&cli.IntFlag{Name: "concurrency", Usage: "live connections at most"}, (*cli.Context).Int,
+			func(b *ruleBuilder, _ string, v int) {
+				*limitOf[policy.Concurrency](b, "concurrency") = policy.Concurrency(v)
+			}),
+
+		flagOf(&cli.IntFlag{Name: "per-second", Usage: "new connections per second"}, (*cli.Context).Int,
+			func(b *ruleBuilder, _ string, v int) { limitOf[policy.PerSecond](b, "perSecond").Permits = v }),
+		flagOf(&cli.IntFlag{Name: "burst", Usage: "with --per-second: bucket size (default: one second's permits)"}, (*cli.Context).Int,
+			func(b *ruleBuilder, flag string, v int) {
+				limitOf[policy.PerSecond](b, "perSecond").Burst = nonZero(b, flag, v)
+			}),
+
+		flagOf(&cli.IntFlag{Name: "per-window", Usage: "new connections per --window"}, (*cli.Context).Int,
+			func(b *ruleBuilder, _ string, v int) { limitOf[policy.PerWindow](b, "perWindow").Permits = v }),
+		flagOf(&cli.DurationFlag{Name: "window", Usage: "with --per-window: the sliding window"}, (*cli.Context).Duration,
+			func(b *ruleBuilder, _ string, v time.Duration) { limitOf[policy.PerWindow](b, "perWindow").Window = v }),
+		flagOf(&cli.IntFlag{Name: "segments", Usage: "with --per-window: segments of the window (default 8)"}, (*cli.Context).Int,
+			func(b *ruleBuilder, flag string, v int) {
+				limitOf[policy.PerWindow](b, "perWindow").Segments = nonZero(b, flag, v)
+			}),
+
+		flagOf(&cli.BoolFlag{Name: "adaptive", Usage: "a concurrency limit moved by measured latency"}, (*cli.Context).Bool,
+			func(b *ruleBuilder, _ string, v bool) {
+				if v {
+					limitOf[policy.Adaptive](b, "adaptive")
+				}
+			}),
+		flagOf(&cli.IntFlag{Name: "min", Usage: "with --adaptive: floor (default 4)"}, (*cli.Context).Int,
+			func(b *ruleBuilder, flag string, v int) {
+				limitOf[policy.Adaptive](b, "adaptive").Minimum = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.IntFlag{Name: "max", Usage: "with --adaptive: ceiling (default 200)"}, (*cli.Context).Int,
+			func(b *ruleBuilder, flag string, v int) {
+				limitOf[policy.Adaptive](b, "adaptive").Maximum = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.IntFlag{Name: "initial", Usage: "with --adaptive: starting limit (default 20)"}, (*cli.Context).Int,
+			func(b *ruleBuilder, flag string, v int) {
+				limitOf[policy.Adaptive](b, "adaptive").Initial = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.Float64Flag{Name: "multiple", Usage: "with --adaptive: how many times the baseline latency counts as queueing (default 2.0)"}, (*cli.Context).Float64,
+			func(b *ruleBuilder, flag string, v float64) {
+				limitOf[policy.Adaptive](b, "adaptive").Multiple = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.Float64Flag{Name: "decrease-factor", Usage: "with --adaptive: what the limit is multiplied by on queueing (default 0.9)"}, (*cli.Context).Float64,
+			func(b *ruleBuilder, flag string, v float64) {
+				limitOf[policy.Adaptive](b, "adaptive").DecreaseFactor = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.IntFlag{Name: "probe-every", Usage: "with --adaptive: rounds between drain probes that relearn the baseline (default: no probes)"}, (*cli.Context).Int,
+			func(b *ruleBuilder, flag string, v int) {
+				limitOf[policy.Adaptive](b, "adaptive").ProbeEvery = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.Float64Flag{Name: "probe-factor", Usage: "with --probe-every: the limit during a probe, as a fraction (default 0.5)"}, (*cli.Context).Float64,
+			func(b *ruleBuilder, flag string, v float64) {
+				limitOf[policy.Adaptive](b, "adaptive").ProbeFactor = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.StringFlag{Name: "samples", Usage: "with --adaptive: connect (default) or request latency"}, (*cli.Context).String,
+			func(b *ruleBuilder, flag string, v string) {
+				a := limitOf[policy.Adaptive](b, "adaptive")
+				for _, k := range []loader.SampleKind{loader.SampleConnect, loader.SampleRequest} {
+					if v == k.String() {
+						a.Samples = k
+						return
+					}
+				}
+				b.problem("%s %q is not connect or request", flag, v)
+			}),
+
+		flagOf(&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"}, (*cli.Context).Bool,
+			func(b *ruleBuilder, _ string, v bool) { b.rule.Shadow = v }),
+		flagOf(&cli.StringFlag{Name: "errno", Usage: "errno a refused connect() returns (default EPERM)"}, (*cli.Context).String,
+			func(b *ruleBuilder, flag string, v string) { b.rule.Errno = nonEmpty(b, flag, v, "EPERM") }),
+
+		flagOf(&cli.StringFlag{Name: "shared-redis", Usage: "share the limit with every host naming the same --shared-key: URL of the Redis server keeping it"}, (*cli.Context).String,
+			func(b *ruleBuilder, _ string, v string) { b.rule.Shared.Redis = v }),
+		flagOf(&cli.StringFlag{Name: "shared-key", Usage: "with --shared-redis: the budget's Redis key"}, (*cli.Context).String,
+			func(b *ruleBuilder, _ string, v string) { b.rule.Shared.Key = v }),
+		flagOf(&cli.StringFlag{Name: "shared-failure-mode", Usage: "with --shared-redis: throw (keep the last share, default), allow (the whole limit) or deny while Redis is unreachable"}, (*cli.Context).String,
+			func(b *ruleBuilder, flag string, v string) { b.rule.Shared.FailureMode = nonEmpty(b, flag, v, "throw") }),
+	}
+}
+
+func (l ruleFlagList) cliFlags() []cli.Flag {
+	flags := make([]cli.Flag, len(l))
+	for i, f := range l {
+		flags[i] = f.flag
+	}
+	return flags
+}
+
+// rule builds the rule the flags given describe, and checks it: every
+// problem at once, those of the flags and those package policy finds.
+func (l ruleFlagList) rule(c *cli.Context, name string) (policy.Rule, error) {
+	b := &ruleBuilder{rule: policy.Rule{Name: name}}
+	for _, f := range l {
+		if n := f.flag.Names()[0]; c.IsSet(n) {
+			f.set(b, c, n)
+		}
+	}
+	if b.limit != nil {
+		b.rule.Limit = b.limit()
+	}
+	check := b.rule
+	if b.destRefused {
+		// Said already; the check would add that it is missing.
+		check.Destination, _ = policy.ParseDestination("192.0.2.1")
+	}
+	err := (&policy.Policy{Rules: []policy.Rule{check}}).Validate()
+	if pe, ok := errors.AsType[*policy.Error](err); ok {
+		for _, p := range pe.Problems {
+			b.problems = append(b.problems, p.Msg)
+		}
+	} else if err != nil {
+		return policy.Rule{}, err
+	}
+	if len(b.problems) > 0 {
+		return policy.Rule{}, fmt.Errorf("rule %s: %s", name, strings.Join(b.problems, "\nrule "+name+": "))
+	}
+	return b.rule, nil
+}
+
+// ruleBuilder is a rule as the flags fill it in.
+type ruleBuilder struct {
+	rule        policy.Rule
+	problems    []string
+	destRefused bool
+
+	// limit returns the rule's one shape once a flag chose it; shape is
+	// its policy field and shapeOf the value the shape's flags fill in.
+	limit   func() policy.Limit
+	shape   string
+	shapeOf any
+	others  []string // further shapes asked for, each said once
+}
+
+func (b *ruleBuilder) problem(format string, args ...any) {
+	b.problems = append(b.problems, fmt.Sprintf(format, args...))
+}
+
+// limitOf returns the rule's limit of type L, for a flag of the shape whose
+// policy field is field. The first shape a flag asks for is the rule's;
+// another is a problem, as it is in a policy file, and its flags fill in a
+// value that is thrown away.
+func limitOf[L policy.Limit](b *ruleBuilder, field string) *L {
+	if b.limit == nil {
+		p := new(L)
+		b.limit, b.shape, b.shapeOf = func() policy.Limit { return *p }, field, p
+		return p
+	}
+	if p, ok := b.shapeOf.(*L); ok {
+		return p
+	}
+	if !slices.Contains(b.others, field) {
+		b.others = append(b.others, field)
+		b.problem("%s and %s are both given; a rule has one limit", b.shape, field)
+	}
+	return new(L)
+}
+
+// nonZero refuses 0 for a field whose zero means its default, as a policy
+// file does: a flag given as 0 is a mistake more often than a way of
+// asking for the default.
+func nonZero[T int | float64](b *ruleBuilder, flag string, v T) T {
+	if v == 0 {
+		b.problem("%s 0 is not allowed; leave it out for the default", flag)
+	}
+	return v
+}
+
+// nonEmpty refuses an empty string for a field whose absence means def.
+func nonEmpty(b *ruleBuilder, flag, v, def string) string {
+	if v == "" {
+		b.problem("%s is empty; leave it out for %s", flag, def)
+	}
+	return v
+}
