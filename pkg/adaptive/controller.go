@@ -2,6 +2,7 @@ package adaptive
 
 import (
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,76 @@ type Controller struct {
 	calls   int           // completed calls in the current round
 	fastest time.Duration // fastest of them
 	window  window        // five minutes of latencies
-	probe   *prober       // nil unless Options.ProbeEvery > 0
+	probe   *prober       // nil with NoProbes or a fixed Baseline
+	source  Source        // of the last baseline judged by
+	probes  uint64        // probes ended
+}
+
+// Source says where a baseline comes from.
+type Source uint8
+
+const (
+	// NoSource: not enough calls for a baseline yet.
+	NoSource Source = iota
+	// FromWindow: the 10th percentile of the last five minutes of calls,
+	// as the reference specifies: with NoProbes, and before the first
+	// probe.
+	FromWindow
+	// FromProbes: the calls of drain probes.
+	FromProbes
+	// Fixed: Options.Baseline.
+	Fixed
+
+	sourceLen // sentinel; keep last.
+)
+
+var sourceNames = [sourceLen]string{
+	NoSource:   "none",
+	FromWindow: "window",
+	FromProbes: "probes",
+	Fixed:      "fixed",
+}
+
+func (s Source) String() string {
+	if s < sourceLen {
+		return sourceNames[s]
+	}
+	return "Source(" + strconv.Itoa(int(s)) + ")"
+}
+
+// State is what a Controller is doing, for a dashboard or an API.
+type State struct {
+	// Limit is the limit in force; Settled is the one the loop settled
+	// on: Limit, or during a probe the limit the probe restores.
+	Limit, Settled int
+	Probing        bool
+	// Baseline is what the last round was judged against (0 for none),
+	// and Source where it came from.
+	Baseline time.Duration
+	Source   Source
+	// LastProbe is when the last probe ended and NextProbe when the next
+	// is due, both zero without probes or before the first; Probes counts
+	// the probes that ended.
+	LastProbe, NextProbe time.Time
+	Probes               uint64
+}
+
+// State returns a snapshot of c. It takes c's lock, as Sample does.
+func (c *Controller) State() State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := State{Limit: c.Limit(), Source: c.source, Probes: c.probes}
+	st.Settled = st.Limit
+	if restore, ok := c.Probing(); ok {
+		st.Settled, st.Probing = restore, true
+	}
+	if b, ok := c.Baseline(); ok {
+		st.Baseline = b
+	}
+	if p := c.probe; p != nil {
+		st.LastProbe, st.NextProbe = p.end, p.next
+	}
+	return st
 }
 
 // noBaseline marks the absence of a baseline; zero is a (degenerate) latency.
@@ -41,7 +111,7 @@ func New(opts *Options) (*Controller, error) {
 	c.limit.Store(int64(c.opts.Initial))
 	c.baseline.Store(noBaseline)
 	if c.opts.ProbeEvery > 0 {
-		c.probe = &prober{every: c.opts.ProbeEvery}
+		c.probe = newProber(c.opts.ProbeSeed)
 	}
 	return c, nil
 }
@@ -91,26 +161,35 @@ func (c *Controller) Constrained() {
 // ends the round when it is the round's last call. Latencies are clamped to
 // [0, ~68.7s]. It takes constant time and allocates nothing; once every ten
 // seconds of now it also retires the oldest ten seconds of the window, and
-// with probes, once per probe it passes over a few 4 KiB histograms.
+// with probes, once per batch of a probe it passes over a 4 KiB histogram
+// and once per probe over an 8 KiB one. A Controller holds about 128 KiB
+// for the window and, with probes, 20 KiB more.
 //
 // Every call enters the window. During a probe a call counts toward no
-// round: it is measured if it started (now − latency) no earlier than the
-// probe, and drains unmeasured otherwise. After a probe, a call that started
-// during it is measured too, and counts toward the round as well.
+// round: it is measured if it started (now − latency) during the probe's
+// batch, and drains unmeasured otherwise. After a probe, a call that started
+// during the batch that made its measurement is measured too, and counts
+// toward the round as well.
 func (c *Controller) Sample(now time.Time, latency time.Duration) {
 	latency = min(max(latency, 0), maxLatency)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.window.record(now, latency)
+	if c.opts.Baseline == 0 {
+		c.window.record(now, latency)
+	}
 	if p := c.probe; p != nil {
 		if p.active {
-			if p.sample(now, latency) {
+			end, low := p.sample(now, latency, &c.opts)
+			if end {
 				c.endProbe(now)
+				return
 			}
+			c.restore.Store(int64(p.held))
+			c.set(c.Limit(), low)
 			return
 		}
-		p.straggler(now, latency)
+		p.straggler(now, latency, nil)
 	}
 	c.fastest = min(c.fastest, latency)
 	c.calls++
@@ -120,44 +199,64 @@ func (c *Controller) Sample(now time.Time, latency time.Duration) {
 }
 
 // endRound judges the round that just completed at limit and starts the next.
-// Without a baseline the limit holds: there is nothing to judge against.
-// With probes, the next may be a probe.
+// Without a baseline the limit holds, since there is nothing to judge
+// against, unless the round broke MaxHealthy. With probes, the next may be a
+// probe.
 func (c *Controller) endRound(now time.Time, limit int) {
 	constrained := c.constrained.Swap(false)
 	fastest := c.fastest
 	c.calls, c.fastest = 0, maxLatency
 
 	baseline, ok := c.judgeBaseline(now)
-	if !ok {
+	if ok {
+		c.baseline.Store(int64(baseline))
+	} else {
 		c.baseline.Store(noBaseline)
-		return
+		baseline = maxLatency // nothing to judge against: never a queue, never growth
+		constrained = false
 	}
-	c.baseline.Store(int64(baseline))
 	next := c.opts.next(limit, fastest, baseline, constrained)
-	if p := c.probe; p != nil && p.due(now) {
+	// A probe does not start at the end of a round that showed a queue:
+	// the limit is coming down, and that is what rounds are for. At the
+	// floor it lowers nothing, but it still holds the limit there while
+	// other callers' probes may drain the dependency, and measures.
+	if p := c.probe; ok && p != nil && p.due(now, next, &c.opts) && next >= limit {
 		c.restore.Store(int64(next))
-		c.set(limit, p.begin(now, next, &c.opts))
+		c.set(limit, p.begin(now, next, baseline, &c.opts))
 		return
 	}
 	c.set(limit, next)
 }
 
-// judgeBaseline is what a round ending at now is judged against: the probes'
-// baseline while one is fresh, otherwise the window's 10th percentile.
+// judgeBaseline is what a round ending at now is judged against: a fixed
+// Baseline; else, with probes, the 10th percentile of the calls of the
+// last probes that found the dependency without a queue; before the first,
+// the window's 10th percentile, as specified.
 func (c *Controller) judgeBaseline(now time.Time) (time.Duration, bool) {
+	if c.opts.Baseline > 0 {
+		c.source = Fixed
+		return c.opts.Baseline, true
+	}
 	if c.probe != nil {
-		if b, ok := c.probe.baseline(now); ok {
+		if b, ok := c.probe.baseline(); ok {
+			c.source = FromProbes
 			return b, true
 		}
 	}
-	return c.window.baseline()
+	b, ok := c.window.baseline()
+	c.source = FromWindow
+	if !ok {
+		c.source = NoSource
+	}
+	return b, ok
 }
 
 // endProbe ends the probe at now: no round is judged on it; the limit it
 // held down is restored, and the next round starts afresh, refusals during
 // the probe forgotten, since they said nothing about the restored limit.
 func (c *Controller) endProbe(now time.Time) {
-	held := c.probe.finish(now)
+	held := c.probe.finish(now, &c.opts)
+	c.probes++
 	c.calls, c.fastest = 0, maxLatency
 	c.constrained.Store(false)
 	if b, ok := c.judgeBaseline(now); ok {
@@ -183,6 +282,8 @@ func (c *Controller) set(from, to int) {
 // round's outcome.
 func (o *Options) next(limit int, fastest, baseline time.Duration, constrained bool) int {
 	switch {
+	case o.MaxHealthy > 0 && fastest > o.MaxHealthy:
+		return o.decrease(limit)
 	case float64(fastest) > o.Multiple*float64(baseline):
 		return o.decrease(limit)
 	case constrained:

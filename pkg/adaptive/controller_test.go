@@ -31,6 +31,10 @@ type step struct {
 	baseline time.Duration // want, after the step; 0 for none
 }
 
+// TestController holds the loop to the reference's semantics: every row
+// runs it with ProbeEvery NoProbes, which is that loop exactly (the
+// probes' own table is in probe_test.go), and the guards MaxHealthy and a
+// fixed Baseline.
 func TestController(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -135,10 +139,44 @@ func TestController(t *testing.T) {
 			{at: t0.Add(10 * time.Minute), latency: slow25, rounds: 1, refusals: 1, limit: 8},
 			{at: t0.Add(10 * time.Minute), latency: slow25, rounds: 1, refusals: 1, limit: 9, baseline: slow25},
 		},
+	}, {
+		name: "MaxHealthy: a round whose fastest call is slower decreases, whatever the baseline says",
+		opts: adaptive.Options{MaxHealthy: 20 * time.Millisecond},
+		steps: []step{
+			// Learned while slow: 25ms is the baseline, and a round of
+			// 25ms calls is no queue by it; but it breaks MaxHealthy.
+			{at: t0, latency: slow25, rounds: 1, refusals: 1, limit: 18, baseline: slow25},
+			{at: t0, latency: slow25, rounds: 1, refusals: 1, limit: 16, baseline: slow25},
+			// At MaxHealthy exactly, rounds are judged by the baseline
+			// (the window's, which now holds 20ms calls too).
+			{at: t0, latency: 20 * time.Millisecond, rounds: 1, refusals: 1, limit: 17, baseline: 20 * time.Millisecond},
+		},
+	}, {
+		name: "MaxHealthy decreases before there is a baseline",
+		opts: adaptive.Options{MaxHealthy: 50 * time.Millisecond, Minimum: 1, Initial: 4},
+		steps: []step{
+			// 4 calls are too few for a baseline, but 100ms breaks MaxHealthy.
+			{at: t0, latency: slow, rounds: 1, refusals: 1, limit: 3},
+			// A fast round without a baseline still holds.
+			{at: t0, latency: fast, rounds: 1, refusals: 1, limit: 3},
+		},
+	}, {
+		name: "a fixed Baseline judges from the first round",
+		opts: adaptive.Options{Baseline: fast, Minimum: 1, Initial: 4},
+		steps: []step{
+			{at: t0, latency: fast19, rounds: 1, refusals: 1, limit: 5, baseline: fast},
+			{at: t0, latency: slow25, rounds: 1, limit: 4, baseline: fast},
+			// Hours of slow calls teach it nothing: it is fixed.
+			{at: t0.Add(time.Hour), latency: slow, rounds: 30, refusals: 1, limit: 1, baseline: fast},
+		},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := adaptive.New(&tt.opts)
+			opts := tt.opts
+			if opts.Baseline == 0 {
+				opts.ProbeEvery = adaptive.NoProbes
+			}
+			c, err := adaptive.New(&opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -177,7 +215,8 @@ func TestOnChange(t *testing.T) {
 	var changes []change
 	var c *adaptive.Controller
 	c, err := adaptive.New(&adaptive.Options{
-		Maximum: 21,
+		Maximum:    21,
+		ProbeEvery: adaptive.NoProbes,
 		OnChange: func(from, to int) {
 			// Limit is lock-free, so the callback may read it, and it
 			// already shows the new value.

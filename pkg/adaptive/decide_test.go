@@ -33,6 +33,9 @@ func TestNext(t *testing.T) {
 		{name: "small Minimum", opts: Options{Minimum: 1}, limit: 2, fastest: time.Second, want: 1},
 		{name: "Multiple 3: 25ms is not a queue", opts: Options{Multiple: 3}, limit: 20, fastest: 25 * time.Millisecond, constrained: true, want: 21},
 		{name: "Multiple 3: 31ms is", opts: Options{Multiple: 3}, limit: 20, fastest: 31 * time.Millisecond, constrained: true, want: 18},
+		{name: "MaxHealthy: slower decreases, whatever the baseline", opts: Options{MaxHealthy: 15 * time.Millisecond}, limit: 20, fastest: 16 * time.Millisecond, constrained: true, want: 18},
+		{name: "MaxHealthy: at it, the baseline judges", opts: Options{MaxHealthy: 15 * time.Millisecond}, limit: 20, fastest: 15 * time.Millisecond, constrained: true, want: 21},
+		{name: "MaxHealthy above a queue: the queue still decreases", opts: Options{MaxHealthy: time.Second}, limit: 20, fastest: 25 * time.Millisecond, want: 18},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,8 +6,7 @@
 // from one that queues. A [Controller] reads it in rounds; a round is one
 // limit's worth of completed calls, so the loop reacts at the pace the
 // dependency is actually driven at, not on a timer. At the end of a round it
-// compares the round's fastest call with a baseline, the 10th percentile of the
-// last five minutes of calls:
+// compares the round's fastest call with a baseline, what a fast call costs:
 //
 //   - Fastest above Multiple × baseline: even the fastest call waited, which is
 //     a queue rather than a tail, so the limit is multiplied by DecreaseFactor
@@ -25,93 +24,90 @@
 // Minimum is a liveness guarantee: a dependency that is slow for reasons that
 // have nothing to do with our concurrency would otherwise drive the limit to
 // zero, and then no call would ever sample its recovery. Maximum bounds the
-// damage when the measurement is wrong, and it can be: a process that starts
-// while the dependency is already queueing learns the queued latency as normal
-// and grows to Maximum. Set Maximum to a number the dependency can survive,
-// not one you expect never to reach.
-//
-// Until the window holds enough calls to have a 10th percentile the limit
+// damage when the measurement is wrong. Until there is a baseline the limit
 // holds at Initial and [Controller.Baseline] reports none.
 //
-// # Where the specified loop fails: sustained demand above capacity
+// Two guards are optional: [Options.MaxHealthy], a latency above which a
+// round's fastest call decreases the limit whatever the baseline says, and a
+// fixed [Options.Baseline] for a dependency whose normal latency is known.
 //
-// The loop above is the specification, and it is what every default gives.
-// It has a failure worse than the one the specification documents. Its
-// equilibrium tolerates a queue: a round's fastest call may take up to
-// Multiple × baseline, so at the defaults about 1.3–1.8 × what the dependency
-// serves at once is in flight. Under demand that stays above capacity, every
-// call in the five-minute window was made at that equilibrium, so once such
-// calls are more than 90% of the window, which takes seconds at thousands of
-// calls a second, the 10th percentile is queued latency. The threshold rises
-// with it, the limit rises, the queue grows, and the baseline follows: a
-// process that started healthy ends where the specification says only a
-// process started during queueing does. The window's length does not help;
-// what counts is the share of calls in it, not their age.
+// # The baseline: drain probes, by default
 //
-// Measured in bench/adaptivesim (deterministic simulation: 40 servers,
-// lognormal service time, mean 10ms, p10 4.7ms; Poisson arrivals at 1.5 ×
-// capacity; the servers halve for the middle minute of three): the baseline
-// goes 4.8ms (0.1s) → 9.3ms (2s) → 16.6ms (8s) → 26.5ms (28s); the limit
-// goes 29 → 104 → 167 and reaches Maximum (200, 5 × capacity) at 18s and
-// never leaves it; when the servers halve it falls only to 133–173 against a
-// target of at most 44, and never follows the drop. Goodput stays at 99.9%,
-// but p99 is 89.6ms against 34ms for the same rule judged against the true
-// no-queue baseline, and 28ms for a limit that knows the capacity. With 120
-// closed-loop clients the limit sits at 121, the most they can constrain,
-// and p99 (64.7ms) is no better than no limit at all (71.0ms).
+// The reference loop judges rounds against the 10th percentile of the last
+// five minutes of calls. [Options.ProbeEvery] [NoProbes] gives exactly that.
+// It is not the default because of what bench/adaptivesim measured: the
+// loop's equilibrium tolerates a queue (a round's fastest call may take up
+// to Multiple × baseline), so under demand that stays above capacity every
+// call of the five minutes carries our own queue, the 10th percentile learns
+// it as normal, and the limit climbs. With Poisson arrivals at 1.5 × the
+// capacity of 40 servers, the limit reaches Maximum (200, 5c) in 18 s, stays
+// there, and when the capacity halves falls only to 156 (median) against a
+// band of [20, 44]; p99 is 89.6 ms against 33.7 ms with probes and 28.2 ms
+// for a limit that knows the capacity. Ten hosts calling one dependency this
+// way hold 601 between them where 40 to 88 would do.
 //
-// # Drain probes (opt-in)
+// By default the baseline is learned from drain probes instead, the idea of
+// BBR's ProbeRTT: now and then hold the limit at ⌈limit × ProbeFactor⌉ (one
+// half) so that the calls admitted meanwhile find the dependency without
+// our queue, and measure a fast call on those calls only. Rounds are then
+// judged against the 10th percentile of the probes' calls, probe by probe
+// weighing a twentieth less (about 400 calls). A probe measures batches of
+// at least 20 calls admitted since the batch began (calls admitted before
+// drain unmeasured, calls admitted during it count after it ends), and:
 //
-// [Options.ProbeEvery] turns on the fix, off by default so that the default
-// stays the specification. It borrows BBR's ProbeRTT: to know what a call
-// costs without our queue, now and then take our queue away. After the first
-// round judged with a baseline, and then every ProbeEvery rounds, the
-// controller starts a probe: [Controller.Limit] becomes ⌈limit ×
-// ProbeFactor⌉ (default one half, never below Minimum), OnChange is called
-// so that the daemon pushes it into the kernel, and [Controller.Probing]
-// reports the limit the probe will restore. Half the limit admits calls into
-// an empty queue whenever the limit is at most twice what the dependency
-// serves at once, which is where the loop settles.
+//   - ends with a batch whose 10th percentile is within 1.2 × the baseline
+//     and no faster than the batch before; its fastest batch (by median)
+//     joins the baseline if its median is within 1.05 × the baseline's;
+//   - on a batch that still meets a queue, ours or other callers', counts it
+//     as a round that shows one (the limit it restores decreases), goes
+//     deeper (× ProbeFactor again) and measures afresh, and restores at most
+//     the limit that would have probed where it found the dependency drained;
+//     a batch that even its fastest call waited for ends it, as the limit is
+//     falling, not the baseline;
+//   - does not start at the end of a round that decreased the limit.
 //
-// The probe's calls are the ones admitted during it. Sample is given only
-// the end of a call and its latency, so a call's start is now − latency:
-// calls that started before the probe, under the full limit and possibly
-// queued, drain unmeasured; calls that started during it are measured, also
-// when they complete after it has ended. (Counting the calls that merely
-// complete during the probe would measure exactly the queued ones, since
-// those complete first; counting only those admitted during it that complete
-// before it ends would keep the fastest.) The probe ends once max(probe
-// limit, 10) of its calls have completed: OnChange restores the limit, no
-// round is judged on the probe, refusals during it are forgotten, and the
-// next round starts afresh. now and latency must come from one clock; should
-// they not, so that no call seems to be the probe's, a probe ends anyway
-// after twice the completions it should have needed.
+// Many hosts call one dependency without a shared budget, and each host's
+// queue is only a part of its queue: one host halving its limit drains
+// nothing, so every host would learn the others' queue, and the hosts'
+// limits ratchet up together. Probes therefore happen in windows the hosts
+// share without talking: at the multiples, since the Unix epoch, of a
+// period of ProbeEvery rounds (a round counted as Multiple × baseline,
+// 100 × 2 × 5 ms ≈ 1 s here) rounded up to a power of two, so that hosts
+// whose clocks agree and whose baselines agree within a factor of two share
+// them. Each host begins its probe at a random moment within ± ProbeJitter
+// (15%) of the period around the window's start, so that they do not begin
+// in lockstep, and a probe that meets a queue holds on until the window's
+// last probes have begun, when the dependency drains. A host's first probe,
+// before any probe confirmed its baseline, goes to Minimum, measures 200
+// calls and holds on that long whatever it finds: hosts that start together
+// learn one baseline, and one that joins later learns it at the next window.
+// Hosts must agree: the round rule shares a dependency fairly only when
+// their baselines are within a few percent (bench/adaptivesim: ±3% apart,
+// Jain's index 0.98; ±20%, 0.81), which is why a baseline is hundreds of
+// calls.
 //
-// Rounds are then judged against the 10th percentile of the calls of the
-// last three probes pooled, of those that ended in the last five minutes,
-// instead of the window's. Pooling makes 30 calls or more a sample where one
-// probe's 10th percentile would be its first or second fastest call; one
-// probe that met a queue anyway (it came right after a capacity drop) moves
-// the pooled 10th percentile only to about the 15th of the other two; a
-// dependency that really got slower is believed after three probes. With no
-// probe in the last five minutes (before the first, or after a quiet spell),
-// rounds are judged against the window as specified, and a probe starts at
-// the next round's end.
+// A dependency that got slower is believed after five minutes (the
+// reference window's length) in which every probe met a queue with the
+// limit at Minimum: the probes are forgotten, and the window judges until
+// a probe confirms a baseline again.
 //
-// In the same simulation with ProbeEvery 100: the limit settles in 15
-// rounds at 51–74 (1.3–1.9 × capacity), follows the drop within 3 rounds to
-// 24–41 (capacity 20), and p99 is 34.2ms at 99.6% goodput; a probe costs
-// about 0.3% of goodput at 100 rounds, 1.5% at 20. What probes do not fix:
-// a queue built by other clients of the dependency is measured as its
-// normal, as BBR measures other flows; with capacity near Minimum (10
-// servers halving to 5) the loop is too coarse to stay inside [c, 2.2c]; and
-// for the length of each probe the limit in force is half the settled one,
-// 0.65–0.9 × capacity here, by design, which a test of the kernel limit must
-// allow for.
+// Measured in bench/adaptivesim (one host, capacity c ∈ {10, 20, 40}
+// halving for the middle minute of three, open and closed loop; and ten
+// hosts against c = 40): the median settled limit lies at 1.5–1.7c, its 95th
+// percentile at most 1.9c, a halving is followed within 2–5 rounds, goodput
+// is 97.4–99.0%, p99 33.6–34.2 ms (1.2 × the oracle's); ten hosts hold
+// 84–86 at c = 40 (open loop) and 67–69 (closed), 40 after the halving, with
+// Jain's index of their shares at 0.93–0.99. What probes cost: about 1–2.5%
+// of goodput (most at small c), and for the length of each probe a limit in
+// force below the settled one, by design. What they cannot fix: Minimum ×
+// hosts above the dependency's capacity leaves no probe able to drain it (ten
+// hosts at Minimum 4 are exactly c = 40 at the halving), and a queue built
+// by callers that do not probe is measured as the dependency's normal.
 //
 // Time is an argument, not a clock the package reads, so every rule can be
 // tested at fixed instants, and the daemon can feed kernel timestamps from its
-// ring buffer. The package imports only the standard library: the daemon turns
-// the OnChange callback into a kernel map update and a metric, the SDK into its
-// own limiter's size.
+// ring buffer; the probe windows read it as wall time (the Unix epoch). The
+// package imports only the standard library: the daemon turns the OnChange
+// callback into a kernel map update and a metric, the SDK into its own
+// limiter's size.
 package adaptive

@@ -3,6 +3,7 @@ package adaptive
 import (
 	"fmt"
 	"math"
+	"time"
 )
 
 // Defaults for the zero value of each [Options] field. Every valid value of
@@ -13,7 +14,19 @@ const (
 	DefaultInitial        = 20
 	DefaultMultiple       = 2.0
 	DefaultDecreaseFactor = 0.9
+	DefaultProbeEvery     = 100
 	DefaultProbeFactor    = 0.5
+
+	// NoProbes is the ProbeEvery that turns drain probes off: the loop as
+	// the reference specifies it, judged against the 10th percentile of
+	// every call of the last five minutes. A policy file writes it as
+	// probeEvery: 0.
+	NoProbes = -1
+
+	// ProbeJitter is how far from the start of its window, as a fraction
+	// of the probe period, a probe may begin, drawn at random for each
+	// probe so that hosts calling one dependency do not begin in lockstep.
+	ProbeJitter = 0.15
 )
 
 // Options bound and tune a [Controller]. The zero value is a complete
@@ -40,26 +53,42 @@ type Options struct {
 	// (default 0.9).
 	DecreaseFactor float64
 
-	// ProbeEvery turns on drain probes, an improvement on the specified loop
-	// that is off by default (0): the specified baseline, the 10th percentile
-	// of every call of the last five minutes, learns the standing queue the
-	// loop itself settles with, and under sustained demand above capacity the
-	// limit then climbs to Maximum and stops following the dependency (see
-	// the package documentation). With ProbeEvery n > 0 the controller holds
-	// the limit at ⌈limit × ProbeFactor⌉ for one probe after the first round
-	// that has a baseline and then after every n rounds, and judges rounds
-	// against the 10th percentile of the calls admitted during a probe rather
-	// than of every call. It costs about 16 KiB more per Controller. Must not
-	// be negative.
+	// ProbeEvery is the period of drain probes in rounds (default 100), a
+	// round counted as Multiple × baseline and the period rounded up to a
+	// power of two, or NoProbes for none: the reference loop exactly,
+	// judged against the 10th percentile of every call of the last five
+	// minutes, which learns the standing queue the loop itself settles
+	// with, so that under sustained demand above capacity the limit climbs
+	// to Maximum and stops following the dependency (see the package
+	// documentation). A fixed Baseline turns probes off too, since there is
+	// nothing to learn. Must be at least 1, or NoProbes.
 	ProbeEvery int
 
 	// ProbeFactor is what the limit is multiplied by, rounded up and never
 	// below Minimum, for the length of a probe (default 0.5). Half the limit
 	// admits calls into an empty queue whenever the limit is at most twice
 	// what the dependency serves at once, which is where the loop settles.
-	// Must lie strictly between 0 and 1; it is ignored, and not checked,
-	// when ProbeEvery is 0.
+	// Must lie strictly between 0 and 1; it is not checked when there are
+	// no probes.
 	ProbeFactor float64
+
+	// ProbeSeed seeds the draw of where in its window each probe begins.
+	// Zero, the default, draws a seed at random, which is what keeps hosts
+	// from beginning in lockstep; set it for runs that must repeat exactly
+	// (tests, simulations).
+	ProbeSeed uint64
+
+	// MaxHealthy, if set, is the slowest a round's fastest call may be: a
+	// round whose fastest call took longer decreases the limit whatever the
+	// baseline says, also before there is one. It guards against a baseline
+	// learned while the dependency was already slow. Must not be negative.
+	MaxHealthy time.Duration
+
+	// Baseline, if set, is the latency of a fast call, fixed, for a
+	// dependency whose normal latency is known: rounds are judged against
+	// it instead of a measured one, and there are no probes. Must not be
+	// negative.
+	Baseline time.Duration
 
 	// OnChange, if set, is called with the old and the new limit every time
 	// the limit in force moves, a probe's start and end included, so that a
@@ -83,6 +112,12 @@ func (o *Options) withDefaults() Options {
 	d.Initial = or(d.Initial, DefaultInitial)
 	d.Multiple = or(d.Multiple, DefaultMultiple)
 	d.DecreaseFactor = or(d.DecreaseFactor, DefaultDecreaseFactor)
+	if d.ProbeEvery == 0 {
+		d.ProbeEvery = DefaultProbeEvery
+		if d.Baseline > 0 {
+			d.ProbeEvery = NoProbes
+		}
+	}
 	d.ProbeFactor = or(d.ProbeFactor, DefaultProbeFactor)
 	return d
 }
@@ -116,13 +151,24 @@ func (o *Options) Validate() error {
 	if !(d.DecreaseFactor > 0 && d.DecreaseFactor < 1) {
 		problems = append(problems, describe("DecreaseFactor", set.DecreaseFactor, d.DecreaseFactor)+" must lie strictly between 0 and 1")
 	}
-	if d.ProbeEvery < 0 {
-		problems = append(problems, fmt.Sprintf("ProbeEvery %d must be at least 0 (0: no probes)", d.ProbeEvery))
+	switch {
+	case d.ProbeEvery < NoProbes:
+		problems = append(problems, fmt.Sprintf("ProbeEvery %d must be at least 1, or NoProbes (-1) for none", d.ProbeEvery))
+	case set.ProbeEvery > 0 && d.Baseline > 0:
+		problems = append(problems, fmt.Sprintf("ProbeEvery %d with a fixed Baseline: probes learn a baseline, and this one is given", d.ProbeEvery))
 	}
-	// A factor matters only to a controller that probes; a negative
-	// ProbeEvery asked for probes too, so its factor is checked as well.
-	if d.ProbeEvery != 0 && !(d.ProbeFactor > 0 && d.ProbeFactor < 1) {
+	// A factor matters only to a controller that probes.
+	if d.ProbeEvery != NoProbes && !(d.ProbeFactor > 0 && d.ProbeFactor < 1) {
 		problems = append(problems, describe("ProbeFactor", set.ProbeFactor, d.ProbeFactor)+" must lie strictly between 0 and 1")
+	}
+	if d.MaxHealthy < 0 {
+		problems = append(problems, fmt.Sprintf("MaxHealthy %v must not be negative (0: no such guard)", d.MaxHealthy))
+	}
+	switch {
+	case d.Baseline < 0:
+		problems = append(problems, fmt.Sprintf("Baseline %v must not be negative (0: measured)", d.Baseline))
+	case d.Baseline > 0 && d.MaxHealthy > 0 && d.MaxHealthy <= d.Baseline:
+		problems = append(problems, fmt.Sprintf("MaxHealthy %v must be above Baseline %v: every normal call would decrease the limit", d.MaxHealthy, d.Baseline))
 	}
 	if len(problems) == 0 {
 		return nil

@@ -2,185 +2,363 @@ package adaptive
 
 import (
 	"math"
+	"math/bits"
+	"math/rand/v2"
 	"time"
 )
 
-// Drain probes (Options.ProbeEvery > 0) give the loop a baseline that its own
-// queue cannot teach it, the idea of BBR's ProbeRTT: now and then hold the
-// limit well under where it settled, so that the calls admitted meanwhile
-// find the dependency without our queue in it, and measure "a fast call" on
-// those calls only.
+// Drain probes give the loop a baseline that its own queue cannot teach it,
+// the idea of BBR's ProbeRTT: now and then hold the limit well under where it
+// settled, so that the calls admitted meanwhile find the dependency without
+// our queue in it, and measure "a fast call" on those calls only. The
+// package documentation says why and what was measured; this is how.
 //
-// Which calls are a probe's is decided from what Sample is given: a call that
-// ended at now after latency started at now − latency, and it is the probe's
-// if that lies in [the instant the probe began, the instant it ended). A call
-// admitted before the probe, under the full limit and possibly queued, drains
-// without being measured, however long it takes; a call admitted during the
-// probe is measured even when it completes after the probe has ended, since
-// otherwise the probe would keep the calls that finished first, the fast
-// ones, and its 10th percentile would be low. No per-call token is needed,
-// only that now and latency come from one clock, as a kernel timestamp pair
-// or a lease's start and end do.
+// Which calls a probe measures is decided from what Sample is given: a call
+// that ended at now after latency was admitted at now − latency. A probe
+// measures batches of at least minEstimate calls, each the calls admitted
+// since the batch began; a call admitted before, under a higher limit and
+// possibly queued, drains without being measured. No per-call token is
+// needed, only that now and latency come from one clock, as a kernel
+// timestamp pair or a lease's start and end do.
+//
+// When several hosts call one dependency, each host's queue is only a part
+// of its queue, and one host halving its limit drains nothing: the probes
+// of all the hosts must overlap. So probes happen in windows that hosts
+// share without talking to each other: at multiples of a period (see period)
+// of their clocks, each host beginning its probe at a random moment within
+// ± ProbeJitter of the period around the window's start so that they do not
+// begin in lockstep, and a probe that meets a queue holds on, deeper, until
+// the window's last probes have begun.
 const (
-	// probeMemory is how many probes the baseline remembers. It is the 10th
-	// percentile of their calls pooled: at least 3 × minSamples calls, where
-	// one probe's own 10th percentile is its first or second fastest call
-	// and a noisy estimate. One probe that did meet a queue (the capacity
-	// had just dropped, or the limit had grown above twice it) moves the
-	// pooled 10th percentile only to about the 15th of the other two; a
-	// dependency that really did get slower is believed once this many
-	// probes have seen it.
-	probeMemory = 3
-
-	// probeAge is how long a probe's measurement counts: the five minutes of
-	// the specified window. With none left the loop falls back to the window
-	// and probes again at the next round's end.
+	// probeAge is the five minutes of the specified window: after a quiet
+	// spell this long a probe starts at once; after this long at the floor
+	// with every probe meeting a queue, the dependency is believed slower.
 	probeAge = slots * slotWidth
+
+	// probeMemory is how many probes the baseline remembers: it is the 10th
+	// percentile of the calls of the probes that found the dependency
+	// without a queue, each probe's calls weighing 1 − 1/probeMemory as
+	// much as the next one's, about probeMemory × minEstimate calls in
+	// all. Hosts that call one dependency each judge it by their own
+	// baseline, and the round rule shares the dependency fairly only when
+	// those agree within a few percent: in bench/adaptivesim, ten hosts
+	// whose baselines are ±10% apart get shares with Jain's index 0.88,
+	// ±3% apart 0.98. The 10th percentile of 400 calls is within about ±5%.
+	probeMemory = 20
+
+	// firstEstimate is how many calls the first probe measures, for the
+	// same reason: the 10th percentile of 200 calls is within about ±6%.
+	firstEstimate = 200
+
+	// drainedWithin is how far above the baseline a batch's 10th
+	// percentile may be and still count as the dependency without a
+	// queue: the noise of the 2nd fastest of 20 calls, where a queue of
+	// other callers' a fifth of a fast call long is not.
+	drainedWithin = 1.2
+
+	// acceptWithin is how far above the baseline a probe's measurement may
+	// be and still join it. Tighter than drainedWithin, so that a queue
+	// too short to tell a batch from noise does not, probe after probe,
+	// creep into the baseline: the baseline is a pool of many probes'
+	// calls, and what a tight bound keeps out of it is mostly queue.
+	acceptWithin = 1.05
+
+	// improvement is how much faster than the last a probe's batch must be
+	// (its 10th percentile, × improvement) for the probe to measure another
+	// rather than end: other callers' probes are still draining the queue.
+	improvement = 0.9
 )
 
 // prober is a Controller's probe state, guarded by the Controller's mutex.
 type prober struct {
-	every int
-
-	rounds int // rounds judged since the last probe ended
-
-	active bool
-	start  time.Time // when the active or the last probe began
+	rng    rand.PCG  // draws where in its window a probe begins
+	next   time.Time // when the next probe is due
+	window time.Time // the start of its window
 	end    time.Time // when the last probe ended
-	last   int       // probes index of the last probe that ended
-	held   int       // the limit the active probe restores
-	need   int       // probe calls it completes before it ends
-	seen   int       // calls completed since it began, its own or not
-	giveUp int       // calls after which it ends however few were its own
 
-	// The calls of the last probeMemory probes, the active one included, as
-	// a ring of histograms (the active probe's is probes[next]) and their
-	// sum over the probes that ended less than probeAge ago.
-	probes [probeMemory]probeCalls
-	next   int
-	total  [buckets]uint32
-	n      uint64 // sum of total
+	// The active probe.
+	active  bool
+	first   bool          // it measures a baseline no probe has confirmed
+	deep    bool          // it went deeper than its first limit
+	wait    time.Time     // until when it holds on while it meets a queue
+	judge   time.Duration // the baseline when it began
+	ref     time.Duration // the median of the probes' calls then
+	held    int           // the limit it restores
+	low     int           // its limit
+	need    int           // calls in a batch
+	batches int           // batches it has begun
+	start   time.Time     // when the batch began
+	seen    int           // calls completed since then that were not the batch's
+	fastest time.Duration // of the batch
+	prev    time.Duration // the last batch's 10th percentile
+	batch   calls         // the batch being measured
+
+	// The active probe's batch with the lowest 10th percentile, level,
+	// admitted in [from, to); after the probe, the calls admitted then
+	// that are still to complete join the baseline if it did.
+	best     calls
+	level    time.Duration
+	from, to time.Time
+	counting bool
+
+	// The calls of the probes that found the dependency without a queue,
+	// older ones weighing less (see probeMemory); n is their weight in all.
+	total [buckets]float64
+	n     float64
+
+	// Since when the limit has been at Minimum, and since when every probe
+	// has met a queue: when both exceed probeAge, the dependency is
+	// believed slower.
+	floor, queued time.Time
 }
 
-// probeCalls is the calls one probe measured. Counts are 32-bit: a probe
-// measures max(limit × ProbeFactor, minSamples) calls and limits are 32-bit.
-type probeCalls struct {
-	ended   time.Time // zero while active or unused
-	counted bool      // included in total
-	hist    [buckets]uint32
-	n       uint64
+// calls is a histogram of latencies. Counts are 32-bit: a batch is
+// max(limit × ProbeFactor, firstEstimate) calls and limits are 32-bit.
+type calls struct {
+	hist [buckets]uint32
+	n    uint64
 }
 
-// baseline returns the 10th percentile of the calls of the remembered
-// probes that ended less than probeAge before now, or false when they hold
-// fewer than minSamples calls (none ended so recently, or one gave up).
-// Probes that have aged out leave the sum here, at a cost of one pass over
-// their histogram each.
-func (p *prober) baseline(now time.Time) (time.Duration, bool) {
-	for i := range p.probes {
-		if pc := &p.probes[i]; pc.counted && now.Sub(pc.ended) >= probeAge {
-			p.uncount(pc)
-		}
+func newProber(seed uint64) *prober {
+	if seed == 0 {
+		seed = rand.Uint64()
 	}
-	if p.n < minSamples {
+	p := &prober{}
+	p.rng.Seed(seed, seed)
+	return p
+}
+
+// baseline returns the 10th percentile of the calls of the probes that
+// found the dependency without a queue, or false before there are
+// minEstimate of them.
+func (p *prober) baseline() (time.Duration, bool) {
+	if p.n < minEstimate {
 		return 0, false
 	}
-	return percentile10(&p.total, p.n), true
+	return weightedPercentile(&p.total, p.n, 10), true
 }
 
-// uncount takes a probe's calls out of the sum.
-func (p *prober) uncount(pc *probeCalls) {
-	for i, c := range pc.hist {
-		p.total[i] -= c
-	}
-	p.n -= pc.n
-	pc.counted = false
+// period is the time between probe windows: ProbeEvery rounds, a round
+// counted as Multiple × baseline (how long a call takes where the loop
+// settles), rounded up to a power of two nanoseconds, and at most probeAge.
+// Windows start at the multiples of the period since the Unix epoch, so
+// hosts whose clocks agree and whose baselines agree within a factor of two
+// share them; and where they do not, the longer of two such periods is a
+// power of two times the shorter, and its windows are some of the shorter's.
+func period(baseline time.Duration, o *Options) time.Duration {
+	d := max(uint64(float64(o.ProbeEvery)*o.Multiple*float64(baseline)), 2)
+	return time.Duration(min(uint64(1)<<bits.Len64(d-1), uint64(probeAge)))
 }
 
-// due counts a judged round and reports whether a probe starts at its end:
-// every ProbeEvery rounds, and at once when no probe has ended in the last
-// probeAge (the first round with a baseline, or after a quiet spell), so
-// that the window's baseline, which learns our own queue, is judged against
-// as few rounds as possible.
-func (p *prober) due(now time.Time) bool {
-	p.rounds++
-	if p.rounds >= p.every {
-		return true
+// spread is how far from its window's start a probe may begin.
+func spread(per time.Duration) time.Duration {
+	return time.Duration(ProbeJitter * float64(per))
+}
+
+// schedule draws when the next probe is due, after one that ended at now:
+// at the start of a later window, ± spread at random, and at least half a
+// period from now.
+func (p *prober) schedule(now time.Time, baseline time.Duration, o *Options) {
+	per := period(baseline, o)
+	j := int64(spread(per))
+	offset := time.Duration(int64(p.rng.Uint64()%uint64(2*j+1)) - j)
+	window := time.Unix(0, (now.UnixNano()/int64(per)+1)*int64(per))
+	if window.Add(offset).Sub(now) < per/2 {
+		window = window.Add(per)
 	}
-	for _, pc := range p.probes {
-		if !pc.ended.IsZero() && now.Sub(pc.ended) < probeAge {
-			return false
+	p.window, p.next = window, window.Add(offset)
+}
+
+// due reports whether a probe is due at the end of a round judged at now
+// that leaves the limit at limit: when its time has come, and at once
+// before the first and after a quiet spell of probeAge, so that the
+// window's baseline, which learns our own queue, is judged against as few
+// rounds as possible.
+func (p *prober) due(now time.Time, limit int, o *Options) bool {
+	if limit > o.Minimum || p.floor.IsZero() {
+		p.floor = now
+	}
+	return p.end.IsZero() || now.Sub(p.end) >= probeAge || !now.Before(p.next)
+}
+
+// begin starts a probe at now that will restore held, judged against
+// judge, and returns the limit in force meanwhile: ⌈held × ProbeFactor⌉,
+// never below Minimum. Before any probe has confirmed the baseline, which
+// may then be our queue's or other callers', the probe goes to Minimum,
+// measures firstEstimate calls, and holds on until the window's last
+// probes have begun whatever it measures: that is how the hosts of one
+// dependency that start together learn one baseline, and how a host that
+// joins them learns it at their next window.
+func (p *prober) begin(now time.Time, held int, judge time.Duration, o *Options) int {
+	p.active, p.held, p.judge = true, held, judge
+	p.best, p.level, p.counting, p.deep, p.batches = calls{}, maxLatency+1, false, false, 0
+	_, confirmed := p.baseline()
+	p.first = !confirmed
+	if confirmed {
+		p.ref = weightedPercentile(&p.total, p.n, 50)
+	}
+	low := min(o.probeLimit(held), held)
+	if p.first {
+		low = o.Minimum
+	}
+	// A probe that meets a queue holds on until the last probes of its
+	// window have begun, and as long again.
+	per := period(judge, o)
+	p.wait = now.Add(2 * spread(per))
+	if !p.window.IsZero() && now.Sub(p.window) < per {
+		p.wait = p.window.Add(2 * spread(per))
+	}
+	p.newBatch(now, low)
+	return low
+}
+
+func (p *prober) newBatch(now time.Time, low int) {
+	p.start, p.low, p.fastest, p.seen = now, low, maxLatency, 0
+	p.batch = calls{}
+	p.batches++
+	// At least minEstimate calls, so that a batch is an estimate worth
+	// remembering also at a small limit.
+	p.need = max(low, minEstimate)
+	if p.first {
+		p.need = max(low, firstEstimate)
+	}
+}
+
+// sample counts one call that completed at now during a probe. It reports
+// whether the probe ends with it, and otherwise the probe's limit from now.
+func (p *prober) sample(now time.Time, latency time.Duration, o *Options) (end bool, low int) {
+	if p.straggler(now, latency, &p.best) {
+		return false, p.low
+	}
+	if now.Sub(p.start) < latency {
+		// Admitted before the batch began: draining, not measured. A
+		// guard, not a rule: by held + need completions at least need
+		// were the batch's own, unless now − latency misplaces them (now
+		// and latency from different clocks); twice that, and the probe
+		// ends rather than hold the limit down for good.
+		p.seen++
+		return p.seen >= 2*(p.held+p.need), p.low
+	}
+	p.batch.hist[bucketOf(latency)]++
+	p.batch.n++
+	p.fastest = min(p.fastest, latency)
+	if p.batch.n < uint64(p.need) {
+		return false, p.low
+	}
+
+	// A batch is drained by its 10th percentile, as the baseline is
+	// measured; the fastest batch is the one with the least median, which
+	// a queue moves as much and noise less, so that picking it does not
+	// pick the low noise of the 10th percentile that the baseline is.
+	level := percentile10(&p.batch.hist, p.batch.n)
+	if mid := percentile(&p.batch.hist, p.batch.n, 50); mid < p.level {
+		p.best, p.level, p.from, p.to = p.batch, mid, p.start, now
+	}
+	drained := float64(level) <= drainedWithin*float64(p.judge)
+	improving := p.batches > 1 && float64(level) < improvement*float64(p.prev)
+	waited := !now.Before(p.wait)
+	if waited || !p.first && drained && !improving {
+		if drained && p.deep {
+			// It had to go deeper than its first limit to find the
+			// dependency without a queue: it restores at most the limit
+			// that would have probed at this depth.
+			p.held = min(p.held, max(int(float64(p.low)/o.ProbeFactor), o.Minimum))
+		}
+		return true, p.low
+	}
+	if !drained && !p.first {
+		// A queue at half the limit or less, ours or others': the batch
+		// counts as a round that shows one. One that even the fastest
+		// call waited for, as a round judges a queue, says that the limit
+		// is falling, not the baseline: the probe ends and rounds go on.
+		// Otherwise it goes deeper, and measures afresh from now, when
+		// more of the dependency's callers may be probing.
+		p.held = o.decrease(p.held)
+		if float64(p.fastest) > o.Multiple*float64(p.judge) {
+			return true, p.low
+		}
+		p.deep = true
+		p.prev = level
+		p.newBatch(now, min(o.probeLimit(p.low), p.held))
+		return false, p.low
+	}
+	p.prev = level
+	p.newBatch(now, p.low)
+	return false, p.low
+}
+
+// finish ends the probe at now, schedules the next and returns the limit
+// to restore. The probe's measurement is its fastest batch, with the calls
+// admitted during it that are still to complete: the last batch ended the
+// probe by being no faster than the one before, and an earlier one may be
+// faster if other callers' probes ended meanwhile and their queue came
+// back. A first probe's measurement becomes the baseline; another's joins
+// it if it is within acceptWithin of it. One that is not taught nothing,
+// since the queue it met may be other callers'; but after probeAge of
+// probes that met a queue, with the limit at Minimum throughout, the
+// dependency is believed slower: the probes' calls are forgotten, rounds
+// are judged against the window as specified, and the next probe is a
+// first probe again.
+func (p *prober) finish(now time.Time, o *Options) int {
+	b := &p.best
+	accepted := b.n >= minEstimate && (p.first || float64(percentile(&b.hist, b.n, 50)) <= acceptWithin*float64(p.ref))
+	if accepted {
+		p.remember(b)
+		p.queued = time.Time{}
+	} else {
+		if p.queued.IsZero() {
+			p.queued = now
+		}
+		if now.Sub(p.queued) >= probeAge && now.Sub(p.floor) >= probeAge {
+			p.forget()
 		}
 	}
-	return true
-}
-
-// begin starts a probe at now that will restore held, and returns the limit
-// in force meanwhile.
-func (p *prober) begin(now time.Time, held int, o *Options) int {
-	limit := o.probeLimit(held)
-	p.active, p.start, p.held = true, now, held
-	// The oldest probe makes room for this one.
-	pc := &p.probes[p.next]
-	if pc.counted {
-		p.uncount(pc)
+	p.active, p.end = false, now
+	if base, ok := p.baseline(); ok {
+		p.schedule(now, base, o)
+	} else {
+		p.schedule(now, p.judge, o)
 	}
-	pc.hist, pc.n, pc.ended = [buckets]uint32{}, 0, time.Time{}
-	// At least minSamples calls, so that the probe has a 10th percentile
-	// that is a whole call even at a small limit.
-	p.need = max(limit, minSamples)
-	// A guard, not a rule: at most held calls were in flight when the
-	// probe began, so by held + need completions at least need were its
-	// own, unless now − latency misplaces them (now and latency from
-	// different clocks). Then the probe ends anyway, twice that late,
-	// rather than hold the limit down for good.
-	p.seen, p.giveUp = 0, 2*(held+p.need)
-	return limit
+	return p.held
 }
 
-// sample counts one call during a probe, and reports whether the probe has
-// measured enough calls to end.
-func (p *prober) sample(now time.Time, latency time.Duration) bool {
-	p.seen++
-	if now.Sub(p.start) < latency {
-		// Admitted before the probe began: draining, not measured.
-		return p.seen >= p.giveUp
+// remember adds a probe's calls to the remembered ones, which weigh less
+// by 1/probeMemory each time.
+func (p *prober) remember(b *calls) {
+	const keep = 1 - 1.0/probeMemory
+	for i, c := range b.hist {
+		p.total[i] = p.total[i]*keep + float64(c)
 	}
-	pc := &p.probes[p.next]
-	pc.hist[bucketOf(latency)]++
-	pc.n++
-	return pc.n >= uint64(p.need) || p.seen >= p.giveUp
+	p.n = p.n*keep + float64(b.n)
+	p.counting = true
 }
 
-// straggler counts one call outside a probe if it was admitted during the
-// last one.
-func (p *prober) straggler(now time.Time, latency time.Duration) {
-	pc := &p.probes[p.last]
-	if pc.ended.IsZero() || now.Sub(p.start) < latency || now.Sub(p.end) >= latency {
-		return
+func (p *prober) forget() {
+	p.total, p.n, p.queued, p.counting = [buckets]float64{}, 0, time.Time{}, false
+}
+
+// straggler counts a call that completed at now with the batch b, or with
+// the remembered calls when b is nil, and reports whether it did: if it was
+// admitted during the batch that made the probe's measurement. Otherwise
+// the measurement would keep the calls that completed first, the fast ones,
+// and its 10th percentile would be low.
+func (p *prober) straggler(now time.Time, latency time.Duration, b *calls) bool {
+	admitted := now.Add(-latency)
+	if admitted.Before(p.from) || !admitted.Before(p.to) {
+		return false
 	}
 	i := bucketOf(latency)
-	pc.hist[i]++
-	pc.n++
-	if pc.counted {
+	switch {
+	case b != nil && b.n > 0:
+		b.hist[i]++
+		b.n++
+	case b == nil && p.counting:
 		p.total[i]++
 		p.n++
+	default:
+		return false
 	}
-}
-
-// finish ends the probe at now, adds its calls to the baseline, and returns
-// the limit to restore.
-func (p *prober) finish(now time.Time) int {
-	pc := &p.probes[p.next]
-	for i, c := range pc.hist {
-		p.total[i] += c
-	}
-	p.n += pc.n
-	pc.ended, pc.counted = now, true
-	p.end, p.last = now, p.next
-	p.next = (p.next + 1) % probeMemory
-	p.active, p.rounds = false, 0
-	return p.held
+	return true
 }
 
 // probeLimit returns ⌈limit × ProbeFactor⌉, never below Minimum. A product

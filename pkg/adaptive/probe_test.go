@@ -3,6 +3,7 @@ package adaptive_test
 import (
 	"errors"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"testing"
@@ -14,209 +15,347 @@ import (
 // move is one OnChange call.
 type move struct{ from, to int }
 
-// pstep is what happens at one instant of a probe table. Every call
-// completes at at with latency, so it started at at − latency: whether that
-// is before a probe began, during it, or after it ended is what the steps
-// below arrange. Before each call, Constrained is called refusals times.
-type pstep struct {
-	at       time.Time
-	latency  time.Duration
-	calls    int
-	refusals int
+// probing is a Controller and what it did: every OnChange, and the instants
+// probes began.
+type probing struct {
+	c      *adaptive.Controller
+	moves  []move
+	begins []time.Time
+	now    time.Time
+}
 
-	// Want, after the step.
-	limit    int           // Limit(): in force
-	restore  int           // Probing(): the limit a probe restores; 0 for no probe
-	baseline time.Duration // Baseline(); 0 for none
-	moves    []move        // OnChange calls during the step, in order
+func newProbing(t *testing.T, opts adaptive.Options) *probing {
+	t.Helper()
+	p := &probing{now: w0}
+	opts.OnChange = func(from, to int) {
+		p.moves = append(p.moves, move{from, to})
+		if _, ok := p.c.Probing(); ok && to < from && len(p.moves) > 0 {
+			p.begins = append(p.begins, p.now)
+		}
+	}
+	c, err := adaptive.New(&opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.c = c
+	return p
+}
+
+// calls completes n calls at the current instant, each having taken
+// latency, with refusals Constrained calls before each.
+func (p *probing) calls(n int, latency time.Duration, refusals int) {
+	for range n {
+		for range refusals {
+			p.c.Constrained()
+		}
+		p.c.Sample(p.now, latency)
+	}
+}
+
+// run drives the controller as a busy caller does for d: calls of latency
+// complete one after the other, one limit's worth per latency, each
+// admitted when an earlier one completed, and every round is constrained.
+func (p *probing) run(d, latency time.Duration) {
+	for end := p.now.Add(d); p.now.Before(end); {
+		p.now = p.now.Add(latency)
+		p.calls(p.c.Limit(), latency, 1)
+	}
+}
+
+// state returns Limit, Probing's restore (0 when not probing) and the
+// baseline.
+func (p *probing) state() (limit, restore int, baseline time.Duration) {
+	restore, _ = p.c.Probing()
+	baseline, _ = p.c.Baseline()
+	return p.c.Limit(), restore, baseline
+}
+
+const ms = time.Millisecond
+
+// w0 is the start of a probe window of every period up to 2^34 ns, so that
+// the tables below know where windows fall.
+var w0 = time.Unix(0, 1<<34*100)
+
+// period is the one the package computes for ProbeEvery × Multiple ×
+// baseline: rounded up to a power of two.
+func period(rounds int, multiple float64, baseline time.Duration) time.Duration {
+	d := uint64(float64(rounds) * multiple * float64(baseline))
+	return time.Duration(uint64(1) << bits.Len64(d-1))
+}
+
+func TestFirstProbe(t *testing.T) {
+	p := newProbing(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1})
+	// 20 calls make the first round, and the window a baseline: 15ms. The
+	// round grows the limit (fast, constrained) to 21, and the first probe
+	// starts at once, at Minimum: no probe has confirmed the baseline.
+	p.calls(20, 15*ms, 1)
+	if l, r, b := p.state(); l != 4 || r != 21 || !near(b, 15*ms) || !slices.Equal(p.moves, []move{{20, 4}}) {
+		t.Fatalf("after the first round: limit %d, restore %d, baseline %v, moves %v; want 4, 21, 15ms, [{20 4}]", l, r, b, p.moves)
+	}
+	// Calls admitted before the probe, at most the 20 that were in flight,
+	// drain unmeasured.
+	p.calls(20, 15*ms, 1)
+	// It measures 200 calls admitted since it began, and holds on until
+	// the window's last probes have begun: 2 × 15% of its period
+	// (10 × 2 × 15ms = 300ms → 2^29ns ≈ 537ms) from its start, ≈ 161ms.
+	hold := time.Duration(0.3 * float64(period(10, 2, 15*ms)))
+	p.now = p.now.Add(12 * ms)
+	p.calls(199, 12*ms, 1)
+	p.now = p.now.Add(hold)
+	p.calls(1, 12*ms, 1) // the 200th, admitted 12ms earlier: a batch, after the hold
+	// A first probe is believed, whatever it measured: 12ms. No round
+	// was judged on it: 21 is restored, not 22.
+	if l, r, b := p.state(); l != 21 || r != 0 || !near(b, 12*ms) {
+		t.Fatalf("after the first probe: limit %d, restore %d, baseline %v; want 21, 0, 12ms", l, r, b)
+	}
+	st := p.c.State()
+	if st.Source != adaptive.FromProbes || st.Probes != 1 || !st.LastProbe.Equal(p.now) || st.Probing {
+		t.Fatalf("state %+v; want baseline from probes, 1 probe ended now", st)
+	}
+}
+
+func TestFirstProbeHoldsUntilTheWindowsLastProbe(t *testing.T) {
+	p := newProbing(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1})
+	p.calls(20, 10*ms, 1)
+	p.now = p.now.Add(10 * ms)
+	// 200 calls, and 400 more, before the hold is over: still probing.
+	p.calls(600, 10*ms, 0)
+	if _, r, _ := p.state(); r != 21 {
+		t.Fatalf("restore %d; want 21, still probing", r)
+	}
+	p.now = p.now.Add(time.Second)
+	p.calls(199, 10*ms, 0)
+	if _, r, _ := p.state(); r != 21 {
+		t.Fatalf("restore %d; want 21: a batch of 200 ends it, not a call", r)
+	}
+	p.calls(1, 10*ms, 0)
+	if _, r, _ := p.state(); r != 0 {
+		t.Fatal("still probing after a whole batch past the hold")
+	}
+}
+
+// confirmed returns a controller past its first probe, with a baseline of
+// 10ms from probes, at the limit limit, not probing, at the start of a
+// window.
+func confirmed(t *testing.T, opts adaptive.Options) *probing {
+	t.Helper()
+	p := newProbing(t, opts)
+	p.calls(20, 10*ms, 1)
+	p.now = p.now.Add(10 * ms)
+	p.calls(200, 10*ms, 0)
+	p.now = p.now.Add(time.Second)
+	p.calls(200, 10*ms, 0)
+	if st := p.c.State(); st.Probing || st.Source != adaptive.FromProbes || !near(st.Baseline, 10*ms) {
+		t.Fatalf("setup: state %+v", st)
+	}
+	p.moves, p.begins = nil, nil
+	return p
+}
+
+// untilProbe runs rounds of latency until a probe begins, and fails if
+// none does within d.
+func (p *probing) untilProbe(t *testing.T, latency, d time.Duration) {
+	t.Helper()
+	for end := p.now.Add(d); p.now.Before(end); {
+		p.now = p.now.Add(latency)
+		for range p.c.Limit() {
+			p.c.Constrained()
+			p.c.Sample(p.now, latency)
+			if _, ok := p.c.Probing(); ok {
+				return
+			}
+		}
+	}
+	t.Fatalf("no probe in %v", d)
 }
 
 func TestProbe(t *testing.T) {
-	ms := time.Millisecond
 	tests := []struct {
-		name  string
-		opts  adaptive.Options
-		steps []pstep
+		name string
+		// After a probe began at ⌈limit/2⌉, batches complete, each of
+		// calls of the latencies given (one latency per batch, every call
+		// of a batch the same; fastest is the batch's fastest, if lower).
+		batches []time.Duration
+		fastest time.Duration
+		// Want: the limit restored, the baseline after, OnChange calls
+		// from the probe's start.
+		restored int
+		baseline time.Duration
+		moves    func(start, settled int) []move
 	}{{
-		name: "the first probe follows the first round with a baseline; the probe sets the baseline",
-		opts: adaptive.Options{ProbeEvery: 3},
-		steps: []pstep{
-			// 20 calls make a round and a window baseline; the round is
-			// judged against it (fast, constrained: 20 → 21), and a probe
-			// starts at once at ⌈21 × 0.5⌉ = 11, to restore 21.
-			{at: t0, latency: 15 * ms, calls: 20, refusals: 1, limit: 11, restore: 21, baseline: 15 * ms, moves: []move{{20, 11}}},
-			// Calls that started before the probe drain unmeasured;
-			// refusals meanwhile change nothing.
-			{at: t0, latency: 15 * ms, calls: 40, refusals: 1, limit: 11, restore: 21, baseline: 15 * ms},
-			// Calls that started when the probe did are measured: it needs
-			// max(11, 10) of them.
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 10, refusals: 1, limit: 11, restore: 21, baseline: 15 * ms},
-			// The 11th ends it. No round is judged on it, so its refusals
-			// do not grow the limit: 21 is restored, not 22. The baseline
-			// is the probe's 10 ms.
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 1, refusals: 1, limit: 21, baseline: 10 * ms, moves: []move{{11, 21}}},
-			// The refusals of the probe were forgotten with it: this round
-			// is not constrained, and a queue (25ms > 2 × 10ms) shrinks it.
-			{at: t0.Add(20 * ms), latency: 25 * ms, calls: 21, limit: 18, baseline: 10 * ms, moves: []move{{21, 18}}},
-			// Rounds 2 and 3 after the probe grow the limit; the third
-			// ends with the next probe, at ⌈20 × 0.5⌉ = 10.
-			{at: t0.Add(30 * ms), latency: 10 * ms, calls: 18, refusals: 1, limit: 19, baseline: 10 * ms, moves: []move{{18, 19}}},
-			{at: t0.Add(40 * ms), latency: 10 * ms, calls: 19, refusals: 1, limit: 10, restore: 20, baseline: 10 * ms, moves: []move{{19, 10}}},
-			{at: t0.Add(50 * ms), latency: 10 * ms, calls: 10, refusals: 1, limit: 20, baseline: 10 * ms, moves: []move{{10, 20}}},
-		},
+		name:     "a batch as fast as the baseline ends it, and joins the baseline",
+		batches:  []time.Duration{10 * ms},
+		baseline: 10 * ms,
 	}, {
-		name: "rounds are judged against the probe's calls, not the window's",
-		opts: adaptive.Options{ProbeEvery: 1000, Minimum: 1, Initial: 10, Maximum: 100},
-		steps: []pstep{
-			{at: t0, latency: 15 * ms, calls: 10, refusals: 1, limit: 6, restore: 11, baseline: 15 * ms, moves: []move{{10, 6}}},
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 10, limit: 11, baseline: 10 * ms, moves: []move{{6, 11}}},
-			// Ten rounds at 15ms, 11 calls to 20: 165 calls in the window
-			// at 15ms and 10 at 10ms, so its 10th percentile is 15ms. The
-			// baseline stays the probe's.
-			{at: t0.Add(time.Second), latency: 15 * ms, calls: 155, refusals: 1, limit: 21, baseline: 10 * ms, moves: []move{
-				{11, 12}, {12, 13}, {13, 14}, {14, 15}, {15, 16}, {16, 17}, {17, 18}, {18, 19}, {19, 20}, {20, 21},
-			}},
-			// So 25ms is a queue (> 2 × 10ms), which the window would call
-			// normal (< 2 × 15ms).
-			{at: t0.Add(2 * time.Second), latency: 25 * ms, calls: 21, limit: 18, baseline: 10 * ms, moves: []move{{21, 18}}},
-		},
+		name:     "a batch within drainedWithin (1.2×) ends it; beyond acceptWithin (1.1×) it does not join the baseline",
+		batches:  []time.Duration{11500 * time.Microsecond},
+		baseline: 10 * ms,
 	}, {
-		name: "a decrease at the end of the round that starts a probe is what the probe restores",
-		opts: adaptive.Options{ProbeEvery: 1},
-		steps: []pstep{
-			{at: t0, latency: 10 * ms, calls: 20, limit: 10, restore: 20, baseline: 10 * ms, moves: []move{{20, 10}}},
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 10, limit: 20, baseline: 10 * ms, moves: []move{{10, 20}}},
-			// 20 → 18, and the probe holds ⌈18 × 0.5⌉ = 9 meanwhile: one
-			// OnChange, from the limit in force to the probe's.
-			{at: t0.Add(time.Second), latency: 25 * ms, calls: 20, limit: 9, restore: 18, baseline: 10 * ms, moves: []move{{20, 9}}},
-			{at: t0.Add(time.Second + 25*ms), latency: 25 * ms, calls: 10, limit: 18, baseline: 10 * ms, moves: []move{{9, 18}}},
-		},
+		name:     "a batch within acceptWithin joins the baseline, which moves a twentieth of the way",
+		batches:  []time.Duration{10500 * time.Microsecond},
+		baseline: 10 * ms, // the pool's 10th percentile: the old calls still outweigh
 	}, {
-		name: "Minimum holds during a probe, and a probe measures at least ten calls",
-		opts: adaptive.Options{ProbeEvery: 1, Minimum: 4, Initial: 4, Maximum: 10},
-		steps: []pstep{
-			// No baseline in the first 8 calls: no round is judged, so no
-			// probe either.
-			{at: t0, latency: 10 * ms, calls: 8, limit: 4},
-			// The third round has one, and a probe at max(⌈4 × 0.5⌉, 4) =
-			// 4: in force nothing moves, so OnChange is not called.
-			{at: t0, latency: 10 * ms, calls: 4, limit: 4, restore: 4, baseline: 10 * ms},
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 9, refusals: 1, limit: 4, restore: 4, baseline: 10 * ms},
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 1, limit: 4, baseline: 10 * ms},
-		},
+		name:    "while batches get faster, it measures again, and keeps its fastest",
+		batches: []time.Duration{11500 * time.Microsecond, 10 * ms, 10 * ms},
+		// The second (10ms) was 13% faster than the first: a third
+		// batch, no faster, ends it. Its measurement is the fastest batch.
+		baseline: 10 * ms,
 	}, {
-		name: "ProbeFactor, rounded up, never below Minimum",
-		opts: adaptive.Options{ProbeEvery: 5, ProbeFactor: 0.3, Minimum: 8},
-		steps: []pstep{
-			// ⌈21 × 0.3⌉ = 7, under Minimum 8.
-			{at: t0, latency: 10 * ms, calls: 20, refusals: 1, limit: 8, restore: 21, baseline: 10 * ms, moves: []move{{20, 8}}},
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 10, limit: 21, baseline: 10 * ms, moves: []move{{8, 21}}},
-		},
+		name: "a queue at the probe's limit: the batch counts as a round with one, and the probe goes deeper",
+		// 13ms is beyond 1.2 × 10ms, its fastest within 2 × 10ms: the
+		// held limit decreases, the probe's limit halves again; then
+		// drained batches, the second no faster than the first, end it,
+		// restoring at most twice the limit it found drained at.
+		batches:  []time.Duration{13 * ms, 10 * ms, 10 * ms},
+		restored: -1,
+		baseline: 10 * ms,
 	}, {
-		name: "a call started during a probe counts for it after the probe ends",
-		opts: adaptive.Options{ProbeEvery: 100, Minimum: 1, Initial: 10, Maximum: 100},
-		steps: []pstep{
-			{at: t0, latency: 40 * ms, calls: 10, limit: 5, restore: 10, baseline: 40 * ms, moves: []move{{10, 5}}},
-			// The probe's first ten calls, all 40ms, end it at t0+40ms.
-			{at: t0.Add(40 * ms), latency: 40 * ms, calls: 10, limit: 10, baseline: 40 * ms, moves: []move{{5, 10}}},
-			// Calls that started at t0+35ms, during the probe, and ended
-			// after it: they are the probe's too, and were fast.
-			{at: t0.Add(45 * ms), latency: 10 * ms, calls: 2, limit: 10, baseline: 40 * ms},
-			// Calls that started at t0+81ms, after it, are not; they finish
-			// a round whose fastest calls were those two, so it holds. It
-			// is judged against the probe's 12 calls, whose 10th percentile
-			// (the 2nd fastest) is 10ms.
-			{at: t0.Add(141 * ms), latency: 60 * ms, calls: 8, limit: 10, baseline: 10 * ms},
-			// So a round of 60ms calls is a queue, where the probe's first
-			// ten calls alone (40ms) would have called it normal.
-			{at: t0.Add(200 * ms), latency: 60 * ms, calls: 10, limit: 9, baseline: 10 * ms, moves: []move{{10, 9}}},
-		},
-	}, {
-		name: "a dependency that got slower is believed once three probes have seen it",
-		opts: adaptive.Options{ProbeEvery: 1, Minimum: 1, Initial: 10, Maximum: 10},
-		steps: []pstep{
-			{at: t0, latency: 10 * ms, calls: 10, limit: 5, restore: 10, baseline: 10 * ms, moves: []move{{10, 5}}},
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 10, limit: 10, baseline: 10 * ms, moves: []move{{5, 10}}},
-			// From here every call takes 30ms: a queue against 10ms, so
-			// each round decreases, and each probe adds ten 30ms calls.
-			{at: t0.Add(time.Second), latency: 30 * ms, calls: 10, limit: 5, restore: 9, baseline: 10 * ms, moves: []move{{10, 5}}},
-			{at: t0.Add(time.Second + 30*ms), latency: 30 * ms, calls: 10, limit: 9, baseline: 10 * ms, moves: []move{{5, 9}}},
-			{at: t0.Add(2 * time.Second), latency: 30 * ms, calls: 9, limit: 4, restore: 8, baseline: 10 * ms, moves: []move{{9, 4}}},
-			// Two of three probes say 30ms, but the pooled 10th percentile
-			// is still the first probe's.
-			{at: t0.Add(2*time.Second + 30*ms), latency: 30 * ms, calls: 10, limit: 8, baseline: 10 * ms, moves: []move{{4, 8}}},
-			{at: t0.Add(3 * time.Second), latency: 30 * ms, calls: 8, limit: 4, restore: 7, baseline: 10 * ms, moves: []move{{8, 4}}},
-			// The fourth replaces the first: 30ms is the new normal.
-			{at: t0.Add(3*time.Second + 30*ms), latency: 30 * ms, calls: 10, limit: 7, baseline: 30 * ms, moves: []move{{4, 7}}},
-			{at: t0.Add(4 * time.Second), latency: 30 * ms, calls: 7, refusals: 1, limit: 4, restore: 8, baseline: 30 * ms, moves: []move{{7, 4}}},
-		},
-	}, {
-		name: "a probe that cannot tell its calls gives up after twice the calls it should have needed",
-		opts: adaptive.Options{ProbeEvery: 100, Minimum: 1, Initial: 10, Maximum: 100},
-		steps: []pstep{
-			{at: t0, latency: 10 * ms, calls: 10, limit: 5, restore: 10, baseline: 10 * ms, moves: []move{{10, 5}}},
-			// Every call seems to have started before the probe (as when
-			// now and latency come from different clocks). By 10 + 10
-			// completions at least 10 must have been its own; at twice
-			// that it ends, with nothing measured.
-			{at: t0, latency: 10 * ms, calls: 39, limit: 5, restore: 10, baseline: 10 * ms},
-			{at: t0, latency: 10 * ms, calls: 1, limit: 10, baseline: 10 * ms, moves: []move{{5, 10}}},
-			// The window judges meanwhile, and the next probe waits its
-			// 100 rounds rather than start again at once.
-			{at: t0.Add(time.Second), latency: 10 * ms, calls: 10, refusals: 1, limit: 11, baseline: 10 * ms, moves: []move{{10, 11}}},
-		},
-	}, {
-		name: "probes age out after five minutes: the window judges, and a probe starts at once",
-		opts: adaptive.Options{ProbeEvery: 1000, Minimum: 1, Initial: 10, Maximum: 100},
-		steps: []pstep{
-			{at: t0, latency: 15 * ms, calls: 10, refusals: 1, limit: 6, restore: 11, baseline: 15 * ms, moves: []move{{10, 6}}},
-			{at: t0.Add(10 * ms), latency: 10 * ms, calls: 10, limit: 11, baseline: 10 * ms, moves: []move{{6, 11}}},
-			// 4m59.99s after the probe ended, it still judges: 25ms is a
-			// queue, and one round of 1000 is no reason to probe.
-			{at: t0.Add(5 * time.Minute), latency: 25 * ms, calls: 11, limit: 9, baseline: 10 * ms, moves: []move{{11, 9}}},
-			// 5m after, it does not. The window has retired t0's calls and
-			// holds only 25ms ones, so 25ms is normal; with no probe left,
-			// one starts at once.
-			{at: t0.Add(5*time.Minute + 10*ms), latency: 25 * ms, calls: 9, refusals: 1, limit: 5, restore: 10, baseline: 25 * ms, moves: []move{{9, 5}}},
-		},
+		name: "a queue that even the fastest call waited for ends the probe: the limit is falling",
+		// 25ms > 2 × 10ms: decreased, as a round would, and nothing
+		// learned.
+		batches:  []time.Duration{25 * ms},
+		restored: -2,
+		baseline: 10 * ms,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var moves []move
-			opts := tt.opts
-			opts.OnChange = func(from, to int) { moves = append(moves, move{from, to}) }
-			c, err := adaptive.New(&opts)
-			if err != nil {
-				t.Fatal(err)
+			p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 3, Minimum: 1, Maximum: 64, Initial: 40})
+			p.untilProbe(t, 10*ms, 10*time.Second)
+			settled, _ := p.c.Probing()
+			low := p.c.Limit()
+			if low != (settled+1)/2 {
+				t.Fatalf("probe at %d, settled %d; want ⌈%d/2⌉", low, settled, settled)
 			}
-			for i, s := range tt.steps {
-				moves = nil
-				for range s.calls {
-					for range s.refusals {
-						c.Constrained()
-					}
-					c.Sample(s.at, s.latency)
-				}
-				got, ok := c.Baseline()
-				restore, probing := c.Probing()
-				if c.Limit() != s.limit || restore != s.restore || probing != (s.restore > 0) ||
-					ok != (s.baseline > 0) || !near(got, s.baseline) || !slices.Equal(moves, s.moves) {
-					t.Fatalf("step %d: limit %d, probing %d %t, baseline %v %t, OnChange %v;\n"+
-						"want limit %d, probing %d, baseline %v, OnChange %v",
-						i, c.Limit(), restore, probing, got, ok, moves, s.limit, s.restore, s.baseline, s.moves)
-				}
+			for _, latency := range tt.batches {
+				p.now = p.now.Add(latency)
+				p.calls(max(p.c.Limit(), 20), latency, 0)
+			}
+			want := settled
+			switch tt.restored {
+			case -1:
+				// 0.9 × settled, capped at twice the deeper probe limit.
+				deeper := (low + 1) / 2
+				want = min(int(0.9*float64(settled)), 2*deeper)
+			case -2:
+				want = int(0.9 * float64(settled))
+			}
+			if l, r, b := p.state(); l != want || r != 0 || !near(b, tt.baseline) {
+				t.Fatalf("after the probe: limit %d, restore %d, baseline %v; want %d, 0, %v (moves %v)", l, r, b, want, tt.baseline, p.moves)
 			}
 		})
 	}
 }
 
-// The default is the specified loop: no probes, ever, and the same limits.
-func TestNoProbesByDefault(t *testing.T) {
-	plain, err := adaptive.New(nil)
+// Probes begin around the starts of windows, at the multiples of a power
+// of two period since the Unix epoch, ± 15% of it at random, at least half
+// a period apart; the draw is the seed's.
+func TestProbeWindows(t *testing.T) {
+	run := func(seed uint64) []time.Time {
+		p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: seed, Minimum: 1, Maximum: 64, Initial: 40})
+		p.run(20*time.Second, 10*ms)
+		return p.begins
+	}
+	per := period(10, 2, 10*ms)
+	spread := time.Duration(0.15 * float64(per))
+	begins := run(1)
+	if len(begins) < 40 {
+		t.Fatalf("%d probes in 20s of a %v period", len(begins), per)
+	}
+	var offsets []time.Duration
+	for i, b := range begins {
+		// The nearest multiple of the period since the Unix epoch.
+		window := time.Unix(0, (b.UnixNano()+int64(per/2))/int64(per)*int64(per))
+		off := b.Sub(window)
+		offsets = append(offsets, off)
+		// A probe begins at the end of a round, at most one round (10ms)
+		// after its time.
+		if off < -spread || off > spread+10*ms {
+			t.Errorf("probe %d began %v from its window's start; want within ±%v", i, off, spread)
+		}
+		if i > 0 && b.Sub(begins[i-1]) < per/2 {
+			t.Errorf("probes %d and %d %v apart; want at least %v", i-1, i, b.Sub(begins[i-1]), per/2)
+		}
+	}
+	slices.Sort(offsets)
+	if offsets[len(offsets)-1]-offsets[0] < spread {
+		t.Errorf("offsets span only %v..%v: no jitter", offsets[0], offsets[len(offsets)-1])
+	}
+	if again := run(1); !slices.EqualFunc(begins, again, time.Time.Equal) {
+		t.Error("the same seed drew other instants")
+	}
+	if other := run(2); slices.EqualFunc(begins, other, time.Time.Equal) {
+		t.Error("seeds 1 and 2 drew the same instants")
+	}
+}
+
+// A round that decreases the limit starts no probe, even one that is due.
+func TestNoProbeAfterDecrease(t *testing.T) {
+	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
+	// Every round shows a queue (25ms > 2 × 10ms) for longer than periods.
+	p.run(3*period(10, 2, 10*ms), 25*ms)
+	if len(p.begins) != 0 {
+		t.Fatalf("probes began at %v while every round decreased", p.begins)
+	}
+}
+
+// After probeAge of probes that met a queue, with the limit at Minimum
+// throughout, the dependency is believed slower: the baseline is the
+// window's again, and the next probe is a first probe, at Minimum.
+func TestSlowerIsBelievedAfterFiveMinutesAtTheFloor(t *testing.T) {
+	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 2, Maximum: 64, Initial: 40})
+	// 3× slower: rounds decrease to the floor, probes meet a queue.
+	p.run(4*time.Minute, 30*ms)
+	if st := p.c.State(); st.Source != adaptive.FromProbes || !near(st.Baseline, 10*ms) || st.Settled != 2 {
+		t.Fatalf("after 4 minutes: %+v; want still judged by the probes' 10ms, at the floor", st)
+	}
+	p.run(2*time.Minute, 30*ms)
+	st := p.c.State()
+	if st.Source != adaptive.FromWindow && st.Source != adaptive.FromProbes || !near(st.Baseline, 30*ms) {
+		t.Fatalf("after 6 minutes: %+v; want 30ms, believed", st)
+	}
+	// And the limit grows again.
+	p.run(time.Second, 30*ms)
+	if l := p.c.State().Settled; l <= 2 {
+		t.Fatalf("settled at %d after believing; want growth", l)
+	}
+}
+
+// After a quiet spell of five minutes a probe starts at the next round.
+func TestProbeAfterQuietSpell(t *testing.T) {
+	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
+	p.now = p.now.Add(5 * time.Minute)
+	p.calls(p.c.Limit(), 10*ms, 1)
+	if _, ok := p.c.Probing(); !ok {
+		t.Fatal("no probe at the first round after five quiet minutes")
+	}
+}
+
+// A probe that cannot tell its calls (now and latency from different
+// clocks, so that every call seems admitted before its batch) gives up
+// after twice the completions it should have needed.
+func TestProbeGivesUpOnAWrongClock(t *testing.T) {
+	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
+	p.untilProbe(t, 10*ms, 10*time.Second)
+	settled, _ := p.c.Probing()
+	need := max((settled+1)/2, 20)
+	p.calls(2*(settled+need)-1, time.Hour, 0)
+	if _, ok := p.c.Probing(); !ok {
+		t.Fatal("gave up early")
+	}
+	p.calls(1, time.Hour, 0)
+	if _, ok := p.c.Probing(); ok || p.c.Limit() != settled {
+		t.Fatalf("limit %d, probing %t; want %d restored", p.c.Limit(), ok, settled)
+	}
+}
+
+// NoProbes is the reference loop: never a probe, and the same limits
+// whatever ProbeFactor says.
+func TestNoProbes(t *testing.T) {
+	plain, err := adaptive.New(&adaptive.Options{ProbeEvery: adaptive.NoProbes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	off, err := adaptive.New(&adaptive.Options{ProbeFactor: 0.25}) // a factor alone does nothing
+	off, err := adaptive.New(&adaptive.Options{ProbeEvery: adaptive.NoProbes, ProbeFactor: 0.25})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +371,24 @@ func TestNoProbesByDefault(t *testing.T) {
 			t.Fatalf("call %d: limit %d, probing %t; want %d, not probing", i, off.Limit(), probing, plain.Limit())
 		}
 	}
+	if st := off.State(); st.Source != adaptive.FromWindow || st.Probes != 0 || !st.NextProbe.IsZero() {
+		t.Fatalf("state %+v; want judged by the window, no probes", st)
+	}
+}
+
+// By default there are probes.
+func TestProbesByDefault(t *testing.T) {
+	c, err := adaptive.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range adaptive.DefaultInitial {
+		c.Constrained()
+		c.Sample(t0, 10*ms)
+	}
+	if restore, ok := c.Probing(); !ok || restore != adaptive.DefaultInitial+1 || c.Limit() != adaptive.DefaultMinimum {
+		t.Fatalf("limit %d, probing %d %t; want the first probe at Minimum", c.Limit(), restore, ok)
+	}
 }
 
 func TestValidateProbe(t *testing.T) {
@@ -242,11 +399,13 @@ func TestValidateProbe(t *testing.T) {
 	}{
 		{name: "probes with the default factor", opts: adaptive.Options{ProbeEvery: 100}},
 		{name: "probes with a factor", opts: adaptive.Options{ProbeEvery: 1, ProbeFactor: 0.9}},
-		{name: "a factor without probes is not checked", opts: adaptive.Options{ProbeFactor: 7}},
+		{name: "a factor without probes is not checked", opts: adaptive.Options{ProbeEvery: adaptive.NoProbes, ProbeFactor: 7}},
+		{name: "a fixed baseline turns probes off", opts: adaptive.Options{Baseline: time.Second, ProbeFactor: 7}},
+		{name: "guards", opts: adaptive.Options{Baseline: time.Second, MaxHealthy: 2 * time.Second}},
 		{
-			name: "negative ProbeEvery",
-			opts: adaptive.Options{ProbeEvery: -1},
-			want: []string{"ProbeEvery -1 must be at least 0 (0: no probes)"},
+			name: "below NoProbes",
+			opts: adaptive.Options{ProbeEvery: -2},
+			want: []string{"ProbeEvery -2 must be at least 1, or NoProbes (-1) for none"},
 		},
 		{
 			name: "factor of 1",
@@ -254,22 +413,34 @@ func TestValidateProbe(t *testing.T) {
 			want: []string{"ProbeFactor 1 must lie strictly between 0 and 1"},
 		},
 		{
-			name: "factor not a number",
-			opts: adaptive.Options{ProbeEvery: 10, ProbeFactor: math.NaN()},
+			name: "default probes, factor not a number",
+			opts: adaptive.Options{ProbeFactor: math.NaN()},
 			want: []string{"ProbeFactor NaN must lie strictly between 0 and 1"},
 		},
 		{
+			name: "probes and a fixed baseline",
+			opts: adaptive.Options{ProbeEvery: 10, Baseline: time.Second},
+			want: []string{"ProbeEvery 10 with a fixed Baseline: probes learn a baseline, and this one is given"},
+		},
+		{
 			name: "every problem at once",
-			opts: adaptive.Options{Minimum: -1, Maximum: -2, Initial: 3, Multiple: 1, DecreaseFactor: 1, ProbeEvery: -5, ProbeFactor: -0.5},
+			opts: adaptive.Options{Minimum: -1, Maximum: -2, Initial: 3, Multiple: 1, DecreaseFactor: 1, ProbeEvery: -5, ProbeFactor: -0.5, MaxHealthy: -1, Baseline: -1},
 			want: []string{
 				"Minimum -1 must be at least 1",
 				"Maximum -2 must be at least Minimum -1",
 				"Initial 3 must lie between Minimum -1 and Maximum -2",
 				"Multiple 1 must be a finite number above 1",
 				"DecreaseFactor 1 must lie strictly between 0 and 1",
-				"ProbeEvery -5 must be at least 0 (0: no probes)",
+				"ProbeEvery -5 must be at least 1, or NoProbes (-1) for none",
 				"ProbeFactor -0.5 must lie strictly between 0 and 1",
+				"MaxHealthy -1ns must not be negative (0: no such guard)",
+				"Baseline -1ns must not be negative (0: measured)",
 			},
+		},
+		{
+			name: "a guard at the baseline",
+			opts: adaptive.Options{Baseline: time.Second, MaxHealthy: time.Second},
+			want: []string{"MaxHealthy 1s must be above Baseline 1s: every normal call would decrease the limit"},
 		},
 	}
 	for _, tt := range tests {
@@ -319,12 +490,21 @@ func TestConcurrentUseWithProbes(t *testing.T) {
 				c.Sample(t0.Add(time.Duration(i)*time.Millisecond), time.Duration(g+1)*fast)
 				_, _ = c.Baseline()
 				_, _ = c.Probing()
+				_ = c.State()
 			}
 		})
 	}
 	wg.Wait()
 	if l := c.Limit(); l < adaptive.DefaultMinimum || l > adaptive.DefaultMaximum || moves == 0 {
 		t.Fatalf("limit %d after %d moves", l, moves)
+	}
+}
+
+func TestSourceNames(t *testing.T) {
+	for s := adaptive.NoSource; s <= adaptive.Fixed; s++ {
+		if name := s.String(); name == "" || name[0] == 'S' {
+			t.Errorf("Source %d has no name: %q", s, name)
+		}
 	}
 }
 

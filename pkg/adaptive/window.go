@@ -36,6 +36,13 @@ const (
 	// fewest for which the 10th percentile is a whole call (0.1 × n ≥ 1)
 	// rather than a point below the fastest one.
 	minSamples = 10
+
+	// minEstimate is how many calls an estimate of the baseline that the
+	// drain probes' lowest remembers must rest on: the 2nd fastest of 20
+	// is rarely far below the 10th percentile, where the fastest of 10
+	// sometimes is, and one estimate too low would hold the limit down for
+	// five minutes.
+	minEstimate = 20
 )
 
 // window is the five-minute latency histogram. Its zero value is empty; the
@@ -91,7 +98,13 @@ func (w *window) advance(s int64) {
 // ⌈n/10⌉-th fastest call), or false when the window holds fewer than
 // minSamples calls.
 func (w *window) baseline() (time.Duration, bool) {
-	if w.n < minSamples {
+	return w.percentile(minSamples)
+}
+
+// percentile returns the 10th percentile, or false when the window holds
+// fewer than least calls.
+func (w *window) percentile(least uint64) (time.Duration, bool) {
+	if w.n < least {
 		return 0, false
 	}
 	return percentile10(&w.total, w.n), true
@@ -100,11 +113,31 @@ func (w *window) baseline() (time.Duration, bool) {
 // percentile10 returns the 10th percentile by nearest rank (the ⌈n/10⌉-th
 // fastest call) of a histogram holding n > 0 calls.
 func percentile10[T uint32 | uint64](h *[buckets]T, n uint64) time.Duration {
-	rank := (n + 9) / 10
+	return percentile(h, n, 10)
+}
+
+// percentile returns the pct-th percentile by nearest rank (the
+// ⌈n × pct/100⌉-th fastest call) of a histogram holding n > 0 calls.
+func percentile[T uint32 | uint64](h *[buckets]T, n, pct uint64) time.Duration {
+	rank := (n*pct + 99) / 100
 	// rank ≤ n, and n is the sum of h, so the walk stops inside it.
 	i := 0
 	for seen := uint64(h[0]); seen < rank; seen += uint64(h[i]) {
 		i++
+	}
+	return valueOf(i)
+}
+
+// weightedPercentile is percentile of a histogram of weights summing to
+// n > 0: the least latency with at least pct/100 of the weight at or below
+// it.
+func weightedPercentile(h *[buckets]float64, n, pct float64) time.Duration {
+	rank := n * pct / 100
+	seen := h[0]
+	i := 0
+	for seen < rank && i < buckets-1 {
+		i++
+		seen += h[i]
 	}
 	return valueOf(i)
 }

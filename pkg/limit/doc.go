@@ -8,7 +8,10 @@
 //     (8 unless set), so a quota cannot be spent twice across a boundary.
 //   - Concurrency: at most N leases held at once (a bulkhead).
 //   - Adaptive: a concurrency limit that package adaptive moves by watching
-//     latency; the time a lease is held is the sample.
+//     latency; the time a lease is held is the sample. Its defaults are
+//     package adaptive's, drain probes included (ProbeEvery NoProbes is the
+//     reference loop); the limiter's clock is the probes' too, so hosts
+//     whose clocks agree probe in the same windows.
 //
 // Exactly one shape per [Options]; [Options.Validate] lists every problem at
 // once.

@@ -225,6 +225,17 @@ func (l *Local) Baseline() (time.Duration, bool) {
 	return l.ctrl.Baseline()
 }
 
+// AdaptiveState returns what an adaptive limiter's loop is doing (see
+// adaptive.Controller.State): its limit, the one it settled on, whether a
+// drain probe runs, its baseline and where that comes from. False for the
+// other shapes.
+func (l *Local) AdaptiveState() (adaptive.State, bool) {
+	if l.ctrl == nil {
+		return adaptive.State{}, false
+	}
+	return l.ctrl.State(), true
+}
+
 // InFlight returns the leases held of a concurrency or adaptive limiter.
 func (l *Local) InFlight() int { return int(l.inFlight.Load()) }
 

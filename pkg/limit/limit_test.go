@@ -187,7 +187,8 @@ func TestConcurrencyBound(t *testing.T) {
 
 // TestAdaptive checks the wiring to package adaptive: the hold time is the
 // sample, reaching the limit constrains the round, and the observer hears
-// the limit move.
+// the limit move. The loop's own rules are package adaptive's to test; the
+// reference loop (no drain probes) keeps this one short.
 func TestAdaptive(t *testing.T) {
 	clock := limit.NewFakeClock(t0)
 	rec := &recorder{}
@@ -196,7 +197,7 @@ func TestAdaptive(t *testing.T) {
 		Name:  "payments",
 		Clock: clock,
 		Adaptive: &adaptive.Options{
-			Minimum: 1, Initial: 4, Maximum: 10,
+			Minimum: 1, Initial: 4, Maximum: 10, ProbeEvery: adaptive.NoProbes,
 			OnChange: func(from, to int) { changes = append(changes, [2]int{from, to}) },
 		},
 		Observer: rec,
@@ -242,11 +243,38 @@ func TestAdaptive(t *testing.T) {
 	}
 }
 
+// TestAdaptiveProbesByDefault: an adaptive limiter with every default
+// runs drain probes: the first round judged starts one at Minimum, and its
+// state says so.
+func TestAdaptiveProbesByDefault(t *testing.T) {
+	clock := limit.NewFakeClock(t0)
+	l := mustNew(t, limit.Options{Clock: clock, Adaptive: &adaptive.Options{}})
+	ctx := context.Background()
+	leases := make([]limit.Lease, l.Limit())
+	for i := range leases {
+		var err error
+		if leases[i], err = l.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(10 * time.Millisecond)
+	for _, lease := range leases {
+		lease.Release()
+	}
+	st, ok := l.AdaptiveState()
+	if !ok || !st.Probing || st.Limit != adaptive.DefaultMinimum || st.Settled != adaptive.DefaultInitial+1 || l.Limit() != st.Limit {
+		t.Fatalf("after the first round: state %+v %t, limit %d; want a probe at Minimum", st, ok, l.Limit())
+	}
+	if _, ok := mustNew(t, limit.Options{Concurrency: 3}).AdaptiveState(); ok {
+		t.Error("a concurrency limiter has an adaptive state")
+	}
+}
+
 // TestAdaptiveIdleDoesNotGrow: rounds that never reach the limit hold it,
 // and a refusal alone is enough to say the limit constrained.
 func TestAdaptiveIdleDoesNotGrow(t *testing.T) {
 	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{Clock: clock, Adaptive: &adaptive.Options{Minimum: 1, Initial: 2, Maximum: 10}})
+	l := mustNew(t, limit.Options{Clock: clock, Adaptive: &adaptive.Options{Minimum: 1, Initial: 2, Maximum: 10, ProbeEvery: adaptive.NoProbes}})
 	ctx := context.Background()
 	one := func() {
 		lease, err := l.Acquire(ctx)
