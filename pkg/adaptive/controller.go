@@ -25,6 +25,7 @@ type Controller struct {
 	mu      sync.Mutex
 	calls   int           // completed calls in the current round
 	fastest time.Duration // fastest of them
+	began   time.Time     // when the round began: when the last ended
 	window  window        // five minutes of latencies
 	probe   *prober       // nil with NoProbes or a fixed Baseline
 	source  Source        // of the last baseline judged by
@@ -206,6 +207,10 @@ func (c *Controller) endRound(now time.Time, limit int) {
 	constrained := c.constrained.Swap(false)
 	fastest := c.fastest
 	c.calls, c.fastest = 0, maxLatency
+	if p := c.probe; p != nil && !c.began.IsZero() {
+		p.roundTook(now.Sub(c.began))
+	}
+	c.began = now
 
 	baseline, ok := c.judgeBaseline(now)
 	if ok {
@@ -257,6 +262,7 @@ func (c *Controller) judgeBaseline(now time.Time) (time.Duration, bool) {
 func (c *Controller) endProbe(now time.Time) {
 	held := c.probe.finish(now, &c.opts)
 	c.probes++
+	c.began = now
 	c.calls, c.fastest = 0, maxLatency
 	c.constrained.Store(false)
 	if b, ok := c.judgeBaseline(now); ok {

@@ -71,10 +71,11 @@ const (
 
 // prober is a Controller's probe state, guarded by the Controller's mutex.
 type prober struct {
-	rng    rand.PCG  // draws where in its window a probe begins
-	next   time.Time // when the next probe is due
-	window time.Time // the start of its window
-	end    time.Time // when the last probe ended
+	rng    rand.PCG      // draws where in its window a probe begins
+	round  time.Duration // how long rounds have lately taken
+	next   time.Time     // when the next probe is due
+	window time.Time     // the start of its window
+	end    time.Time     // when the last probe ended
 
 	// The active probe.
 	active  bool
@@ -138,16 +139,32 @@ func (p *prober) baseline() (time.Duration, bool) {
 	return weightedPercentile(&p.total, p.n, 10), true
 }
 
-// period is the time between probe windows: ProbeEvery rounds, a round
-// counted as Multiple × baseline (how long a call takes where the loop
-// settles), rounded up to a power of two nanoseconds, and at most probeAge.
-// Windows start at the multiples of the period since the Unix epoch, so
-// hosts whose clocks agree and whose baselines agree within a factor of two
-// share them; and where they do not, the longer of two such periods is a
-// power of two times the shorter, and its windows are some of the shorter's.
-func period(baseline time.Duration, o *Options) time.Duration {
-	d := max(uint64(float64(o.ProbeEvery)*o.Multiple*float64(baseline)), 2)
+// period is the time between probe windows: ProbeEvery rounds, rounded up
+// to a power of two nanoseconds, and at most probeAge. A round is counted
+// as long as rounds have lately taken (an average of the last few), or
+// before the first as Multiple × baseline, how long a call takes where the
+// loop settles. Windows start at the multiples of the period since the
+// Unix epoch, so hosts whose clocks agree and whose rounds take about as
+// long (within a factor of two) share them; and where they do not, the
+// longer of two such periods is a power of two times the shorter, and its
+// windows are some of the shorter's.
+func (p *prober) period(baseline time.Duration, o *Options) time.Duration {
+	round := p.round
+	if round <= 0 {
+		round = time.Duration(o.Multiple * float64(baseline))
+	}
+	d := max(uint64(float64(o.ProbeEvery)*float64(round)), 2)
 	return time.Duration(min(uint64(1)<<bits.Len64(d-1), uint64(probeAge)))
+}
+
+// roundTook counts how long a round took: an average weighing the last
+// round an eighth.
+func (p *prober) roundTook(d time.Duration) {
+	if p.round <= 0 {
+		p.round = d
+		return
+	}
+	p.round += (d - p.round) / 8
 }
 
 // spread is how far from its window's start a probe may begin.
@@ -159,7 +176,7 @@ func spread(per time.Duration) time.Duration {
 // at the start of a later window, ± spread at random, and at least half a
 // period from now.
 func (p *prober) schedule(now time.Time, baseline time.Duration, o *Options) {
-	per := period(baseline, o)
+	per := p.period(baseline, o)
 	j := int64(spread(per))
 	offset := time.Duration(int64(p.rng.Uint64()%uint64(2*j+1)) - j)
 	window := time.Unix(0, (now.UnixNano()/int64(per)+1)*int64(per))
@@ -203,7 +220,7 @@ func (p *prober) begin(now time.Time, held int, judge time.Duration, o *Options)
 	}
 	// A probe that meets a queue holds on until the last probes of its
 	// window have begun, and as long again.
-	per := period(judge, o)
+	per := p.period(judge, o)
 	p.wait = now.Add(2 * spread(per))
 	if !p.window.IsZero() && now.Sub(p.window) < per {
 		p.wait = p.window.Add(2 * spread(per))
@@ -256,8 +273,13 @@ func (p *prober) sample(now time.Time, latency time.Duration, o *Options) (end b
 	}
 	drained := float64(level) <= drainedWithin*float64(p.judge)
 	improving := p.batches > 1 && float64(level) < improvement*float64(p.prev)
-	waited := !now.Before(p.wait)
-	if waited || !p.first && drained && !improving {
+	if !drained && !p.first {
+		// A queue at half the limit or less, ours or others': the batch
+		// counts as a round that shows one.
+		p.held = o.decrease(p.held)
+	}
+	switch {
+	case !now.Before(p.wait), !p.first && drained && !improving:
 		if drained && p.deep {
 			// It had to go deeper than its first limit to find the
 			// dependency without a queue: it restores at most the limit
@@ -265,18 +287,14 @@ func (p *prober) sample(now time.Time, latency time.Duration, o *Options) (end b
 			p.held = min(p.held, max(int(float64(p.low)/o.ProbeFactor), o.Minimum))
 		}
 		return true, p.low
-	}
-	if !drained && !p.first {
-		// A queue at half the limit or less, ours or others': the batch
-		// counts as a round that shows one. One that even the fastest
-		// call waited for, as a round judges a queue, says that the limit
-		// is falling, not the baseline: the probe ends and rounds go on.
-		// Otherwise it goes deeper, and measures afresh from now, when
-		// more of the dependency's callers may be probing.
-		p.held = o.decrease(p.held)
-		if float64(p.fastest) > o.Multiple*float64(p.judge) {
-			return true, p.low
-		}
+	case !drained && !p.first && float64(p.fastest) > o.Multiple*float64(p.judge):
+		// Even the fastest call waited, as a round judges a queue: the
+		// limit is falling, not the baseline. The probe ends, and rounds
+		// go on.
+		return true, p.low
+	case !drained && !p.first:
+		// Deeper, measuring afresh from now, when more of the
+		// dependency's callers may be probing.
 		p.deep = true
 		p.prev = level
 		p.newBatch(now, min(o.probeLimit(p.low), p.held))

@@ -76,10 +76,10 @@ const ms = time.Millisecond
 // the tables below know where windows fall.
 var w0 = time.Unix(0, 1<<34*100)
 
-// period is the one the package computes for ProbeEvery × Multiple ×
-// baseline: rounded up to a power of two.
-func period(rounds int, multiple float64, baseline time.Duration) time.Duration {
-	d := uint64(float64(rounds) * multiple * float64(baseline))
+// period is the one the package computes for ProbeEvery rounds of round:
+// rounded up to a power of two.
+func period(rounds int, round time.Duration) time.Duration {
+	d := uint64(rounds) * uint64(round)
 	return time.Duration(uint64(1) << bits.Len64(d-1))
 }
 
@@ -96,9 +96,10 @@ func TestFirstProbe(t *testing.T) {
 	// drain unmeasured.
 	p.calls(20, 15*ms, 1)
 	// It measures 200 calls admitted since it began, and holds on until
-	// the window's last probes have begun: 2 × 15% of its period
-	// (10 × 2 × 15ms = 300ms → 2^29ns ≈ 537ms) from its start, ≈ 161ms.
-	hold := time.Duration(0.3 * float64(period(10, 2, 15*ms)))
+	// the window's last probes have begun: 2 × 15% of its period from its
+	// start. Before any round was timed, a round counts as Multiple ×
+	// baseline: 10 × 2 × 15ms = 300ms → 2^29ns ≈ 537ms, and ≈ 161ms.
+	hold := time.Duration(0.3 * float64(period(10, 2*15*ms)))
 	p.now = p.now.Add(12 * ms)
 	p.calls(199, 12*ms, 1)
 	p.now = p.now.Add(hold)
@@ -247,15 +248,16 @@ func TestProbe(t *testing.T) {
 }
 
 // Probes begin around the starts of windows, at the multiples of a power
-// of two period since the Unix epoch, ± 15% of it at random, at least half
-// a period apart; the draw is the seed's.
+// of two period (ProbeEvery rounds, as long as rounds take) since the Unix
+// epoch, ± 15% of it at random, at least half a period apart; the draw is
+// the seed's.
 func TestProbeWindows(t *testing.T) {
 	run := func(seed uint64) []time.Time {
 		p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: seed, Minimum: 1, Maximum: 64, Initial: 40})
 		p.run(20*time.Second, 10*ms)
 		return p.begins
 	}
-	per := period(10, 2, 10*ms)
+	per := period(10, 10*ms) // rounds of 10ms
 	spread := time.Duration(0.15 * float64(per))
 	begins := run(1)
 	if len(begins) < 40 {
@@ -292,7 +294,7 @@ func TestProbeWindows(t *testing.T) {
 func TestNoProbeAfterDecrease(t *testing.T) {
 	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
 	// Every round shows a queue (25ms > 2 × 10ms) for longer than periods.
-	p.run(3*period(10, 2, 10*ms), 25*ms)
+	p.run(3*period(10, 25*ms), 25*ms)
 	if len(p.begins) != 0 {
 		t.Fatalf("probes began at %v while every round decreased", p.begins)
 	}
