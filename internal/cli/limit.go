@@ -113,8 +113,8 @@ func printLimit(w io.Writer, l control.Limit) {
 	fmt.Fprintf(w, "destinations: %s\n", strings.Join(l.Destinations, ", "))
 	fmt.Fprintf(w, "limit: %d  live: %d  in flight: %d\n", l.Limit, l.Live, l.InFlight)
 	fmt.Fprintf(w, "admitted: %d  refused: %d  shadow refused: %d\n", l.Admitted, l.Refused, l.ShadowRefused)
-	if l.BaselineSeconds > 0 {
-		fmt.Fprintf(w, "baseline: %s\n", seconds(l.BaselineSeconds))
+	if l.Shape == "adaptive" {
+		printLoop(w, l, time.Now())
 	}
 	if s := l.Shared; s != nil {
 		state := "reachable"
@@ -146,6 +146,43 @@ func printLimit(w io.Writer, l control.Limit) {
 			}
 		}
 	}
+}
+
+// printLoop says what an adaptive rule's loop is doing: its baseline and
+// where it came from, and its drain probes.
+func printLoop(w io.Writer, l control.Limit, now time.Time) {
+	switch {
+	case l.BaselineSeconds > 0:
+		fmt.Fprintf(w, "baseline: %s (%s)\n", seconds(l.BaselineSeconds), baselineFrom(l.BaselineSource))
+	default:
+		fmt.Fprintln(w, "baseline: none yet (the limit holds until there is one)")
+	}
+	switch {
+	case l.Probing:
+		fmt.Fprintf(w, "probe: running, the limit held at %d; it restores %d\n", l.Limit, l.SettledLimit)
+	case l.BaselineSource == "window" && l.Probes == 0 && l.NextProbe.IsZero():
+		fmt.Fprintln(w, "probes: none (probeEvery 0: the reference loop)")
+	case l.Probes > 0:
+		fmt.Fprintf(w, "probes: %d, the last ended %s ago; the next is due in %s\n",
+			l.Probes, ago(now, l.LastProbe), ago(l.NextProbe, now))
+	}
+}
+
+func baselineFrom(source string) string {
+	switch source {
+	case "probes":
+		return "learned in drain probes"
+	case "window":
+		return "10th percentile of the last five minutes"
+	case "fixed":
+		return "fixed"
+	}
+	return source
+}
+
+// ago is how long from then to now, to the millisecond, never negative.
+func ago(now, then time.Time) time.Duration {
+	return max(now.Sub(then), 0).Round(time.Millisecond)
 }
 
 func printLimits(w io.Writer, ls []control.Limit) {

@@ -84,8 +84,28 @@ func TestLimitSet(t *testing.T) {
 		name: "the adaptive options are checked together",
 		args: "--dest 10.0.0.1 --min 30 --samples fast",
 		errs: []string{
-			`rule x: --samples "fast" is not connect or request`,
 			"rule x: adaptive: Initial 20 (default) must lie between Minimum 30 and Maximum 200 (default)",
+			`rule x: adaptive.samples "fast" is not connect or request`,
+		},
+	}, {
+		name: "probe-every 0 is the reference loop",
+		args: "--dest 10.0.0.1 --probe-every 0 --samples connect",
+		want: "name: x\ndestination: 10.0.0.1\nadaptive: {probeEvery: 0, samples: connect}\n",
+	}, {
+		name: "the guards",
+		args: "--dest 10.0.0.1 --max-healthy 250ms --baseline 5ms",
+		want: "name: x\ndestination: 10.0.0.1\nadaptive: {maxHealthy: 250ms, baseline: 5ms}\n",
+	}, {
+		name: "a fixed baseline has no probes to tune",
+		args: "--dest 10.0.0.1 --baseline 5ms --probe-every 10",
+		errs: []string{
+			"rule x: adaptive: ProbeEvery 10 with a fixed Baseline: probes learn a baseline, and this one is given",
+		},
+	}, {
+		name: "negative probe-every",
+		args: "--dest 10.0.0.1 --probe-every=-1",
+		errs: []string{
+			"rule x: --probe-every -1 must be at least 0 (0: no probes, the reference loop)",
 		},
 	}}
 	for _, tt := range tests {
@@ -113,6 +133,48 @@ func TestLimitSet(t *testing.T) {
 			// The daemon reads it as a policy file's rule.
 			if _, err := policy.Parse([]byte("rules:\n  - " + strings.ReplaceAll(strings.TrimSuffix(tt.want, "\n"), "\n", "\n    ") + "\n")); err != nil {
 				t.Errorf("the rule sent does not parse: %v", err)
+			}
+		})
+	}
+}
+
+// TestPrintLoop: limit get says where an adaptive rule's baseline comes
+// from, and whether a drain probe runs, when the last ended and when the
+// next is due.
+func TestPrintLoop(t *testing.T) {
+	now := time.Date(2026, time.January, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		l    control.Limit
+		want string
+	}{{
+		name: "probing",
+		l:    control.Limit{Limit: 31, SettledLimit: 62, Probing: true, BaselineSeconds: 0.0047, BaselineSource: "probes", Probes: 7},
+		want: "baseline: 4.7ms (learned in drain probes)\nprobe: running, the limit held at 31; it restores 62\n",
+	}, {
+		name: "between probes",
+		l: control.Limit{Limit: 62, SettledLimit: 62, BaselineSeconds: 0.0047, BaselineSource: "probes", Probes: 7,
+			LastProbe: now.Add(-1500 * time.Millisecond), NextProbe: now.Add(250 * time.Millisecond)},
+		want: "baseline: 4.7ms (learned in drain probes)\nprobes: 7, the last ended 1.5s ago; the next is due in 250ms\n",
+	}, {
+		name: "the reference loop",
+		l:    control.Limit{Limit: 200, SettledLimit: 200, BaselineSeconds: 0.02, BaselineSource: "window"},
+		want: "baseline: 20ms (10th percentile of the last five minutes)\nprobes: none (probeEvery 0: the reference loop)\n",
+	}, {
+		name: "before a baseline",
+		l:    control.Limit{Limit: 20, SettledLimit: 20},
+		want: "baseline: none yet (the limit holds until there is one)\n",
+	}, {
+		name: "fixed",
+		l:    control.Limit{Limit: 20, SettledLimit: 20, BaselineSeconds: 0.005, BaselineSource: "fixed"},
+		want: "baseline: 5ms (fixed)\n",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b bytes.Buffer
+			printLoop(&b, tt.l, now)
+			if b.String() != tt.want {
+				t.Errorf("printed:\n%s\nwant:\n%s", b.String(), tt.want)
 			}
 		})
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/policy"
 )
 
@@ -109,24 +109,33 @@ func ruleFlags() ruleFlagList {
 			func(b *ruleBuilder, flag string, v float64) {
 				limitOf[policy.Adaptive](b, "adaptive").DecreaseFactor = nonZero(b, flag, v)
 			}),
-		flagOf(&cli.IntFlag{Name: "probe-every", Usage: "with --adaptive: rounds between drain probes that relearn the baseline (default: no probes)"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "probe-every", Usage: "with --adaptive: the period of drain probes, in rounds (default 100); 0 for none, the reference loop"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
-				limitOf[policy.Adaptive](b, "adaptive").ProbeEvery = nonZero(b, flag, v)
+				a := limitOf[policy.Adaptive](b, "adaptive")
+				switch {
+				case v < 0:
+					b.problem("%s %d must be at least 0 (0: no probes, the reference loop)", flag, v)
+				case v == 0:
+					a.ProbeEvery = adaptive.NoProbes
+				default:
+					a.ProbeEvery = v
+				}
 			}),
-		flagOf(&cli.Float64Flag{Name: "probe-factor", Usage: "with --probe-every: the limit during a probe, as a fraction (default 0.5)"}, (*cli.Context).Float64,
+		flagOf(&cli.Float64Flag{Name: "probe-factor", Usage: "with --adaptive: the limit during a probe, as a fraction (default 0.5)"}, (*cli.Context).Float64,
 			func(b *ruleBuilder, flag string, v float64) {
 				limitOf[policy.Adaptive](b, "adaptive").ProbeFactor = nonZero(b, flag, v)
 			}),
-		flagOf(&cli.StringFlag{Name: "samples", Usage: "with --adaptive: connect (default) or request latency"}, (*cli.Context).String,
-			func(b *ruleBuilder, flag string, v string) {
-				a := limitOf[policy.Adaptive](b, "adaptive")
-				for _, k := range []loader.SampleKind{loader.SampleConnect, loader.SampleRequest} {
-					if v == k.String() {
-						a.Samples = k
-						return
-					}
-				}
-				b.problem("%s %q is not connect or request", flag, v)
+		flagOf(&cli.DurationFlag{Name: "max-healthy", Usage: "with --adaptive: a round whose fastest connection takes longer decreases the limit, whatever the baseline (default: none)"}, (*cli.Context).Duration,
+			func(b *ruleBuilder, flag string, v time.Duration) {
+				limitOf[policy.Adaptive](b, "adaptive").MaxHealthy = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.DurationFlag{Name: "baseline", Usage: "with --adaptive: a fixed baseline latency instead of a measured one, and no probes (default: measured)"}, (*cli.Context).Duration,
+			func(b *ruleBuilder, flag string, v time.Duration) {
+				limitOf[policy.Adaptive](b, "adaptive").Baseline = nonZero(b, flag, v)
+			}),
+		flagOf(&cli.StringFlag{Name: "samples", Usage: "with --adaptive: request (default) or connect latency"}, (*cli.Context).String,
+			func(b *ruleBuilder, _ string, v string) {
+				limitOf[policy.Adaptive](b, "adaptive").Samples = policy.Samples(v)
 			}),
 
 		flagOf(&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"}, (*cli.Context).Bool,
@@ -223,7 +232,7 @@ func limitOf[L policy.Limit](b *ruleBuilder, field string) *L {
 // nonZero refuses 0 for a field whose zero means its default, as a policy
 // file does: a flag given as 0 is a mistake more often than a way of
 // asking for the default.
-func nonZero[T int | float64](b *ruleBuilder, flag string, v T) T {
+func nonZero[T int | float64 | time.Duration](b *ruleBuilder, flag string, v T) T {
 	if v == 0 {
 		b.problem("%s 0 is not allowed; leave it out for the default", flag)
 	}

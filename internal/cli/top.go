@@ -82,13 +82,19 @@ func topRows(ls []control.Limit, prev map[string]control.Limit, elapsed time.Dur
 func printTop(w io.Writer, rows []topRow, now time.Time) {
 	fmt.Fprintf(w, "egressd top — %s\n\n", now.Format(time.TimeOnly))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "NAME\tSHAPE\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED/S\tREFUSED/S\tBASELINE\t")
+	fmt.Fprintln(tw, "NAME\tSHAPE\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED/S\tREFUSED/S\tBASELINE\tPROBE\t")
 	for _, r := range rows {
-		baseline := "-"
+		baseline, probe := "-", "-"
 		if r.BaselineSeconds > 0 {
-			baseline = seconds(r.BaselineSeconds)
+			baseline = seconds(r.BaselineSeconds) + " " + r.BaselineSource
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t\n", r.Name, r.Shape, r.Limit.Limit, r.Live, r.InFlight, r.AdmittedPerSecond, r.RefusedPerSecond, baseline)
+		switch {
+		case r.Probing:
+			probe = fmt.Sprintf("probing, restores %d", r.SettledLimit)
+		case r.Probes > 0:
+			probe = fmt.Sprintf("%d, last %s ago", r.Probes, ago(now, r.LastProbe).Round(100*time.Millisecond))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t%s\t\n", r.Name, r.Shape, r.Limit.Limit, r.Live, r.InFlight, r.AdmittedPerSecond, r.RefusedPerSecond, baseline, probe)
 	}
 	tw.Flush()
 }

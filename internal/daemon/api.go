@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
@@ -145,11 +146,14 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 	l.Admitted, l.Refused, l.ShadowRefused = st.Admitted, st.Refused, st.ShadowRefused
 	l.SettledLimit = l.Limit
 	if e.ctrl != nil {
-		if b, ok := e.ctrl.Baseline(); ok {
-			l.BaselineSeconds = b.Seconds()
+		st := e.ctrl.State()
+		l.BaselineSeconds, l.Probes = st.Baseline.Seconds(), st.Probes
+		if st.Source != adaptive.NoSource {
+			l.BaselineSource = st.Source.String()
 		}
-		if restore, ok := e.ctrl.Probing(); ok {
-			l.Probing, l.SettledLimit = true, uint32(restore)
+		l.LastProbe, l.NextProbe = st.LastProbe, st.NextProbe
+		if st.Probing {
+			l.Probing, l.SettledLimit = true, uint32(st.Settled)
 		}
 	}
 	return l, nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/loader"
 )
 
@@ -25,6 +26,7 @@ type metrics struct {
 	connectLatency, requestLatency                         *prometheus.Desc
 	lost, driftDesc, reloads, buildInfo, rules             *prometheus.Desc
 	shares                                                 shareDescs
+	probing, settled, probes                               *prometheus.Desc
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -37,7 +39,10 @@ func newMetrics(d *Daemon) *metrics {
 		inFlight:       prometheus.NewDesc("egressd_in_flight_requests", "Requests sent and not yet answered on the rule's connections (rules that track requests).", rule, nil),
 		connectFailed:  prometheus.NewDesc("egressd_connect_failures_total", "Admitted connections that ended before reaching ESTABLISHED.", rule, nil),
 		limit:          prometheus.NewDesc("egressd_limit", "The limit in force: live connections, permits per second or permits per window; an adaptive rule's current limit.", rule, nil),
-		baseline:       prometheus.NewDesc("egressd_baseline_latency_seconds", "An adaptive rule's baseline latency: the 10th percentile of the last five minutes of calls, or of its last drain probes when it probes.", rule, nil),
+		baseline:       prometheus.NewDesc("egressd_baseline_latency_seconds", "An adaptive rule's baseline latency: the 10th percentile of the calls of its drain probes, or with probeEvery 0 (and before the first probe) of the last five minutes of calls.", rule, nil),
+		probing:        prometheus.NewDesc("egressd_adaptive_probing", "1 while a drain probe holds an adaptive rule's limit down, 0 otherwise.", rule, nil),
+		settled:        prometheus.NewDesc("egressd_adaptive_settled_limit", "The limit an adaptive rule's loop settled on: egressd_limit outside drain probes, and during one the limit it restores.", rule, nil),
+		probes:         prometheus.NewDesc("egressd_adaptive_probes_total", "Drain probes an adaptive rule's loop ended.", rule, nil),
 		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from connect() to ESTABLISHED.", rule, nil),
 		requestLatency: prometheus.NewDesc("egressd_request_latency_seconds", "Time from a request's first outbound payload to the next inbound payload.", rule, nil),
 		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events the kernel dropped because a ring buffer was full, by kind.", []string{"kind"}, nil),
@@ -77,7 +82,8 @@ func (m *metrics) recount() {
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.buildInfo, m.rules} {
+	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.buildInfo, m.rules,
+		m.probing, m.settled, m.probes} {
 		ch <- d
 	}
 	m.shares.describe(ch)
@@ -94,7 +100,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 
 	m.d.mu.Lock()
 	installed, pending := 0, 0
-	baselines := map[string]float64{}
+	loops := map[string]*adaptive.Controller{}
 	shares := map[string]shareView{}
 	entries := maps.Clone(m.d.entries)
 	for name, e := range m.d.entries {
@@ -107,16 +113,26 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		installed++
 		if e.ctrl != nil {
-			if b, ok := e.ctrl.Baseline(); ok {
-				baselines[name] = b.Seconds()
-			}
+			loops[name] = e.ctrl
 		}
 	}
 	m.d.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(installed), "installed")
 	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(pending), "pending")
-	for name, b := range baselines {
-		ch <- prometheus.MustNewConstMetric(m.baseline, prometheus.GaugeValue, b, name)
+	// Outside the daemon's lock: State takes the loop's, which OnChange
+	// holds while it takes the daemon's.
+	for name, c := range loops {
+		st := c.State()
+		if st.Baseline > 0 {
+			ch <- prometheus.MustNewConstMetric(m.baseline, prometheus.GaugeValue, st.Baseline.Seconds(), name)
+		}
+		probing := 0.0
+		if st.Probing {
+			probing = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.probing, prometheus.GaugeValue, probing, name)
+		ch <- prometheus.MustNewConstMetric(m.settled, prometheus.GaugeValue, float64(st.Settled), name)
+		ch <- prometheus.MustNewConstMetric(m.probes, prometheus.CounterValue, float64(st.Probes), name)
 	}
 	for name, v := range shares {
 		m.shares.collect(ch, name, v)

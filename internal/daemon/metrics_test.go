@@ -128,6 +128,9 @@ func TestMetricsLint(t *testing.T) {
 		names = append(names, f.GetName())
 	}
 	want := []string{
+		"egressd_adaptive_probes_total",
+		"egressd_adaptive_probing",
+		"egressd_adaptive_settled_limit",
 		"egressd_baseline_latency_seconds",
 		"egressd_build_info",
 		"egressd_connect_failures_total",

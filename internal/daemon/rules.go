@@ -479,7 +479,14 @@ func (d *Daemon) pushLimit(name string, limit int) {
 		return
 	}
 	e.kernel = r
-	d.log.Debug("adaptive limit", "rule", name, "limit", limit)
+	// Settled is the limit outside probes: during one, the one it restores.
+	settled := limit
+	if e.ctrl != nil {
+		if restore, ok := e.ctrl.Probing(); ok {
+			settled = restore
+		}
+	}
+	d.log.Debug("adaptive limit", "rule", name, "limit", limit, "settled", settled)
 }
 
 // setRule sets a rule at run time and persists it.

@@ -86,12 +86,20 @@ type Limit struct {
 	Refused       uint64 `json:"refused"`
 	ShadowRefused uint64 `json:"shadowRefused"`
 	// BaselineSeconds is an adaptive rule's idea of a fast call; 0 before
-	// it has one.
+	// it has one. BaselineSource says where it comes from: "probes" (drain
+	// probes), "window" (the 10th percentile of the last five minutes, with
+	// probeEvery 0 and before the first probe) or "fixed".
 	BaselineSeconds float64 `json:"baselineSeconds,omitempty"`
-	// Probing says an adaptive rule with drain probes is in one: Limit is
-	// lowered for it, and SettledLimit is where it goes back to.
-	Probing      bool   `json:"probing,omitempty"`
-	SettledLimit uint32 `json:"settledLimit,omitempty"`
+	BaselineSource  string  `json:"baselineSource,omitempty"`
+	// Probing says an adaptive rule is in a drain probe: Limit is lowered
+	// for it, and SettledLimit is where it goes back to. LastProbe is when
+	// the last probe ended, NextProbe when the next is due, Probes how many
+	// have ended.
+	Probing      bool      `json:"probing,omitempty"`
+	SettledLimit uint32    `json:"settledLimit,omitempty"`
+	LastProbe    time.Time `json:"lastProbe,omitzero"`
+	NextProbe    time.Time `json:"nextProbe,omitzero"`
+	Probes       uint64    `json:"probes,omitempty"`
 	// Shared is this host's part of a shared budget, for a shared rule.
 	Shared *Share `json:"shared,omitempty"`
 }

@@ -239,8 +239,10 @@ func (c checker) check(r Rule) {
 		if l.Maximum > math.MaxUint32 {
 			c.add("adaptive.maximum", "adaptive.maximum %d is above %d, the kernel's largest", l.Maximum, uint32(math.MaxUint32))
 		}
-		if l.Samples != loader.SampleConnect && l.Samples != loader.SampleRequest {
-			c.add("adaptive.samples", "adaptive.samples must be connect or request")
+		switch l.Samples {
+		case "", SamplesConnect, SamplesRequest:
+		default:
+			c.add("adaptive.samples", "adaptive.samples %q is not connect or request", string(l.Samples))
 		}
 	}
 	if r.IsShared() {

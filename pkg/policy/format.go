@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/adaptive"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -80,14 +80,16 @@ type (
 		Segments int           `yaml:"segments,omitempty"`
 	}
 	adaptiveYAML struct {
-		Minimum        int     `yaml:"minimum,omitempty"`
-		Maximum        int     `yaml:"maximum,omitempty"`
-		Initial        int     `yaml:"initial,omitempty"`
-		Multiple       float64 `yaml:"multiple,omitempty"`
-		DecreaseFactor float64 `yaml:"decreaseFactor,omitempty"`
-		ProbeEvery     int     `yaml:"probeEvery,omitempty"`
-		ProbeFactor    float64 `yaml:"probeFactor,omitempty"`
-		Samples        string  `yaml:"samples,omitempty"`
+		Minimum        int           `yaml:"minimum,omitempty"`
+		Maximum        int           `yaml:"maximum,omitempty"`
+		Initial        int           `yaml:"initial,omitempty"`
+		Multiple       float64       `yaml:"multiple,omitempty"`
+		DecreaseFactor float64       `yaml:"decreaseFactor,omitempty"`
+		ProbeEvery     *int          `yaml:"probeEvery,omitempty"`
+		ProbeFactor    float64       `yaml:"probeFactor,omitempty"`
+		MaxHealthy     time.Duration `yaml:"maxHealthy,omitempty"`
+		Baseline       time.Duration `yaml:"baseline,omitempty"`
+		Samples        string        `yaml:"samples,omitempty"`
 	}
 )
 
@@ -119,11 +121,16 @@ func formatRule(r Rule) ruleYAML {
 			Initial:        l.Initial,
 			Multiple:       l.Multiple,
 			DecreaseFactor: l.DecreaseFactor,
-			ProbeEvery:     l.ProbeEvery,
 			ProbeFactor:    l.ProbeFactor,
+			MaxHealthy:     l.MaxHealthy,
+			Baseline:       l.Baseline,
+			Samples:        string(l.Samples),
 		}
-		if l.Samples != loader.SampleConnect {
-			y.Adaptive.Samples = l.Samples.String()
+		switch {
+		case l.ProbeEvery == adaptive.NoProbes:
+			y.Adaptive.ProbeEvery = new(int) // the file's spelling of NoProbes
+		case l.ProbeEvery != 0:
+			y.Adaptive.ProbeEvery = &l.ProbeEvery
 		}
 	}
 	return y

@@ -10,7 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/egressd/egressd/internal/docstest"
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/adaptive"
 )
 
 func TestFormat(t *testing.T) {
@@ -54,8 +54,9 @@ func everyField(t *testing.T) []Rule {
 		{Name: "a", Destination: mustDest(t, "10.0.0.0/8"), Port: 1, Scope: Scope{Unit: "a@1.service"}, Limit: Concurrency(1), Shadow: true, Errno: "EAGAIN"},
 		{Name: "b", Destination: mustDest(t, "db.internal."), Scope: Scope{Cgroup: "/x.slice/y"}, Limit: PerSecond{Permits: 3, Burst: 4}},
 		{Name: "c", Destination: mustDest(t, "::1"), Limit: PerWindow{Permits: 9, Window: 1500 * time.Microsecond, Segments: 1}},
-		{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, ProbeEvery: 50, ProbeFactor: 0.4, Samples: loader.SampleRequest}},
-		{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2}},
+		{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, ProbeEvery: 50, ProbeFactor: 0.4, MaxHealthy: 300 * time.Millisecond, Samples: SamplesRequest}},
+		{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2, ProbeEvery: adaptive.NoProbes, Samples: SamplesConnect}},
+		{Name: "h", Destination: mustDest(t, "10.9.0.3"), Limit: Adaptive{Baseline: 4 * time.Millisecond, MaxHealthy: 40 * time.Millisecond}},
 		{Name: "f", Destination: mustDest(t, "10.9.0.1"), Limit: PerWindow{Permits: 9, Window: time.Second}, Shared: Shared{Redis: "redis://r:6379", Key: "k:{f}", FailureMode: FailureAllow}},
 		{Name: "g", Destination: mustDest(t, "10.9.0.2"), Limit: Concurrency(5), Shared: Shared{Redis: "redis+sentinel://s:26379?master_name=m", Key: "g",
 			Durability: DurabilityPersistent, Lease: 45 * time.Second, Replicas: 2}},

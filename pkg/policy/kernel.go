@@ -97,5 +97,5 @@ func (a Adaptive) kernel(r *loader.Rule) {
 	r.Shape = loader.ShapeConcurrency
 	r.Limit = uint32(cmp.Or(a.Initial, adaptive.DefaultInitial))
 	r.Samples = true
-	r.Requests = a.Samples == loader.SampleRequest
+	r.Requests = a.Samples.kind() == loader.SampleRequest
 }

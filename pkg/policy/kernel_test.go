@@ -36,14 +36,19 @@ func TestLoaderRuleShapes(t *testing.T) {
 			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapePerWindow, Limit: 1000, Window: time.Minute, Errno: syscall.ECONNREFUSED},
 		},
 		{
-			name: "adaptive starts at its default initial limit",
+			name: "adaptive starts at its default initial limit, on request latency by default",
 			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: Adaptive{}},
-			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapeConcurrency, Limit: 20, Samples: true},
+			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapeConcurrency, Limit: 20, Samples: true, Requests: true},
 		},
 		{
 			name: "adaptive on request latency tracks requests",
-			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: Adaptive{Initial: 7, Samples: loader.SampleRequest}},
+			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: Adaptive{Initial: 7, Samples: SamplesRequest}},
 			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapeConcurrency, Limit: 7, Samples: true, Requests: true},
+		},
+		{
+			name: "adaptive on connect latency does not",
+			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: Adaptive{Samples: SamplesConnect}},
+			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapeConcurrency, Limit: 20, Samples: true},
 		},
 	}
 	for _, tt := range tests {

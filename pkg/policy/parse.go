@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/adaptive"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -231,7 +231,7 @@ func (f fields) limit(key string, v *yaml.Node) Limit {
 		}
 	case "adaptive":
 		var l Adaptive
-		keys := []string{"minimum", "maximum", "initial", "multiple", "decreaseFactor", "probeEvery", "probeFactor", "samples"}
+		keys := []string{"minimum", "maximum", "initial", "multiple", "decreaseFactor", "probeEvery", "probeFactor", "maxHealthy", "baseline", "samples"}
 		if f.mapping(v, key+".", "adaptive", keys, func(k string, _, v *yaml.Node) {
 			path := key + "." + k
 			ok := true
@@ -247,9 +247,13 @@ func (f fields) limit(key string, v *yaml.Node) Limit {
 			case "decreaseFactor":
 				l.DecreaseFactor, ok = f.defaultedNumber(path, v)
 			case "probeEvery":
-				l.ProbeEvery, ok = f.defaulted(path, v)
+				l.ProbeEvery, ok = f.probeEvery(path, v)
 			case "probeFactor":
 				l.ProbeFactor, ok = f.defaultedNumber(path, v)
+			case "maxHealthy":
+				l.MaxHealthy, ok = f.defaultedDuration(path, v)
+			case "baseline":
+				l.Baseline, ok = f.defaultedDuration(path, v)
 			case "samples":
 				l.Samples, _ = f.samples(path, v)
 			}
@@ -446,16 +450,47 @@ func (f fields) duration(path string, v *yaml.Node) (time.Duration, bool) {
 	return d, true
 }
 
-func (f fields) samples(path string, v *yaml.Node) (loader.SampleKind, bool) {
+func (f fields) samples(path string, v *yaml.Node) (Samples, bool) {
 	s, ok := f.str(path, v)
 	if !ok {
-		return 0, false
+		return "", false
 	}
-	for _, k := range []loader.SampleKind{loader.SampleConnect, loader.SampleRequest} {
-		if s == k.String() {
-			return k, true
-		}
+	if k := Samples(s); k == SamplesConnect || k == SamplesRequest {
+		return k, true
 	}
 	f.problem(v, path, "%s must be connect or request", path)
-	return 0, false
+	return "", false
+}
+
+// probeEvery reads adaptive.probeEvery, whose 0 is not the default but the
+// reference loop: adaptive.NoProbes.
+func (f fields) probeEvery(path string, v *yaml.Node) (int, bool) {
+	x, ok := f.integer(path, v)
+	switch {
+	case !ok:
+		return 0, false
+	case x < 0:
+		f.problem(v, path, "%s %d must be at least 0 (0: no probes, the reference loop)", path, x)
+		return 0, false
+	case x == 0:
+		return adaptive.NoProbes, true
+	}
+	return x, true
+}
+
+// defaultedDuration reads a duration whose zero means "the default" in a
+// Rule.
+func (f fields) defaultedDuration(path string, v *yaml.Node) (time.Duration, bool) {
+	d, ok := f.duration(path, v)
+	switch {
+	case !ok:
+		return 0, false
+	case d == 0:
+		f.problem(v, path, "%s 0 is not allowed; leave it out for none", path)
+		return 0, false
+	case d < 0:
+		f.problem(v, path, "%s %v must be positive", path, d)
+		return 0, false
+	}
+	return d, true
 }

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/egressd/egressd/pkg/loader"
 )
 
 func mustDest(t testing.TB, s string) Destination {
@@ -105,7 +103,7 @@ func TestParseGood(t *testing.T) {
 				Destination: mustDest(t, "api.example.com."),
 				Port:        8443,
 				Scope:       Scope{Cgroup: "/system.slice/docker-abc.scope"},
-				Limit:       Adaptive{Minimum: 2, Maximum: 64, Initial: 8, Multiple: 1.5, DecreaseFactor: 0.75, Samples: loader.SampleRequest},
+				Limit:       Adaptive{Minimum: 2, Maximum: 64, Initial: 8, Multiple: 1.5, DecreaseFactor: 0.75, Samples: SamplesRequest},
 				Errno:       "ECONNREFUSED",
 			}},
 		},
@@ -457,7 +455,7 @@ func TestParseBad(t *testing.T) {
 				// against its default.
 				{Line: 5, Column: 58, Rule: "d", Msg: "adaptive.maximum must be a whole number"},
 				{Line: 6, Column: 58, Rule: "e", Msg: "adaptive.samples must be connect or request"},
-				{Line: 7, Column: 48, Rule: "f", Msg: "adaptive must be a mapping of minimum, maximum, initial, multiple, decreaseFactor, probeEvery, probeFactor, samples"},
+				{Line: 7, Column: 48, Rule: "f", Msg: "adaptive must be a mapping of minimum, maximum, initial, multiple, decreaseFactor, probeEvery, probeFactor, maxHealthy, baseline, samples"},
 				{Line: 8, Column: 59, Rule: "g", Msg: "adaptive.multiple must be a number"},
 				{Line: 8, Column: 81, Rule: "g", Msg: "adaptive.decreaseFactor must be a number"},
 				{Line: 8, Column: 101, Rule: "g", Msg: "adaptive.samples must be a string"},

@@ -151,18 +151,44 @@ type Adaptive struct {
 	Initial        int
 	Multiple       float64
 	DecreaseFactor float64
-	// ProbeEvery turns on drain probes (package adaptive): every
-	// ProbeEvery rounds the limit drops to ProbeFactor of itself for one
-	// probe, and the baseline is learned from the calls admitted then. Off
-	// (0) is the specified loop, whose baseline learns a standing queue
-	// under sustained overload.
+	// ProbeEvery is the period of drain probes in rounds (0: adaptive's
+	// default, 100), or adaptive.NoProbes for none, which a policy file
+	// writes as probeEvery: 0: the reference loop, whose baseline learns
+	// a standing queue under sustained overload.
 	ProbeEvery  int
 	ProbeFactor float64
-	// Samples is the latency the daemon judges by: connection setup (the
-	// default, cheap, and all a non-request protocol has) or request
-	// latency, which tracks every packet of the rule's connections but
-	// sees a dependency queueing behind open connections.
-	Samples loader.SampleKind
+	// MaxHealthy, if set, decreases the limit after any round whose
+	// fastest connection took longer; Baseline, if set, is a fixed
+	// baseline instead of a measured one.
+	MaxHealthy time.Duration
+	Baseline   time.Duration
+	// Samples is the latency the daemon judges by.
+	Samples Samples
+}
+
+// Samples is the latency an adaptive rule is judged by. The zero Samples is
+// the default, SamplesRequest.
+type Samples string
+
+const (
+	// SamplesConnect is connection setup: connect() to ESTABLISHED. It is
+	// all a protocol that is not request and response offers, but the
+	// dependency's kernel completes the handshake whether or not the
+	// application behind it queues.
+	SamplesConnect Samples = "connect"
+	// SamplesRequest is request latency: a request's first outbound
+	// payload to the next inbound payload. It sees the dependency queue,
+	// at the cost of programs that run for every packet while any rule
+	// uses it.
+	SamplesRequest Samples = "request"
+)
+
+// kind is the kernel's sample kind for s.
+func (s Samples) kind() loader.SampleKind {
+	if s == SamplesConnect {
+		return loader.SampleConnect
+	}
+	return loader.SampleRequest
 }
 
 // Options returns the controller options for a, with zero fields left for
@@ -176,6 +202,8 @@ func (a Adaptive) Options() adaptive.Options {
 		DecreaseFactor: a.DecreaseFactor,
 		ProbeEvery:     a.ProbeEvery,
 		ProbeFactor:    a.ProbeFactor,
+		MaxHealthy:     a.MaxHealthy,
+		Baseline:       a.Baseline,
 	}
 }
 

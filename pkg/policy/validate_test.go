@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/egressd/egressd/pkg/loader"
 )
 
 // TestValidate covers rules built in code, as the CLI builds them: the same
@@ -40,13 +38,13 @@ func TestValidate(t *testing.T) {
 		{
 			name: "what only code can get wrong",
 			rules: []Rule{
-				{Name: "a", Destination: mustDest(t, "10.0.0.1"), Limit: Adaptive{Samples: 7}},
+				{Name: "a", Destination: mustDest(t, "10.0.0.1"), Limit: Adaptive{Samples: "packets"}},
 				{Name: "b", Destination: mustDest(t, "10.0.0.2"), Limit: PerWindow{Permits: 1, Window: time.Second, Segments: -1}},
 				{Name: "c", Destination: mustDest(t, "10.0.0.3"), Limit: Adaptive{Minimum: -1, Multiple: -2}},
 				{Name: "d\xff", Destination: mustDest(t, "10.0.0.4"), Limit: Concurrency(1)},
 			},
 			want: []Problem{
-				{Rule: "a", Msg: "adaptive.samples must be connect or request"},
+				{Rule: "a", Msg: `adaptive.samples "packets" is not connect or request`},
 				{Rule: "b", Msg: "perWindow.segments -1 is outside 1..32"},
 				{Rule: "c", Msg: "adaptive: Minimum -1 must be at least 1"},
 				{Rule: "c", Msg: "adaptive: Multiple -2 must be a finite number above 1"},
@@ -163,7 +161,7 @@ func TestScopeHostWide(t *testing.T) {
 // TestAdaptiveOptions checks that a rule hands its options to the
 // controller unchanged, zeros and all, so the controller's defaults apply.
 func TestAdaptiveOptions(t *testing.T) {
-	a := Adaptive{Minimum: 1, Maximum: 2, Initial: 0, Multiple: 3, DecreaseFactor: 0.5, Samples: loader.SampleRequest}
+	a := Adaptive{Minimum: 1, Maximum: 2, Initial: 0, Multiple: 3, DecreaseFactor: 0.5, Samples: SamplesRequest}
 	o := a.Options()
 	if o.Minimum != 1 || o.Maximum != 2 || o.Initial != 0 || o.Multiple != 3 || o.DecreaseFactor != 0.5 || o.OnChange != nil {
 		t.Errorf("Options() = %+v", o)
