@@ -31,9 +31,11 @@ type egressdController struct {
 	inflight int
 }
 
-// newEgressd returns pkg/adaptive with opts; nil is every default.
-func newEgressd(opts *adaptive.Options) Controller {
-	c, err := adaptive.New(opts)
+// newEgressd returns pkg/adaptive with opts, whose zero value is every
+// default, and a fixed ProbeSeed so that the run repeats.
+func newEgressd(opts adaptive.Options, seed uint64) Controller {
+	opts.ProbeSeed = seed
+	c, err := adaptive.New(&opts)
 	if err != nil {
 		panic(err)
 	}
@@ -124,13 +126,14 @@ func (f *failsafeController) Limit() int { return f.l.Limit() }
 // least concurrency that keeps them all busy.
 type oracleController struct {
 	sc       *Scenario
+	share    int // hosts the servers are split between
 	inflight int
 	now      time.Duration
 }
 
 func (o *oracleController) Acquire(now time.Duration) (any, bool) {
 	o.now = now
-	if o.inflight >= o.sc.serversAt(now) {
+	if o.inflight >= o.Limit() {
 		return nil, false
 	}
 	o.inflight++
@@ -142,7 +145,7 @@ func (o *oracleController) Done(now time.Duration, _ any, _ time.Duration, _ boo
 	o.inflight--
 }
 
-func (o *oracleController) Limit() int { return o.sc.serversAt(o.now) }
+func (o *oracleController) Limit() int { return max(o.sc.serversAt(o.now)/o.share, 1) }
 
 // noLimit is the other reference: every call goes through, and the
 // dependency's own queue is the only bound.

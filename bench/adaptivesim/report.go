@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
-	"math"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -20,7 +20,8 @@ const (
 	Peer       Kind = iota // a peer egressd is judged against
 	Diagnostic             // a variant of egressd's rule that explains its rows
 	Reference              // a bound to read the others against
-	Egressd                // pkg/adaptive itself, judged against the targets
+	Egressd                // pkg/adaptive with every default, judged against the targets
+	Specified              // pkg/adaptive with probeEvery 0: the reference loop, judged to show why it is not the default
 )
 
 // spec is one controller in the comparison.
@@ -29,71 +30,128 @@ type spec struct {
 	desc   string // for the plot
 	kind   Kind
 	bubble bool // reads the wall clock, so runs inside a synctest bubble
-	make   func(sc *Scenario) Controller
+	// make returns the controller of one host of sc.
+	make func(sc *Scenario, host int) Controller
 }
+
+// egressdSeed is the ProbeSeed of host h's controller: fixed, so that runs
+// repeat, and different per host, as random seeds would be.
+func egressdSeed(cfg Config, h int) uint64 { return cfg.Seed<<8 | uint64(h) + 1 }
 
 func specs(cfg Config) []spec {
 	return []spec{
-		{name: "egressd", desc: "pkg/adaptive, defaults", kind: Egressd, make: func(*Scenario) Controller { return newEgressd(nil) }},
-		{name: "egressd probe", desc: fmt.Sprintf("pkg/adaptive, opt-in ProbeEvery %d, ProbeFactor 0.5 (default); the dips are probes", cfg.ProbeEvery), kind: Egressd, make: func(*Scenario) Controller {
-			return newEgressd(&adaptive.Options{ProbeEvery: cfg.ProbeEvery})
-		}},
-		{name: "failsafe-go", desc: "adaptivelimiter, defaults", bubble: true, make: func(*Scenario) Controller { return newFailsafe() }},
-		{name: "gradient2", desc: "updated on every sample", make: func(*Scenario) Controller { return newGradient2(0) }},
-		{name: "gradient2/1s", desc: "updated on 1 s windows", make: func(*Scenario) Controller { return newGradient2(time.Second) }},
-		{name: "diag: pinned", desc: "egressd's rule, true no-queue baseline; not a peer", kind: Diagnostic, make: newPinned},
-		{name: "ref: oracle", kind: Reference, make: func(sc *Scenario) Controller { return &oracleController{sc: sc} }},
-		{name: "ref: no limit", kind: Reference, make: func(*Scenario) Controller { return noLimit{} }},
+		{name: "egressd", desc: "pkg/adaptive, every default (drain probes every 100 rounds ±15%); the dips are probes", kind: Egressd,
+			make: func(_ *Scenario, h int) Controller {
+				return newEgressd(adaptive.Options{ProbeEvery: cfg.ProbeEvery, Multiple: cfg.Multiple}, egressdSeed(cfg, h))
+			}},
+		{name: "egressd probeEvery 0", desc: "pkg/adaptive with probeEvery: 0, the reference loop", kind: Specified,
+			make: func(_ *Scenario, h int) Controller {
+				return newEgressd(adaptive.Options{ProbeEvery: adaptive.NoProbes}, egressdSeed(cfg, h))
+			}},
+		{name: "failsafe-go", desc: "adaptivelimiter, defaults", bubble: true, make: func(*Scenario, int) Controller { return newFailsafe() }},
+		{name: "gradient2", desc: "updated on every sample", make: func(*Scenario, int) Controller { return newGradient2(0) }},
+		{name: "gradient2/1s", desc: "updated on 1 s windows", make: func(*Scenario, int) Controller { return newGradient2(time.Second) }},
+		{name: "diag: pinned", desc: "egressd's rule, true no-queue baseline; not a peer", kind: Diagnostic, make: func(sc *Scenario, _ int) Controller { return newPinned(sc) }},
+		{name: "ref: oracle", kind: Reference, make: func(sc *Scenario, _ int) Controller { return &oracleController{sc: sc, share: 1} }},
+		{name: "ref: no limit", kind: Reference, make: func(*Scenario, int) Controller { return noLimit{} }},
 	}
+}
+
+// manySpecs are the controllers of the many-hosts runs: each host has its
+// own, and none knows of the others.
+func manySpecs(cfg Config) []spec {
+	var out []spec
+	for _, sp := range specs(cfg) {
+		switch sp.name {
+		case "ref: oracle":
+			sp.desc = "each host holds c / hosts"
+			sp.make = func(sc *Scenario, _ int) Controller { return &oracleController{sc: sc, share: sc.hosts()} }
+		case "gradient2", "diag: pinned", "ref: no limit":
+			continue
+		}
+		out = append(out, sp)
+	}
+	return out
 }
 
 // Config is what the command line can change.
 type Config struct {
 	Seed    uint64
-	Servers int
+	Servers []int // c of each pair of scenarios (open and closed)
 	Mean    time.Duration
 	Sigma   float64
 	Load    float64
-	Clients int // closed loop; 0 means 3 × Servers
+	Clients int // closed loop, per host; 0 means 3c / hosts
 	Phase   time.Duration
 
-	// ProbeEvery is the "egressd probe" row's Options.ProbeEvery.
+	// Hosts and ManyServers are the many-hosts runs: that many hosts, each
+	// with its own controller, share a dependency of ManyServers. No
+	// many-hosts runs when Hosts is 0.
+	Hosts       int
+	ManyServers int
+
+	// ProbeEvery and Multiple are the egressd row's Options.ProbeEvery and
+	// Options.Multiple; 0 is their default.
 	ProbeEvery int
+	Multiple   float64
 }
 
 // DefaultConfig is the run the README's table comes from.
 var DefaultConfig = Config{
-	Seed:    1,
-	Servers: 40,
-	Mean:    10 * time.Millisecond,
-	Sigma:   0.5,
-	Load:    1.5,
-	Phase:   60 * time.Second,
-	// See README.md for why 100.
-	ProbeEvery: 100,
+	Seed:        1,
+	Servers:     []int{10, 20, 40},
+	Mean:        10 * time.Millisecond,
+	Sigma:       0.5,
+	Load:        1.5,
+	Phase:       60 * time.Second,
+	Hosts:       10,
+	ManyServers: 40,
 }
 
-// Scenarios returns the open-loop and the closed-loop scenario of cfg.
-func (cfg Config) Scenarios() []*Scenario {
-	clients := cfg.Clients
-	if clients == 0 {
-		clients = 3 * cfg.Servers
-	}
-	base := Scenario{
-		Servers:  cfg.Servers,
+func (cfg Config) scenario(name string, servers, hosts int, open bool) *Scenario {
+	sc := &Scenario{
+		Name:     fmt.Sprintf("%s c=%d", name, servers),
+		Servers:  servers,
 		Mean:     cfg.Mean,
 		Sigma:    cfg.Sigma,
 		QueuePer: 10,
+		Hosts:    hosts,
 		Phase:    cfg.Phase,
 		Seed:     cfg.Seed,
 	}
-	open, closed := base, base
-	open.Name, open.Open, open.Load = "open", true, cfg.Load
-	closed.Name, closed.Clients, closed.Backoff = "closed", clients, cfg.Mean
-	return []*Scenario{&open, &closed}
+	if open {
+		sc.Open, sc.Load = true, cfg.Load
+		return sc
+	}
+	sc.Clients, sc.Backoff = cfg.Clients, cfg.Mean
+	if sc.Clients == 0 {
+		sc.Clients = max(3*servers/sc.hosts(), 1)
+	}
+	return sc
 }
 
-// Result is one row of the table.
+// Scenarios returns an open-loop and a closed-loop scenario per c.
+func (cfg Config) Scenarios() []*Scenario {
+	var out []*Scenario
+	for _, c := range cfg.Servers {
+		out = append(out, cfg.scenario("open", c, 1, true), cfg.scenario("closed", c, 1, false))
+	}
+	return out
+}
+
+// ManyScenarios returns the many-hosts scenarios, open and closed loop.
+func (cfg Config) ManyScenarios() []*Scenario {
+	if cfg.Hosts == 0 {
+		return nil
+	}
+	name := fmt.Sprintf("%d hosts", cfg.Hosts)
+	return []*Scenario{
+		cfg.scenario(name+" open", cfg.ManyServers, cfg.Hosts, true),
+		cfg.scenario(name+" closed", cfg.ManyServers, cfg.Hosts, false),
+	}
+}
+
+// Result is one row of a table.
 type Result struct {
 	Scenario   *Scenario
 	Controller string
@@ -105,16 +163,23 @@ type Result struct {
 	P50, P99     time.Duration
 	PhaseP99     [3]time.Duration
 
-	Settle, Follow, Recover Transit
-	Steady                  [3][2]int // min and max settled limit over the second half of each phase
-	SteadyInForce           [3][2]int // the same for the limit in force, probes included
+	Follow Transit // from the drop until the settled limit is at most 2.2 × c/2
+
+	// Median and P95 of the settled limit (with several hosts, the sum of
+	// theirs), weighted by time, over the second half of each phase;
+	// InForce is the least limit in force there, probes included.
+	Median, P95 [3]float64
+	InForce     [3]int
+
+	// Jain is Jain's fairness index of the hosts' completed calls over
+	// the second half of each phase; 1 for one host.
+	Jain [3]float64
 
 	Refused, Failed int
 	Trace           *Trace
 }
 
-// Transit is how long a limit took to enter the target band for the
-// current capacity and stay there until the phase ended.
+// Transit is how long the settled limit took to come down after the drop.
 type Transit struct {
 	OK     bool
 	Rounds float64
@@ -128,28 +193,27 @@ func (t Transit) String() string {
 	return fmt.Sprintf("%.0f r / %.2fs", t.Rounds, t.After.Seconds())
 }
 
-// band is the target range of limits for c servers: from 0.8c (the ±20%
-// tolerance under the least limit that keeps every server busy) to 2.2c (the
-// bound issue 4's end-to-end test sets, where queueing adds about 1.2 mean
-// service times to every call).
-func band(c int) (lo, hi float64) { return 0.8 * float64(c), 2.2 * float64(c) }
-
-// Run simulates every controller on every scenario of cfg. t hosts the
-// synctest bubbles of the controllers that read the wall clock.
-func Run(t *testing.T, cfg Config) []*Result {
-	var out []*Result
-	for _, sc := range cfg.Scenarios() {
-		for _, sp := range specs(cfg) {
-			var tr *Trace
-			if sp.bubble {
-				synctest.Test(t, func(*testing.T) { tr = Simulate(sc, sp.make(sc)) })
-			} else {
-				tr = Simulate(sc, sp.make(sc))
+// Run simulates every controller on every scenario of cfg, one host and
+// many. t hosts the synctest bubbles of the controllers that read the wall
+// clock.
+func Run(t *testing.T, cfg Config) (single, many []*Result) {
+	run := func(scs []*Scenario, sps []spec) []*Result {
+		var out []*Result
+		for _, sc := range scs {
+			for _, sp := range sps {
+				var tr *Trace
+				simulate := func() { tr = Simulate(sc, func(h int) Controller { return sp.make(sc, h) }) }
+				if sp.bubble {
+					synctest.Test(t, func(*testing.T) { simulate() })
+				} else {
+					simulate()
+				}
+				out = append(out, analyse(sc, sp, tr))
 			}
-			out = append(out, analyse(sc, sp, tr))
 		}
+		return out
 	}
-	return out
+	return run(cfg.Scenarios(), specs(cfg)), run(cfg.ManyScenarios(), manySpecs(cfg))
 }
 
 func analyse(sc *Scenario, sp spec, tr *Trace) *Result {
@@ -166,223 +230,265 @@ func analyse(sc *Scenario, sp spec, tr *Trace) *Result {
 			end = tr.LatAt[p+1]
 		}
 		r.PhaseP99[p] = percentile(sortedCopy(tr.Latencies[tr.LatAt[p]:end]), 0.99)
+		r.Jain[p] = jain(tr.Hosts, p)
 	}
 	r.Goodput = done / possible
 	all := sortedCopy(tr.Latencies)
 	r.P50, r.P99 = percentile(all, 0.5), percentile(all, 0.99)
-	if tr.Limit[0].limit != unlimited {
-		r.Settle, r.Follow, r.Recover = transit(sc, tr, 0), transit(sc, tr, 1), transit(sc, tr, 2)
+	if limited(r) {
+		r.Follow = follow(sc, &tr.Limit)
 		for p := range 3 {
-			r.Steady[p] = steady(sc, tr, p)
-			r.SteadyInForce[p] = steadyOf(sc, tr, p, func(pt point) int { return pt.limit })
+			from, to := time.Duration(p)*sc.Phase+sc.Phase/2, time.Duration(p+1)*sc.Phase
+			q := weighted(&tr.Limit, from, to, func(pt point) int { return pt.settled }, 0.5, 0.95)
+			r.Median[p], r.P95[p] = q[0], q[1]
+			r.InForce[p] = int(weighted(&tr.Limit, from, to, func(pt point) int { return pt.limit }, 0)[0])
 		}
 	}
 	return r
 }
 
-// phasePoints returns the limit points of phase p: the first is the limit
-// in force when the phase began, the last holds until it ends.
-func phasePoints(tr *Trace, p int) []point {
-	end := len(tr.Limit)
-	if p < 2 {
-		end = tr.PhaseAt[p+1]
-	}
-	return tr.Limit[tr.PhaseAt[p]:end]
-}
+func limited(r *Result) bool { return r.Trace.Limit.Points[0].limit != unlimited }
 
-// transit measures phase p from its start to the change that brought the
-// limit into band for the phase's capacity for the last time; never if the
-// phase ends out of band.
-func transit(sc *Scenario, tr *Trace, p int) Transit {
-	lo, hi := band(sc.serversAt(time.Duration(p) * sc.Phase))
-	pts := phasePoints(tr, p)
-	last := -1 // the last point out of band
-	for i, pt := range pts {
-		if l := float64(pt.settled); l < lo || l > hi {
-			last = i
+// follow measures from the drop to the first change that brought the
+// settled limit to at most 2.2 × c/2; never if none did before the
+// recovery.
+func follow(sc *Scenario, st *Steps) Transit {
+	top := 2.2 * float64(sc.serversAt(sc.Phase))
+	start := st.Points[st.PhaseAt[1]]
+	for _, pt := range st.Points[st.PhaseAt[1]:st.PhaseAt[2]] {
+		if float64(pt.settled) <= top {
+			return Transit{OK: true, Rounds: pt.rounds - start.rounds, After: pt.t - start.t}
 		}
 	}
-	switch last {
-	case len(pts) - 1:
-		return Transit{}
-	case -1:
-		return Transit{OK: true}
+	return Transit{}
+}
+
+// weighted returns the qs quantiles (0 for the least) of limit over
+// [from, to), each value weighted by how long it was in force.
+func weighted(st *Steps, from, to time.Duration, limit func(point) int, qs ...float64) []float64 {
+	type seg struct {
+		v int
+		d time.Duration
 	}
-	in := pts[last+1]
-	return Transit{OK: true, Rounds: in.rounds - pts[0].rounds, After: in.t - pts[0].t}
-}
-
-// steady returns the least and greatest settled limit during the second
-// half of phase p: the limit in force, but for a probe's.
-func steady(sc *Scenario, tr *Trace, p int) [2]int {
-	return steadyOf(sc, tr, p, func(pt point) int { return pt.settled })
-}
-
-// steadyOf returns the least and greatest of limit over the points in force
-// during the second half of phase p.
-func steadyOf(sc *Scenario, tr *Trace, p int, limit func(point) int) [2]int {
-	mid := time.Duration(p)*sc.Phase + sc.Phase/2
-	pts := phasePoints(tr, p)
-	lo, hi := math.MaxInt, math.MinInt
-	for i, pt := range pts {
-		if i+1 < len(pts) && pts[i+1].t <= mid {
-			continue // replaced before the second half began
+	var segs []seg
+	var total time.Duration
+	for i, pt := range st.Points {
+		end := to
+		if i+1 < len(st.Points) {
+			end = min(end, st.Points[i+1].t)
 		}
-		lo, hi = min(lo, limit(pt)), max(hi, limit(pt))
-	}
-	return [2]int{lo, hi}
-}
-
-// WriteTable prints the comparison, the definitions it rests on, and the
-// verdicts on egressd's targets.
-func WriteTable(w io.Writer, cfg Config, results []*Result) {
-	sc := results[0].Scenario
-	fmt.Fprintf(w, "Dependency: c=%d servers (c/2 from %v to %v), lognormal service mean %v σ=%.2g, FIFO queue %d×c; seed %d; %v per phase.\n",
-		sc.Servers, sc.Phase, 2*sc.Phase, sc.Mean, sc.Sigma, sc.QueuePer, cfg.Seed, sc.Phase)
-	fmt.Fprintf(w, "open: Poisson arrivals at %.2g× full capacity (%.0f/s), refused arrivals lost. closed: %d clients back to back, %v mean backoff after a refusal.\n\n",
-		sc.Load, sc.Load*sc.capacity(sc.Servers), results[len(results)-1].Scenario.Clients, results[len(results)-1].Scenario.Backoff)
-
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tcontroller\tgoodput\tfull/half/full\tp50\tp99\tp99 half\tsettle\tfollow drop\trecover\tlimit full\tlimit half\t")
-	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%.1f%%\t%.0f/%.0f/%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			r.Scenario.Name, r.Controller, 100*r.Goodput,
-			100*r.PhaseGoodput[0], 100*r.PhaseGoodput[1], 100*r.PhaseGoodput[2],
-			ms(r.P50), ms(r.P99), ms(r.PhaseP99[1]),
-			dash(r, r.Settle), dash(r, r.Follow), dash(r, r.Recover),
-			limitRange(r, 0), limitRange(r, 1))
-	}
-	tw.Flush()
-
-	lo, hi := band(sc.Servers)
-	lo2, hi2 := band(sc.Servers / 2)
-	fmt.Fprintf(w, `
-goodput: calls completed / calls the capacity could complete (c or c/2 servers × time / mean service), whole run, then per phase
-  (a phase can pass 100%%: calls in service when c drops to c/2 finish in the drop phase, and service times are random).
-p50, p99: latency of completed calls (queue wait + service, what the caller holding the permit measures), whole run; p99 half: drop phase only.
-round: one limit's worth of completed calls, for every controller (a completion counts 1/limit in force); "r / s" gives rounds and seconds.
-band: limit in [0.8c, 2.2c] for the capacity in force: [%.0f, %.0f] at c=%d, [%.0f, %.0f] at c/2=%d. 0.8c is 20%% under the least limit that
-  keeps every server busy; 2.2c is issue 4's end-to-end bound, where queueing adds about 1.2 mean service times.
-settle / follow drop / recover: from the start / the drop / the recovery to the change that brought the limit into band for the
-  last time in that phase (it then stays in band until the phase ends); never = out of band when the phase ended.
-limit full / half: least-greatest settled limit over the second half of the first (c) and the drop (c/2) phase. The settled limit is
-  the limit in force except during an egressd probe, which holds the limit in force at half of it on purpose; band, settle, follow
-  and recover read the settled limit too. The verdicts give the limit in force, probes included, as well.
-egressd probe: pkg/adaptive with the opt-in drain probes (Options.ProbeEvery); egressd is the specified loop, every default.
-diag: pinned is not a peer: pkg/adaptive's round rule re-implemented with its defaults, judged against the true no-queue 10th
-  percentile of service time, a baseline that cannot learn our own queue. It shows what the rule does when the baseline is right.
-ref rows are bounds, not peers: oracle holds the limit at exactly the servers in force; no limit shows the dependency's own queue.
-`, lo, hi, sc.Servers, lo2, hi2, sc.Servers/2)
-
-	fmt.Fprintln(w, "\nTargets (issue 4), for each egressd row, and the end-to-end test's steady band [c, 2.2c]:")
-	for _, v := range Verdicts(results) {
-		fmt.Fprintln(w, "  "+v)
-	}
-}
-
-// Verdicts judges each egressd row against issue 4's three targets, and its
-// steady limit against the end-to-end test's [c, 2.2c], per scenario. Peers
-// are the rows of Kind Peer: an egressd row is not the other's peer.
-func Verdicts(results []*Result) []string {
-	var out []string
-	for i := 0; i < len(results); {
-		j := i
-		for j < len(results) && results[j].Scenario == results[i].Scenario {
-			j++
+		if start := max(pt.t, from); end > start {
+			segs = append(segs, seg{limit(pt), end - start})
+			total += end - start
 		}
-		group := results[i:j]
-		i = j
-		for _, e := range group {
-			if e.Kind == Egressd {
-				out = append(out, verdicts(e, group)...)
+	}
+	slices.SortFunc(segs, func(a, b seg) int { return a.v - b.v })
+	out := make([]float64, len(qs))
+	for i, q := range qs {
+		var acc time.Duration
+		for _, s := range segs {
+			acc += s.d
+			if float64(acc) > q*float64(total) {
+				out[i] = float64(s.v)
+				break
 			}
 		}
 	}
 	return out
 }
 
-func verdicts(e *Result, group []*Result) []string {
-	name := e.Scenario.Name + ", " + e.Controller
-	out := []string{
-		fmt.Sprintf("%s: goodput ≥ 95%% of capacity: %s (%.1f%%; phases %.1f/%.1f/%.1f%%)",
-			name, met(e.Goodput >= 0.95), 100*e.Goodput, 100*e.PhaseGoodput[0], 100*e.PhaseGoodput[1], 100*e.PhaseGoodput[2]),
-		fmt.Sprintf("%s: follows the drop within 10 rounds: %s (%s)",
-			name, met(e.Follow.OK && e.Follow.Rounds <= 10), e.Follow),
+// jain is Jain's fairness index of the hosts' calls completed in the
+// second half of phase p: 1 when every host completed as many, 1/n when
+// one completed them all.
+func jain(hosts []HostTrace, p int) float64 {
+	if len(hosts) == 0 {
+		return 1
 	}
-
-	// Equal goodput: a peer within one percentage point of egressd's, or
-	// above it. A peer that buys its p99 with lost calls is not compared.
-	var best, closest *Result
-	for _, r := range group {
-		if r.Kind != Peer {
-			continue
-		}
-		if closest == nil || r.Goodput > closest.Goodput {
-			closest = r
-		}
-		if r.Goodput < e.Goodput-0.01 {
-			continue
-		}
-		if best == nil || r.P99 < best.P99 {
-			best = r
-		}
+	var sum, squares float64
+	for _, h := range hosts {
+		x := float64(h.Steady[p])
+		sum += x
+		squares += x * x
 	}
-	if best == nil {
-		out = append(out, fmt.Sprintf("%s: p99 no worse than the best peer at equal goodput: met only vacuously: no peer comes within 1 point\n"+
-			"    of its %.1f%% goodput; the closest, %s at %.1f%%, has p99 %s against its %s",
-			name, 100*e.Goodput, closest.Controller, 100*closest.Goodput, ms(closest.P99), ms(e.P99)))
-	} else {
-		out = append(out, fmt.Sprintf("%s: p99 no worse than the best peer at equal goodput: %s (%s at %.1f%%; best peer %s %s at %.1f%%)",
-			name, met(e.P99 <= best.P99), ms(e.P99), 100*e.Goodput, best.Controller, ms(best.P99), 100*best.Goodput))
+	if squares == 0 {
+		return 1
 	}
-
-	// The end-to-end test's band, on the steady ranges of the table.
-	c := e.Scenario.Servers
-	in := func(r [2]int, c int) bool { return r[0] >= c && float64(r[1]) <= 2.2*float64(c) }
-	ok := in(e.Steady[0], c) && in(e.Steady[1], c/2)
-	line := fmt.Sprintf("%s: steady limit within [c, 2.2c]: %s (%s at c=%d, %s at c/2=%d",
-		name, met(ok), span(e.Steady[0]), c, span(e.Steady[1]), c/2)
-	if e.SteadyInForce != e.Steady {
-		line += fmt.Sprintf("; in force, probes included: %s and %s", span(e.SteadyInForce[0]), span(e.SteadyInForce[1]))
-	}
-	return append(out, line+")")
+	return sum * sum / (float64(len(hosts)) * squares)
 }
 
-func met(ok bool) string {
-	if ok {
-		return "MET"
+// WriteTable prints both comparisons, the definitions they rest on, and
+// the verdicts on egressd's targets.
+func WriteTable(w io.Writer, cfg Config, single, many []*Result) {
+	fmt.Fprintf(w, "Dependency: c servers (c/2 from %v to %v), lognormal service mean %v σ=%.2g, FIFO queue 10×c; seed %d; %v per phase.\n",
+		cfg.Phase, 2*cfg.Phase, cfg.Mean, cfg.Sigma, cfg.Seed, cfg.Phase)
+	fmt.Fprintf(w, "open: Poisson arrivals at %.2g× full capacity, refused arrivals lost. closed: 3c clients back to back, %v mean backoff after a refusal.\n\n",
+		cfg.Load, cfg.Mean)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tcontroller\tgoodput\tp50\tp99\tp99 half\tfollow drop\tlimit at c: median/p95\tc/2\tc again\t")
+	for _, r := range single {
+		fmt.Fprintf(tw, "%s\t%s\t%.1f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			r.Scenario.Name, r.Controller, 100*r.Goodput, ms(r.P50), ms(r.P99), ms(r.PhaseP99[1]),
+			dash(r, r.Follow.String()), limits(r, 0), limits(r, 1), limits(r, 2))
 	}
-	return "MISSED"
+	tw.Flush()
+
+	if len(many) > 0 {
+		sc := many[0].Scenario
+		fmt.Fprintf(w, "\nMany hosts: %d hosts, each with its own controller and no shared budget, call one dependency of c=%d (c/2 in the middle phase).\n"+
+			"open: each host gets 1/%d of the arrivals; closed: %d clients per host. Limits are the sum over the hosts.\n\n",
+			sc.hosts(), sc.Servers, sc.hosts(), many[len(many)-1].Scenario.Clients)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "scenario\tcontroller\tgoodput\tp99\tfollow drop\tsum at c: median/p95\tc/2\tc again\tJain c/c÷2/c\t")
+		for _, r := range many {
+			fmt.Fprintf(tw, "%s\t%s\t%.1f%%\t%s\t%s\t%s\t%s\t%s\t%.3f/%.3f/%.3f\t\n",
+				r.Scenario.Name, r.Controller, 100*r.Goodput, ms(r.P99),
+				dash(r, r.Follow.String()), limits(r, 0), limits(r, 1), limits(r, 2), r.Jain[0], r.Jain[1], r.Jain[2])
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprint(w, `
+goodput: calls completed / calls the capacity could complete (c or c/2 servers × time / mean service), whole run.
+p50, p99: latency of completed calls (queue wait + service, what the caller holding the permit measures), whole run; p99 half: the drop phase.
+limit: the settled limit (outside probes; during a probe, the limit it restores), weighted by time, over the second half of each phase
+  (c, c/2 after the drop, c again after the recovery): median/p95. Many hosts: the sum of the hosts' settled limits.
+follow drop: rounds (one limit's worth of completed calls; many hosts: the hosts' mean) and seconds from the drop until the settled
+  limit is at most 2.2 × c/2.
+Jain: Jain's index of the hosts' calls completed over the second half of each phase (1: equal shares).
+egressd: pkg/adaptive, every default; egressd probeEvery 0: the reference loop. diag: pinned is egressd's round rule judged against
+  the true no-queue 10th percentile of service time, not a peer. ref rows are bounds: oracle holds exactly the servers in force (many
+  hosts: c/hosts each); no limit shows the dependency's own queue.
+`)
+	fmt.Fprintln(w, "\nTargets (issue 14), for egressd and, to show why it is not the default, egressd probeEvery 0:")
+	for _, v := range Verdicts(single) {
+		fmt.Fprintln(w, "  "+v)
+	}
+	if len(many) > 0 {
+		fmt.Fprintln(w, "Many hosts:")
+		for _, v := range ManyVerdicts(many) {
+			fmt.Fprintln(w, "  "+v)
+		}
+	}
+}
+
+// groups splits results by scenario, in order.
+func groups(results []*Result) [][]*Result {
+	var out [][]*Result
+	for i := 0; i < len(results); {
+		j := i
+		for j < len(results) && results[j].Scenario == results[i].Scenario {
+			j++
+		}
+		out = append(out, results[i:j])
+		i = j
+	}
+	return out
+}
+
+// Verdicts judges the egressd rows against issue 14's targets, scenario by
+// scenario: goodput ≥ 97%; outside probes the median limit in [c, 2.2c]
+// and its 95th percentile at most 2.5c, in every phase; follows the halving
+// within 10 rounds; p99 at most 1.3 × the oracle's; better p99 and goodput
+// than failsafe-go and both Gradient2 rows.
+func Verdicts(results []*Result) []string {
+	var out []string
+	for _, group := range groups(results) {
+		for _, e := range group {
+			if e.Kind == Egressd || e.Kind == Specified {
+				out = append(out, verdict(e, group))
+			}
+		}
+	}
+	return out
+}
+
+func verdict(e *Result, group []*Result) string {
+	var missed []string
+	check := func(ok bool, what string, args ...any) {
+		if !ok {
+			missed = append(missed, fmt.Sprintf(what, args...))
+		}
+	}
+	check(e.Goodput >= 0.97, "goodput %.1f%% < 97%%", 100*e.Goodput)
+	for p, name := range []string{"c", "c/2", "c again"} {
+		c := float64(e.Scenario.serversAt(time.Duration(p) * e.Scenario.Phase))
+		check(e.Median[p] >= c && e.Median[p] <= 2.2*c, "median at %s %.0f outside [%.0f, %.0f]", name, e.Median[p], c, 2.2*c)
+		check(e.P95[p] <= 2.5*c, "p95 at %s %.0f > %.0f", name, e.P95[p], 2.5*c)
+	}
+	check(e.Follow.OK && e.Follow.Rounds <= 10, "follows the drop in %s, not within 10 rounds", e.Follow)
+	for _, r := range group {
+		switch {
+		case r.Controller == "ref: oracle":
+			check(float64(e.P99) <= 1.3*float64(r.P99), "p99 %s > 1.3 × oracle's %s", ms(e.P99), ms(r.P99))
+		case r.Kind == Peer:
+			check(e.P99 < r.P99, "p99 %s not below %s's %s", ms(e.P99), r.Controller, ms(r.P99))
+			check(e.Goodput > r.Goodput, "goodput %.1f%% not above %s's %.1f%%", 100*e.Goodput, r.Controller, 100*r.Goodput)
+		}
+	}
+	head := fmt.Sprintf("%s, %s: goodput %.1f%%, p99 %s, follows in %s, median/p95 %s %s %s: ",
+		e.Scenario.Name, e.Controller, 100*e.Goodput, ms(e.P99), e.Follow, limits(e, 0), limits(e, 1), limits(e, 2))
+	if len(missed) == 0 {
+		return head + "every target MET"
+	}
+	return head + "MISSED:\n      " + strings.Join(missed, "\n      ")
+}
+
+// ManyVerdicts judges the many-hosts egressd rows: the sum of the limits
+// settles (median) in [c, 2.2c] in every phase, follows the halving within
+// 10 rounds, and equally busy hosts get fair shares (Jain's index ≥ 0.9).
+func ManyVerdicts(results []*Result) []string {
+	var out []string
+	for _, group := range groups(results) {
+		for _, e := range group {
+			if e.Kind != Egressd && e.Kind != Specified {
+				continue
+			}
+			var missed []string
+			for p, name := range []string{"c", "c/2", "c again"} {
+				c := float64(e.Scenario.serversAt(time.Duration(p) * e.Scenario.Phase))
+				if e.Median[p] < c || e.Median[p] > 2.2*c {
+					missed = append(missed, fmt.Sprintf("median sum at %s %.0f outside [%.0f, %.0f]", name, e.Median[p], c, 2.2*c))
+				}
+				if e.Jain[p] < 0.9 {
+					missed = append(missed, fmt.Sprintf("Jain's index at %s %.3f < 0.9", name, e.Jain[p]))
+				}
+			}
+			if !e.Follow.OK || e.Follow.Rounds > 10 {
+				missed = append(missed, fmt.Sprintf("follows the drop in %s, not within 10 rounds", e.Follow))
+			}
+			head := fmt.Sprintf("%s, %s: sum median/p95 %s %s %s, follows in %s, Jain %.3f/%.3f/%.3f: ",
+				e.Scenario.Name, e.Controller, limits(e, 0), limits(e, 1), limits(e, 2), e.Follow, e.Jain[0], e.Jain[1], e.Jain[2])
+			if len(missed) == 0 {
+				out = append(out, head+"every target MET")
+			} else {
+				out = append(out, head+"MISSED:\n      "+strings.Join(missed, "\n      "))
+			}
+		}
+	}
+	return out
 }
 
 func ms(d time.Duration) string {
 	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
 }
 
-func dash(r *Result, t Transit) string {
-	if r.Trace.Limit[0].limit == unlimited {
+func dash(r *Result, s string) string {
+	if !limited(r) {
 		return "-"
 	}
-	return t.String()
+	return s
 }
 
-func limitRange(r *Result, p int) string {
-	if r.Trace.Limit[0].limit == unlimited {
+func limits(r *Result, p int) string {
+	if !limited(r) {
 		return "-"
 	}
-	return span(r.Steady[p])
-}
-
-func span(s [2]int) string {
-	if s[0] == s[1] {
-		return fmt.Sprint(s[0])
-	}
-	return fmt.Sprintf("%d-%d", s[0], s[1])
+	return fmt.Sprintf("%.0f/%.0f", r.Median[p], r.P95[p])
 }
 
 // Table is WriteTable into a string.
-func Table(cfg Config, results []*Result) string {
+func Table(cfg Config, single, many []*Result) string {
 	var b strings.Builder
-	WriteTable(&b, cfg, results)
+	WriteTable(&b, cfg, single, many)
 	return b.String()
 }

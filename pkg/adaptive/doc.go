@@ -83,7 +83,7 @@
 // learn one baseline, and one that joins later learns it at the next window.
 // Hosts must agree: the round rule shares a dependency fairly only when
 // their baselines are within a few percent (bench/adaptivesim: ±3% apart,
-// Jain's index 0.98; ±20%, 0.81), which is why a baseline is hundreds of
+// Jain's index 0.97; ±20%, 0.81), which is why a baseline is hundreds of
 // calls.
 //
 // A dependency that got slower is believed after five minutes (the
@@ -93,16 +93,18 @@
 //
 // Measured in bench/adaptivesim (one host, capacity c ∈ {10, 20, 40}
 // halving for the middle minute of three, open and closed loop; and ten
-// hosts against c = 40): the median settled limit lies at 1.5–1.7c, its 95th
-// percentile at most 1.9c, a halving is followed within 2–5 rounds, goodput
-// is 97.4–99.0%, p99 33.6–34.2 ms (1.2 × the oracle's); ten hosts hold
-// 84–86 at c = 40 (open loop) and 67–69 (closed), 40 after the halving, with
-// Jain's index of their shares at 0.93–0.99. What probes cost: about 1–2.5%
-// of goodput (most at small c), and for the length of each probe a limit in
+// hosts against c = 40): the median settled limit lies at 1.4–1.6c, its
+// 95th percentile at most 2c, a halving is followed within 2–5 rounds,
+// goodput is 98.5–99.3%, p99 33.7–34.3 ms (1.2 × the oracle's); ten hosts
+// hold 84–85 at c = 40 (open loop) and 65–67 (closed), 40 after the
+// halving, with Jain's index of their shares at 0.92–1.00. What probes
+// cost: 0.7–1.5 points of goodput against the same rule judged by the true
+// baseline (most at small c), and for the length of each probe a limit in
 // force below the settled one, by design. What they cannot fix: Minimum ×
-// hosts above the dependency's capacity leaves no probe able to drain it (ten
-// hosts at Minimum 4 are exactly c = 40 at the halving), and a queue built
-// by callers that do not probe is measured as the dependency's normal.
+// hosts above the dependency's capacity leaves no probe able to drain it
+// (ten hosts at Minimum 4 are exactly twice c/2 = 20 at the halving), and a
+// queue built by callers that do not probe is measured as the dependency's
+// normal.
 //
 // Time is an argument, not a clock the package reads, so every rule can be
 // tested at fixed instants, and the daemon can feed kernel timestamps from its

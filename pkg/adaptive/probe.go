@@ -43,7 +43,7 @@ const (
 	// baseline, and the round rule shares the dependency fairly only when
 	// those agree within a few percent: in bench/adaptivesim, ten hosts
 	// whose baselines are ±10% apart get shares with Jain's index 0.88,
-	// ±3% apart 0.98. The 10th percentile of 400 calls is within about ±5%.
+	// ±3% apart 0.97. The 10th percentile of 400 calls is within about ±5%.
 	probeMemory = 20
 
 	// firstEstimate is how many calls the first probe measures, for the
