@@ -207,7 +207,11 @@ func (c *Controller) endRound(now time.Time, limit int) {
 	constrained := c.constrained.Swap(false)
 	fastest := c.fastest
 	c.calls, c.fastest = 0, maxLatency
-	if p := c.probe; p != nil && !c.began.IsZero() {
+	// Rounds before the first probe are the start's (demand ramping up,
+	// connections opening): they say little of how long rounds take, and
+	// one slow one would hold the first probe, whose length follows the
+	// period, down for a third of a long period.
+	if p := c.probe; p != nil && !c.began.IsZero() && !p.end.IsZero() {
 		p.roundTook(now.Sub(c.began))
 	}
 	c.began = now

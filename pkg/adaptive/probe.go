@@ -141,9 +141,9 @@ func (p *prober) baseline() (time.Duration, bool) {
 
 // period is the time between probe windows: ProbeEvery rounds, rounded up
 // to a power of two nanoseconds, and at most probeAge. A round is counted
-// as long as rounds have lately taken (an average of the last few), or
-// before the first as Multiple × baseline, how long a call takes where the
-// loop settles. Windows start at the multiples of the period since the
+// as long as rounds have lately taken (an average of the last few after
+// the first probe), or before one was timed as Multiple × baseline, how
+// long a call takes where the loop settles. Windows start at the multiples of the period since the
 // Unix epoch, so hosts whose clocks agree and whose rounds take about as
 // long (within a factor of two) share them; and where they do not, the
 // longer of two such periods is a power of two times the shorter, and its

@@ -135,6 +135,32 @@ func TestFirstProbeHoldsUntilTheWindowsLastProbe(t *testing.T) {
 	}
 }
 
+// Rounds before the first probe are the start's, slow while demand ramps
+// up: they do not count toward the period, and so toward how long the first
+// probe holds on (a slow one once held a probe at Minimum for 11s in
+// TestScenarioTwoHosts).
+func TestFirstProbeIgnoresTheStartsRounds(t *testing.T) {
+	p := newProbing(t, adaptive.Options{Initial: 8, ProbeEvery: 10, ProbeSeed: 1})
+	// Three rounds of 8 calls, 2s apart: the third has a baseline and
+	// begins the probe.
+	for range 3 {
+		p.now = p.now.Add(2 * time.Second)
+		p.calls(8, 10*ms, 1)
+	}
+	if _, r, _ := p.state(); r == 0 {
+		t.Fatal("no first probe after three rounds")
+	}
+	p.calls(8, 10*ms, 0) // admitted before it: drain
+	// A round counts as Multiple × baseline, as if none was timed: the
+	// probe holds 0.3 × 2^28ns ≈ 81ms, not 0.3 × 2^35ns ≈ 10s.
+	hold := time.Duration(0.3 * float64(period(10, 2*10*ms)))
+	p.now = p.now.Add(hold)
+	p.calls(200, 10*ms, 0)
+	if _, r, _ := p.state(); r != 0 {
+		t.Fatalf("still probing %v after the first probe began (restore %d); want it over after its batch", hold, r)
+	}
+}
+
 // confirmed returns a controller past its first probe, with a baseline of
 // 10ms from probes, at the limit limit, not probing, at the start of a
 // window.
