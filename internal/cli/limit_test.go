@@ -59,6 +59,10 @@ func TestLimitSet(t *testing.T) {
 		args: "--dest 10.0.0.1 --concurrency 10 --shared-redis redis://r:6379 --shared-key k --shared-failure-mode deny",
 		want: "name: x\ndestination: 10.0.0.1\nconcurrency: 10\nshared: {redis: 'redis://r:6379', key: k, failureMode: deny}\n",
 	}, {
+		name: "shared with Sentinel",
+		args: "--dest 10.0.0.1 --concurrency 10 --shared-redis redis+sentinel://s:26379?master_name=m --shared-key k --shared-durability persistent --shared-lease 30s --shared-replicas 1",
+		want: "name: x\ndestination: 10.0.0.1\nconcurrency: 10\nshared: {redis: 'redis+sentinel://s:26379?master_name=m', key: k, durability: persistent, lease: 30s, replicas: 1}\n",
+	}, {
 		name: "no limit",
 		args: "--dest 10.0.0.1",
 		errs: []string{"rule x: no limit: give one of concurrency, perSecond, perWindow or adaptive"},
