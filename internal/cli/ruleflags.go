@@ -150,7 +150,9 @@ func ruleFlags() ruleFlagList {
 		flagOf(&cli.StringFlag{Name: "shared-failure-mode", Usage: "with --shared-redis: throw (keep the last share, default), allow (the whole limit) or deny while Redis is unreachable"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) { b.rule.Shared.FailureMode = nonEmpty(b, flag, v, "throw") }),
 		flagOf(&cli.StringFlag{Name: "shared-durability", Usage: "with --shared-redis: ephemeral (Redis may lose the budget: a budget it has no record of is frozen for a lease, default) or persistent (an AOF keeps it)"}, (*cli.Context).String,
-			func(b *ruleBuilder, flag string, v string) { b.rule.Shared.Durability = nonEmpty(b, flag, v, "ephemeral") }),
+			func(b *ruleBuilder, flag string, v string) {
+				b.rule.Shared.Durability = nonEmpty(b, flag, v, "ephemeral")
+			}),
 		flagOf(&cli.DurationFlag{Name: "shared-lease", Usage: "with --shared-redis: how long this host's slots outlive its daemon's last renewal (default 10s)"}, (*cli.Context).Duration,
 			func(b *ruleBuilder, flag string, v time.Duration) { b.rule.Shared.Lease = nonZero(b, flag, v) }),
 		flagOf(&cli.IntFlag{Name: "shared-replicas", Usage: "with --shared-redis: Redis replicas that must confirm a grant before it is used (default 0; at least 1 with Sentinel)"}, (*cli.Context).Int,
