@@ -144,16 +144,23 @@ func (h *sharingHost) load(t *testing.T, port, clients int, d time.Duration) *pr
 	return h.ns.Spawn(t, h.cg, "requester", fmt.Sprintf("%s:%d", h.dest, port), fmt.Sprint(clients), d.String())
 }
 
-// share asks the daemon for a rule through the control API (faster than
+// rule asks the daemon for a rule through the control API (faster than
 // the CLI, for polling).
-func (h *sharingHost) share(t *testing.T, rule string) control.Limit {
+func (e *env) rule(t *testing.T, name string) control.Limit {
 	t.Helper()
-	cl := &control.Client{Socket: h.socket, Timeout: 5 * time.Second}
+	cl := &control.Client{Socket: e.socket, Timeout: 5 * time.Second}
 	defer cl.CloseIdleConnections()
 	var l control.Limit
-	if err := cl.Get(context.Background(), "limit?name="+rule, &l); err != nil {
-		t.Fatalf("limit %s: %v", rule, err)
+	if err := cl.Get(context.Background(), "limit?name="+name, &l); err != nil {
+		t.Fatalf("limit %s: %v", name, err)
 	}
+	return l
+}
+
+// share is rule for a shared rule.
+func (h *sharingHost) share(t *testing.T, rule string) control.Limit {
+	t.Helper()
+	l := h.rule(t, rule)
 	if l.Shared == nil {
 		t.Fatalf("rule %s has no share: %+v", rule, l)
 	}
