@@ -81,6 +81,7 @@ type Slots struct {
 	epoch       int64     // the budget's epoch as Redis last said; 0 before it did
 	hadState    bool      // held slots under some epoch, or adopted a rule that did
 	confirmed   time.Time // when the Resize Redis last answered was sent
+	told        int       // the demand Redis last heard from this host
 	frozenUntil time.Time
 	outage      Outage
 	expired     bool // the failure mode dropped the limit to 0 for the lease
@@ -175,7 +176,11 @@ func (s *Slots) Request(p SlotsPlan, live int, now time.Time) (req SlotsRequest,
 		want = prior
 	}
 	req = SlotsRequest{Want: want, Demand: max(p.need, want), Prior: prior, HadState: s.hadState}
-	settled := s.epoch != 0 && want == s.held && now.Sub(s.confirmed) < s.cfg.Renew && !now.Before(s.frozenUntil)
+	// A fair share below the demand Redis heard is the level others
+	// leave: more demand would not raise it. One at that demand may be
+	// the demand itself, which more would raise.
+	unheard := req.Demand > s.told && s.fair >= s.told
+	settled := s.epoch != 0 && want == s.held && !unheard && now.Sub(s.confirmed) < s.cfg.Renew && !now.Before(s.frozenUntil)
 	return req, s.outage.Failing() || !settled
 }
 
@@ -194,7 +199,7 @@ func (s *Slots) Reply(p SlotsPlan, req SlotsRequest, r SlotsReply, err error, se
 	}
 	s.outage, s.expired = Outage{}, false
 	s.held, s.fair, s.epoch, s.hadState = r.Held, r.Fair, r.Epoch, true
-	s.confirmed = sent
+	s.confirmed, s.told = sent, req.Demand
 	s.frozenUntil = now.Add(r.Frozen)
 	// Within the fair share Redis has just said, too: a host above it
 	// stops admitting beyond it now, not a tick later.

@@ -79,6 +79,17 @@ func TestSlotsTicks(t *testing.T) {
 				req: SlotsRequest{Want: 6, Demand: 10, Prior: 4, HadState: true}, limit: 6},
 		},
 	}, {
+		name: "a fair share that is its demand: more demand is told Redis at once, not at the renewal",
+		ticks: []slotsTick{
+			{ms: 0, obs: SlotsObs{}, reply: ok(1, 1), req: SlotsRequest{Want: 1, Demand: 1}, limit: 1},
+			{ms: 50, obs: SlotsObs{Limit: 1, Live: 1, Refused: 6}, live: 1, reply: ok(1, 7), planLimit: 1,
+				req: SlotsRequest{Want: 1, Demand: 7, Prior: 1, HadState: true}, limit: 1},
+			{ms: 100, obs: SlotsObs{Limit: 1, Live: 1, Refused: 12}, live: 1, reply: ok(7, 7), planLimit: 1,
+				req: SlotsRequest{Want: 7, Demand: 7, Prior: 1, HadState: true}, limit: 7},
+			// Told, and held: nothing to ask until the renewal.
+			{ms: 150, obs: SlotsObs{Limit: 7, Live: 6, Refused: 12}, live: 6, planLimit: 7, skip: true},
+		},
+	}, {
 		name: "idle: keeps only what is live, then nothing",
 		ticks: []slotsTick{
 			{ms: 0, obs: SlotsObs{Live: 0, Refused: 3}, reply: ok(3, 10), req: SlotsRequest{Want: 3, Demand: 3}, limit: 3},
