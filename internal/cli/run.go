@@ -54,9 +54,7 @@ func runCommand() *cli.Command {
 				return cli.Exit(fmt.Sprintf("--socket-mode %q: want octal permission bits such as 0660", c.String("socket-mode")), 2)
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			err = daemon.Run(ctx, daemon.Config{
+			d, err := daemon.New(daemon.Config{
 				PolicyFile:   c.String("policy"),
 				Cgroup:       c.String("cgroup"),
 				PinDir:       c.String("bpffs"),
@@ -71,6 +69,12 @@ func runCommand() *cli.Command {
 				Logger:       log,
 				Notify:       systemdNotifier{log},
 			})
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			err = d.Run(ctx)
 			if errors.Is(err, daemon.ErrUninstalled) {
 				return cli.Exit("", exitUninstalled)
 			}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
 
@@ -137,15 +136,10 @@ func (d *Daemon) attribute(ctx context.Context, pid uint32, dest netip.AddrPort)
 	}
 }
 
-// followRefusals reads refusal events from the kernel: it keeps them, tells
-// adaptive rules they were constrained, and logs bursts.
-func (d *Daemon) followRefusals(ctx context.Context) {
-	rd, err := d.dp.Refusals()
-	if err != nil {
-		d.log.Error("refusal events", "err", err)
-		return
-	}
-	go func() { <-ctx.Done(); rd.Close() }()
+// followRefusals reads refusal events from the kernel until rd is closed:
+// it keeps them, tells adaptive rules they were constrained, and logs
+// bursts.
+func (d *Daemon) followRefusals(rd reader[loader.Refusal]) {
 	type burst struct {
 		since time.Time
 		count int
@@ -160,10 +154,11 @@ func (d *Daemon) followRefusals(ctx context.Context) {
 			d.log.Error("refusal events", "err", err)
 			continue
 		}
-		d.events.add(r)
+		// The loop hears of it before anyone can see it listed.
 		if !r.Shadow {
 			d.constrained(r.Rule)
 		}
+		d.events.add(r)
 		b := bursts[r.Rule]
 		if b == nil {
 			b = &burst{}
@@ -177,27 +172,9 @@ func (d *Daemon) followRefusals(ctx context.Context) {
 	}
 }
 
-// constrained tells an adaptive rule's loop that its limit held a
-// connection back this round.
-func (d *Daemon) constrained(rule string) {
-	d.mu.Lock()
-	e := d.entries[rule]
-	d.mu.Unlock()
-	if e != nil && e.ctrl != nil {
-		e.ctrl.Constrained()
-	}
-}
-
-// followSamples feeds latency samples to the adaptive loops, and checks
-// often whether a rule's live connections reached its limit.
-func (d *Daemon) followSamples(ctx context.Context) {
-	rd, err := d.dp.Samples()
-	if err != nil {
-		d.log.Error("latency samples", "err", err)
-		return
-	}
-	go func() { <-ctx.Done(); rd.Close() }()
-	go d.watchSaturation(ctx)
+// followSamples feeds latency samples to the adaptive loops until rd is
+// closed.
+func (d *Daemon) followSamples(rd reader[loader.Sample]) {
 	for {
 		s, err := rd.Read()
 		if errors.Is(err, loader.ErrClosed) {
@@ -255,5 +232,3 @@ func (d *Daemon) watchSaturation(ctx context.Context) {
 		}
 	}
 }
-
-func controlReloadOK() control.Reload { return control.Reload{Time: time.Now(), OK: true} }

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"maps"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -97,30 +96,59 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Refusals), "refusal")
 		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Samples), "sample")
 	}
+	t := m.d.tableView()
+	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(t.installed), "installed")
+	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(t.pending), "pending")
+	m.collectLoops(ch, t.loops)
+	for name, v := range t.shares {
+		m.shares.collect(ch, name, v)
+	}
+	m.driftMu.Lock()
+	for name, drift := range m.drift {
+		ch <- prometheus.MustNewConstMetric(m.driftDesc, prometheus.GaugeValue, float64(drift), name)
+	}
+	m.driftMu.Unlock()
+	m.collectKernel(ch, t.budgets)
+}
 
-	m.d.mu.Lock()
-	installed, pending := 0, 0
-	loops := map[string]*adaptive.Controller{}
-	shares := map[string]shareView{}
-	entries := maps.Clone(m.d.entries)
-	for name, e := range m.d.entries {
+// tableView is what the metrics read of the rule table, copied under its
+// lock.
+type tableView struct {
+	installed, pending int
+	loops              map[string]*adaptive.Controller
+	shares             map[string]shareView
+	// budgets are shared rates' limits: the budget is shown, not the
+	// permits granted in the kernel (limitShown).
+	budgets map[string]uint32
+}
+
+func (d *Daemon) tableView() tableView {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := tableView{loops: map[string]*adaptive.Controller{}, shares: map[string]shareView{}, budgets: map[string]uint32{}}
+	for name, e := range d.entries {
 		if e.share != nil {
-			shares[name] = e.share.view()
+			t.shares[name] = e.share.view()
 		}
 		if !e.installed() {
-			pending++
+			t.pending++
 			continue
 		}
-		installed++
+		t.installed++
 		if e.ctrl != nil {
-			loops[name] = e.ctrl
+			t.loops[name] = e.ctrl
+		}
+		if e.share != nil && e.share.rate() {
+			t.budgets[name] = e.limitShown(0)
 		}
 	}
-	m.d.mu.Unlock()
-	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(installed), "installed")
-	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(pending), "pending")
-	// Outside the daemon's lock: State takes the loop's, which OnChange
-	// holds while it takes the daemon's.
+	return t
+}
+
+// collectLoops reports the adaptive loops. It runs outside the daemon's
+// lock: State takes the loop's, which OnChange holds while it takes the
+// daemon's.
+func (m *metrics) collectLoops(ch chan<- prometheus.Metric, loops map[string]*adaptive.Controller) {
 	for name, c := range loops {
 		st := c.State()
 		if st.Baseline > 0 {
@@ -134,16 +162,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.settled, prometheus.GaugeValue, float64(st.Settled), name)
 		ch <- prometheus.MustNewConstMetric(m.probes, prometheus.CounterValue, float64(st.Probes), name)
 	}
-	for name, v := range shares {
-		m.shares.collect(ch, name, v)
-	}
+}
 
-	m.driftMu.Lock()
-	for name, drift := range m.drift {
-		ch <- prometheus.MustNewConstMetric(m.driftDesc, prometheus.GaugeValue, float64(drift), name)
-	}
-	m.driftMu.Unlock()
-
+// collectKernel reports the kernel's counters of every rule.
+func (m *metrics) collectKernel(ch chan<- prometheus.Metric, budgets map[string]uint32) {
 	status, err := m.d.dp.Status()
 	if err != nil {
 		m.d.log.Error("metrics: read counters", "err", err)
@@ -158,8 +180,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(st.InFlight), name)
 		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(st.ConnectFailed), name)
 		limit := s.Limit
-		if e, ok := entries[name]; ok {
-			limit = e.limitShown(limit)
+		if b, ok := budgets[name]; ok {
+			limit = b
 		}
 		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(limit), name)
 		ch <- histogram(m.connectLatency, st.ConnectLatency, name)

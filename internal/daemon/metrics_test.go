@@ -1,13 +1,9 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -15,13 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/egressd/egressd/internal/docstest"
-	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/internal/redistest"
-	"github.com/egressd/egressd/pkg/loader"
-	"github.com/egressd/egressd/pkg/policy"
 )
 
 // everyShape has a rule of each shape, a shadow rule and a rule whose unit
@@ -53,43 +45,12 @@ const everyShape = `rules:
     concurrency: 1
 `
 
-// newTestDaemon builds a Daemon as Run does, with a real datapath on a
-// cgroup and pins of the test's own, and applies policy text.
-func newTestDaemon(t *testing.T, text string) *Daemon {
-	t.Helper()
-	privtest.RequireRoot(t)
-	cg := privtest.Cgroup(t, "metrics")
-	pins := privtest.PinDir(t)
-	cfg := (&Config{Cgroup: cg, PinDir: pins, StateDir: t.TempDir(), Version: "test", Logger: slog.New(slog.DiscardHandler)}).withDefaults()
-	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), entries: map[string]*entry{}, redis: map[string]redis.UniversalClient{}, stop: make(chan struct{})}
-	d.events = newEventLog()
-	d.metrics = newMetrics(d)
-	dp, err := loader.Open(&loader.Config{Cgroup: cg, PinDir: pins})
-	if err != nil {
-		t.Fatalf("datapath: %v", err)
-	}
-	d.dp = dp
-	t.Cleanup(func() {
-		if err := dp.Uninstall(); err != nil {
-			t.Errorf("uninstall: %v", err)
-		}
-	})
-	p, err := policy.Parse([]byte(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.endShares(true) })
-	if err := d.install(context.Background(), p); err != nil {
-		t.Fatalf("install: %v", err)
-	}
-	return d
-}
-
 // TestMetricsLint lints the daemon's collector with every family present,
 // on a pedantic registry that also checks samples against descriptions.
 func TestMetricsLint(t *testing.T) {
 	rds := redistest.Start(t)
-	d := newTestDaemon(t, everyShape+fmt.Sprintf(`  - name: shared-pool
+	d := newTestDaemon(t)
+	d.apply(t, everyShape+fmt.Sprintf(`  - name: shared-pool
     destination: 127.0.0.4
     concurrency: 5
     shared: {redis: %[1]q, key: pool}
@@ -168,53 +129,19 @@ func TestMetricsLint(t *testing.T) {
 
 // TestMetricsEndpointLint runs the daemon and lints what /metrics serves.
 func TestMetricsEndpointLint(t *testing.T) {
-	privtest.RequireRoot(t)
-	cg := privtest.Cgroup(t, "metrics-run")
-	pins := privtest.PinDir(t)
-	dir := t.TempDir()
-	pol := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(pol, []byte(everyShape), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	td := newTestDaemon(t)
+	writeFile(t, td.cfg.PolicyFile, everyShape)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
+	td.cfg.MetricsAddr = ln.Addr().String()
 	ln.Close()
+	td.start(t)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{
-			PolicyFile: pol, Cgroup: cg, PinDir: pins, Socket: filepath.Join(dir, "sock"), MetricsAddr: addr,
-			StateDir: filepath.Join(dir, "state"), DetachOnExit: true, Version: "test",
-			Logger: slog.New(slog.DiscardHandler),
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
-
-	// Scrape as soon as the daemon serves.
-	hc := &http.Client{Timeout: 5 * time.Second}
-	var resp *http.Response
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if resp, err = hc.Get("http://" + addr + "/metrics"); err == nil {
-			break
-		}
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("run: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET /metrics: %v", err)
-		}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + td.cfg.MetricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -4,11 +4,84 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/egressd/egressd/internal/redistest"
-	"github.com/egressd/egressd/pkg/policy"
+	"github.com/egressd/egressd/pkg/loader"
 )
+
+// sharedPool is a policy with one shared concurrency rule "pool" of limit
+// on key in r (persistent: its first use does not freeze it).
+func sharedPool(r *redistest.Server, limit int, key string) string {
+	return fmt.Sprintf("rules:\n  - name: pool\n    destination: 127.0.0.9\n    concurrency: %d\n    shared: {redis: %q, key: %q, durability: persistent}\n", limit, r.URL(), key)
+}
+
+// tick runs one tick of a rule's share, as its loop does.
+func (td *testDaemon) tick(t *testing.T, rule string) {
+	t.Helper()
+	td.mu.Lock()
+	e := td.entries[rule]
+	td.mu.Unlock()
+	switch s := e.share.(type) {
+	case *slotShare:
+		s.tick(context.Background())
+	case *grantShare:
+		s.tick(context.Background())
+	default:
+		t.Fatalf("rule %s has no share", rule)
+	}
+}
+
+func (td *testDaemon) kernelLimit(t *testing.T, rule string) uint32 {
+	t.Helper()
+	r, ok := td.fake.rule(rule)
+	if !ok {
+		t.Fatalf("rule %s is not in the kernel", rule)
+	}
+	return r.Limit
+}
+
+// TestSlotShareFollowsDemand: a concurrency share's tick grows the kernel
+// limit to what Redis confirmed, as connections are refused; lowers it
+// first when it shrinks; and the kernel limit is what the table writes
+// when the rule is planned again.
+func TestSlotShareFollowsDemand(t *testing.T) {
+	rds := redistest.Start(t)
+	td := newTestDaemon(t)
+	td.apply(t, sharedPool(rds, 10, t.Name()))
+	e := td.entries["pool"]
+	e.share.end(false) // the test ticks it
+	if got := td.kernelLimit(t, "pool"); got != 0 {
+		t.Fatalf("a new share's kernel limit is %d, want 0 until Redis confirms", got)
+	}
+	td.tick(t, "pool") // no connection yet: one spare slot
+	if got := td.kernelLimit(t, "pool"); got != 1 {
+		t.Errorf("after a first tick: kernel limit %d, want the spare, 1", got)
+	}
+	// 6 refused: Redis hears the demand (its fair share was the demand
+	// of 1), then grants it.
+	td.fake.set("pool", loader.Stats{Live: 1, Refused: 6})
+	td.clock.Advance(shareTick)
+	td.tick(t, "pool")
+	td.fake.set("pool", loader.Stats{Live: 1, Refused: 12})
+	td.clock.Advance(shareTick)
+	td.tick(t, "pool")
+	if got := td.kernelLimit(t, "pool"); got != 7 {
+		t.Errorf("after 6 refused a tick: kernel limit %d, want 1 live + 6", got)
+	}
+	// Demand drops: the limit falls to live + 1.
+	td.fake.set("pool", loader.Stats{Live: 2, Refused: 12})
+	td.clock.Advance(shareTick)
+	td.tick(t, "pool")
+	if got := td.kernelLimit(t, "pool"); got != 3 {
+		t.Errorf("with 2 live and no refusals: kernel limit %d, want 3", got)
+	}
+	// The table plans the rule again (a refresh): the kernel keeps the
+	// share's limit, not the policy's.
+	td.apply(t, sharedPool(rds, 10, t.Name()))
+	if got := td.kernelLimit(t, "pool"); got != 3 {
+		t.Errorf("after the rule was planned again: kernel limit %d, want the share's 3", got)
+	}
+}
 
 // TestShareFollowsRuleChanges: a shared rule's slots are claimed when it
 // is installed, carried over when its limit changes on the same key, and
@@ -16,63 +89,63 @@ import (
 func TestShareFollowsRuleChanges(t *testing.T) {
 	rds := redistest.Start(t)
 	rdb := rds.Client(t)
-	rule := func(limit int) string {
-		return fmt.Sprintf("rules:\n  - name: pool\n    destination: 127.0.0.9\n    concurrency: %d\n    shared: {redis: %q, key: pool, durability: persistent}\n", limit, rds.URL())
-	}
-	d := newTestDaemon(t, rule(10))
+	td := newTestDaemon(t)
+	key := t.Name()
 	slots := func() int64 {
-		n, err := rdb.ZCard(context.Background(), "pool").Result()
+		n, err := rdb.ZCard(context.Background(), key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: never happened", what)
-			}
-		}
-	}
-	// Idle, the host holds its one spare slot until the idle spell ends.
-	waitFor("a spare slot claimed", func() bool { return slots() == 1 })
-	first := d.entries["pool"].share
-	if k, _ := d.dp.Rule("pool"); k.Limit != 1 {
-		t.Errorf("kernel limit %d with one slot held, want 1", k.Limit)
+	td.apply(t, sharedPool(rds, 10, key))
+	first := td.entries["pool"].share
+	first.end(false)
+	td.tick(t, "pool")
+	if n, k := slots(), td.kernelLimit(t, "pool"); n != 1 || k != 1 {
+		t.Fatalf("after a tick: %d slots in Redis, kernel limit %d; want the spare, 1 and 1", n, k)
 	}
 
-	apply := func(text string) {
-		t.Helper()
-		p, err := policy.Parse([]byte(text))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.install(context.Background(), p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	apply(rule(12))
-	d.mu.Lock()
-	next := d.entries["pool"].share
-	d.mu.Unlock()
+	td.apply(t, sharedPool(rds, 12, key))
+	next := td.entries["pool"].share
 	if next == first {
 		t.Fatal("a changed rule kept its old share")
 	}
-	d.mu.Lock()
-	limit := next.limit
-	d.mu.Unlock()
-	if v := next.view(); v.slots.Held != 1 || limit != 1 {
-		t.Errorf("the new share starts with %d slots, limit %d; want the old share's 1 and 1", v.slots.Held, limit)
+	if v := next.view(); v.slots.Held != 1 || td.kernelLimit(t, "pool") != 1 {
+		t.Errorf("the new share starts with %d slots, kernel limit %d; want the old share's 1 and 1", v.slots.Held, td.kernelLimit(t, "pool"))
 	}
-	if k, _ := d.dp.Rule("pool"); k.Limit != 1 {
-		t.Errorf("kernel limit %d right after the change, want the share carried over (1)", k.Limit)
-	}
-	time.Sleep(200 * time.Millisecond)
 	if n := slots(); n != 1 {
 		t.Errorf("%d slots in Redis after the change, want the same one (the old share must not release it)", n)
 	}
 
-	apply("rules: []\n")
-	waitFor("the slots handed back when the rule went", func() bool { return slots() == 0 })
+	// The rule goes: its slots are handed back before install returns.
+	td.apply(t, "rules: []\n")
+	if n := slots(); n != 0 {
+		t.Errorf("%d slots in Redis after the rule went, want 0", n)
+	}
+}
+
+// TestGrantShareClaimsAndReturns: a rate share claims a batch ahead of
+// demand, grants it to the kernel, and when idle takes the unspent back
+// from the kernel and returns it to Redis, but one.
+func TestGrantShareClaimsAndReturns(t *testing.T) {
+	rds := redistest.Start(t)
+	td := newTestDaemon(t)
+	td.apply(t, fmt.Sprintf("rules:\n  - name: rate\n    destination: 127.0.0.8\n    perSecond: {permits: 100}\n    shared: {redis: %q, key: %q}\n", rds.URL(), t.Name()))
+	td.entries["rate"].share.end(false)
+	td.tick(t, "rate")
+	r, _ := td.fake.rule("rate")
+	if r.Shape != loader.ShapeGranted || r.Granted != 10 {
+		t.Fatalf("after a first tick: %v granted %d, want granted 10 (100 ms of 100/s)", r.Shape, r.Granted)
+	}
+	td.fake.set("rate", loader.Stats{Spent: 3})
+	td.clock.Advance(shareTick)
+	td.tick(t, "rate") // 7 unspent: enough
+	// Idle for a second: 6 of the 7 go back.
+	td.clock.Advance(shareIdle)
+	td.tick(t, "rate")
+	r, _ = td.fake.rule("rate")
+	if v := td.entries["rate"].share.view(); r.Granted != 4 || v.grants.Returned != 6 {
+		t.Errorf("idle: granted %d, returned %d; want 4 (3 spent and 1 kept) and 6", r.Granted, v.grants.Returned)
+	}
 }

@@ -1,0 +1,132 @@
+package daemon
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+// waitFor polls cond until it holds, failing the test after 10 s: for
+// what goroutines of the daemon do after an event the test sent.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting: %s", what)
+		}
+	}
+}
+
+// TestRefusalAttribution: a refusal the kernel reports explains the EPERM
+// of that process's connect() to that destination, and no other; a shadow
+// rule's refusal explains nothing (the connection went through); every
+// refusal is listed by the events route.
+func TestRefusalAttribution(t *testing.T) {
+	td := newTestDaemon(t)
+	td.start(t)
+	pid := uint32(os.Getpid())
+	db := netip.MustParseAddrPort("10.0.0.1:5432")
+	web := netip.MustParseAddrPort("10.0.0.2:80")
+	td.fake.refusals.send(loader.Refusal{Time: time.Now(), PID: pid, Rule: "db", Dest: db, Shape: loader.ShapePerWindow, RetryAfter: 300 * time.Millisecond})
+	td.fake.refusals.send(loader.Refusal{Time: time.Now(), PID: pid, Rule: "web", Dest: web, Shape: loader.ShapeConcurrency, Shadow: true})
+	c := td.client()
+	ctx := context.Background()
+	var listed []control.Refusal
+	td.fake.refusals.drain(t)
+	waitFor(t, "both refusals listed", func() bool {
+		listed = listed[:0]
+		err := c.Events(ctx, false, func(r control.Refusal) error { listed = append(listed, r); return nil })
+		return err == nil && len(listed) == 2
+	})
+	if listed[0].Rule != "db" || listed[1].Rule != "web" || !listed[1].Shadow {
+		t.Errorf("events = %+v, want db then web (shadow)", listed)
+	}
+	tests := []struct {
+		name string
+		pid  int
+		dest netip.AddrPort
+		want control.Attribution
+	}{
+		{"its refusal", int(pid), db, control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
+		{"the address as IPv4-mapped", int(pid), netip.AddrPortFrom(netip.AddrFrom16(db.Addr().As16()), db.Port()), control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
+		{"another port", int(pid), netip.AddrPortFrom(db.Addr(), 5433), control.Attribution{}},
+		{"another process", int(pid) + 1, db, control.Attribution{}},
+		{"a shadow refusal", int(pid), web, control.Attribution{}},
+	}
+	for _, tt := range tests {
+		got, err := c.Attribute(ctx, tt.pid, tt.dest)
+		if err != nil || got != tt.want {
+			t.Errorf("%s: attribute = %+v, %v; want %+v", tt.name, got, err, tt.want)
+		}
+	}
+}
+
+// adaptivePolicy is one adaptive rule "dep" on the reference loop (no
+// probes), starting at 4, measuring requests (the default).
+const adaptivePolicy = "rules:\n  - {name: dep, destination: 10.0.0.2, port: 80, adaptive: {initial: 4, minimum: 2, probeEvery: 0}}\n"
+
+// sendRound sends one round of request samples of latency to rule dep:
+// as many as its limit in the kernel.
+func (td *testDaemon) sendRound(t *testing.T, latency time.Duration) uint32 {
+	t.Helper()
+	limit := td.kernelLimit(t, "dep")
+	for range limit {
+		td.fake.samples.send(loader.Sample{Rule: "dep", Kind: loader.SampleRequest, Latency: latency})
+	}
+	return limit
+}
+
+// TestAdaptiveFollowsSamples: an adaptive rule's loop learns from the
+// kernel's samples of the kind its rule measures, grows only when the
+// limit held callers back (a refusal, or live connections at the limit),
+// falls when latency climbs, and every change reaches the kernel.
+func TestAdaptiveFollowsSamples(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.cfg.PolicyFile, adaptivePolicy)
+	td.start(t)
+	if r, _ := td.fake.rule("dep"); !r.Requests || r.Limit != 4 {
+		t.Fatalf("kernel rule %+v: want request tracking (the default samples) at the initial 4", r)
+	}
+	// Fast rounds that nothing held back: the limit stays, and the
+	// window holds enough calls for a baseline.
+	for range 10 {
+		td.sendRound(t, time.Millisecond)
+	}
+	// Connect samples are not what the rule measures: ignored.
+	for range 20 {
+		td.fake.samples.send(loader.Sample{Rule: "dep", Kind: loader.SampleConnect, Latency: time.Second})
+	}
+	td.sendRound(t, time.Millisecond)
+	td.fake.samples.drain(t)
+	if got := td.kernelLimit(t, "dep"); got != 4 {
+		t.Fatalf("after unconstrained fast rounds: kernel limit %d, want 4", got)
+	}
+	// A refusal: the round is constrained and fast, so the limit grows.
+	td.fake.refusals.send(loader.Refusal{Time: time.Now(), PID: 1, Rule: "dep", Dest: netip.MustParseAddrPort("10.0.0.2:80")})
+	td.fake.refusals.drain(t)
+	td.sendRound(t, time.Millisecond)
+	td.fake.samples.drain(t)
+	if got := td.kernelLimit(t, "dep"); got != 5 {
+		t.Fatalf("after a constrained fast round: kernel limit %d, want 5", got)
+	}
+	// Live connections at the limit hold callers back too.
+	td.fake.set("dep", loader.Stats{Live: 5})
+	waitFor(t, "the limit to grow with live at the limit", func() bool {
+		td.sendRound(t, time.Millisecond)
+		td.fake.samples.drain(t)
+		return td.kernelLimit(t, "dep") > 5
+	})
+	// Latency far above the baseline: the limit falls.
+	td.fake.set("dep", loader.Stats{})
+	before := td.kernelLimit(t, "dep")
+	td.sendRound(t, time.Second)
+	td.fake.samples.drain(t)
+	if got := td.kernelLimit(t, "dep"); got >= before {
+		t.Errorf("after a slow round: kernel limit %d, want below %d", got, before)
+	}
+}

@@ -1,0 +1,208 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+// fakeDatapath is the kernel side in memory: rules by name and the counts
+// a test sets, with event streams a test feeds. It checks rules as the
+// loader does (Rule.Validate) and applies a Sync all or nothing; a test
+// can make the next writes fail.
+type fakeDatapath struct {
+	mu      sync.Mutex
+	rules   map[string]loader.Rule
+	stats   map[string]loader.Stats
+	adopted bool
+	syncs   int // Syncs that changed the rules
+	puts    int
+	failPut error // returned by Put and Sync while set
+	closed  string
+
+	refusals *fakeReader[loader.Refusal]
+	samples  *fakeReader[loader.Sample]
+}
+
+func newFake() *fakeDatapath {
+	return &fakeDatapath{
+		rules: map[string]loader.Rule{}, stats: map[string]loader.Stats{},
+		refusals: newFakeReader[loader.Refusal](), samples: newFakeReader[loader.Sample](),
+	}
+}
+
+var _ datapath = (*fakeDatapath)(nil)
+
+// open is a Config.open that returns f.
+func (f *fakeDatapath) open(*loader.Config) (datapath, error) { return f, nil }
+
+func (f *fakeDatapath) Adopted() bool  { return f.adopted }
+func (f *fakeDatapath) PinDir() string { return "/sys/fs/bpf/fake" }
+
+func (f *fakeDatapath) Sync(rules []loader.Rule) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failPut != nil {
+		return f.failPut
+	}
+	next := map[string]loader.Rule{}
+	for _, r := range rules {
+		if err := r.Validate(); err != nil {
+			return err
+		}
+		if _, dup := next[r.Name]; dup {
+			return fmt.Errorf("rule %s twice: %w", r.Name, loader.ErrConflict)
+		}
+		next[r.Name] = r
+	}
+	f.rules = next
+	f.syncs++
+	return nil
+}
+
+func (f *fakeDatapath) Put(r loader.Rule) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failPut != nil {
+		return f.failPut
+	}
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	f.rules[r.Name] = r
+	f.puts++
+	return nil
+}
+
+func (f *fakeDatapath) Rule(name string) (loader.Rule, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.rules[name]
+	if !ok {
+		return loader.Rule{}, fmt.Errorf("rule %s: %w", name, loader.ErrUnknownRule)
+	}
+	return r, nil
+}
+
+// Reclaim lowers a granted rule's grant to what is spent and keep.
+func (f *fakeDatapath) Reclaim(name string, keep uint64) (taken, granted uint64, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.rules[name]
+	if !ok || r.Shape != loader.ShapeGranted {
+		return 0, 0, fmt.Errorf("rule %s: %w", name, loader.ErrUnknownRule)
+	}
+	next := min(r.Granted, f.stats[name].Spent+keep)
+	taken, r.Granted = r.Granted-next, next
+	f.rules[name] = r
+	return taken, next, nil
+}
+
+func (f *fakeDatapath) Stats(name string) (loader.Stats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.rules[name]; !ok {
+		return loader.Stats{}, fmt.Errorf("rule %s: %w", name, loader.ErrUnknownRule)
+	}
+	return f.stats[name], nil
+}
+
+func (f *fakeDatapath) Live(name string) (int64, error) {
+	st, err := f.Stats(name)
+	return st.Live, err
+}
+
+func (f *fakeDatapath) Status() ([]loader.RuleStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []loader.RuleStatus
+	for _, name := range slices.Sorted(maps.Keys(f.rules)) {
+		out = append(out, loader.RuleStatus{Rule: f.rules[name], Stats: f.stats[name]})
+	}
+	return out, nil
+}
+
+func (f *fakeDatapath) Lost() (loader.Lost, error) { return loader.Lost{}, nil }
+
+func (f *fakeDatapath) Recount() (map[string]loader.Recount, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]loader.Recount{}
+	for name := range f.rules {
+		out[name] = loader.Recount{Live: f.stats[name].Live, Counted: f.stats[name].Live}
+	}
+	return out, nil
+}
+
+func (f *fakeDatapath) Refusals() (reader[loader.Refusal], error) { return f.refusals, nil }
+func (f *fakeDatapath) Samples() (reader[loader.Sample], error)   { return f.samples, nil }
+
+func (f *fakeDatapath) Close() error     { f.closed = "closed"; return nil }
+func (f *fakeDatapath) Uninstall() error { f.closed = "uninstalled"; return nil }
+
+// set sets a rule's counts.
+func (f *fakeDatapath) set(name string, st loader.Stats) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stats[name] = st
+}
+
+// rule returns a rule and whether the kernel has it.
+func (f *fakeDatapath) rule(name string) (loader.Rule, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.rules[name]
+	return r, ok
+}
+
+func (f *fakeDatapath) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failPut = err
+}
+
+// fakeReader is an event stream a test feeds with send; drain waits until
+// the daemon has handled all that was sent.
+type fakeReader[T any] struct {
+	ch          chan T
+	sent, reads atomic.Int64
+	once        sync.Once
+	done        chan struct{}
+}
+
+func newFakeReader[T any]() *fakeReader[T] {
+	return &fakeReader[T]{ch: make(chan T, 64), done: make(chan struct{})}
+}
+
+func (r *fakeReader[T]) send(v T) { r.sent.Add(1); r.ch <- v }
+
+// drain returns once the reader is asked for an event after the last one
+// sent: the daemon is done with every event before it.
+func (r *fakeReader[T]) drain(t *testing.T) {
+	t.Helper()
+	waitFor(t, "the daemon to read every event sent", func() bool { return r.reads.Load() == r.sent.Load()+1 })
+}
+
+func (r *fakeReader[T]) Read() (T, error) {
+	r.reads.Add(1)
+	select {
+	case v := <-r.ch:
+		return v, nil
+	case <-r.done:
+		var zero T
+		return zero, loader.ErrClosed
+	}
+}
+
+func (r *fakeReader[T]) Close() error {
+	r.once.Do(func() { close(r.done) })
+	return nil
+}
+
+var errWrite = errors.New("the kernel says no")

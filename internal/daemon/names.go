@@ -1,0 +1,100 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/egressd/egressd/internal/dns"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// names owns the host names rules use as destinations: what each resolved
+// to, and until when. Lookups (DNS) happen here, before the rule table's
+// lock is taken, so a slow DNS server never stalls the API, the metrics or
+// the event readers; the table reads the addresses as they stand.
+type names struct {
+	resolver *dns.Resolver
+	log      *slog.Logger
+
+	mu    sync.Mutex
+	hosts map[string]hostEntry
+}
+
+// hostEntry is what a host name resolved to, until when.
+type hostEntry struct {
+	addrs   []netip.Addr
+	expires time.Time
+}
+
+// nameUse is a host name one rule uses.
+type nameUse struct{ rule, host string }
+
+func newNames(r *dns.Resolver, log *slog.Logger) *names {
+	return &names{resolver: r, log: log, hosts: map[string]hostEntry{}}
+}
+
+// usesOf returns the host names the rules use.
+func usesOf(rules []policy.Rule) []nameUse {
+	var out []nameUse
+	for _, r := range rules {
+		if host, ok := r.Destination.Host(); ok {
+			out = append(out, nameUse{r.Name, host})
+		}
+	}
+	return out
+}
+
+// resolve looks up each name of uses never looked up or whose TTL ran out
+// at now, and reports whether any was. A failed lookup must not lift a
+// limit: the addresses last resolved stay, by this run or, for a name it
+// never resolved, those the kernel enforces for the rule (pinned by the
+// daemon before; pinned says which), and the name is asked again after
+// the resolver's retry time.
+func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule string) []netip.Addr, now time.Time) (due bool) {
+	for _, u := range uses {
+		n.mu.Lock()
+		h, ok := n.hosts[u.host]
+		n.mu.Unlock()
+		if ok && now.Before(h.expires) {
+			continue
+		}
+		due = true
+		addrs, ttl, err := n.resolver.Lookup(ctx, u.host)
+		if err != nil {
+			addrs = h.addrs
+			if len(addrs) == 0 {
+				addrs = pinned(u.rule)
+			}
+			n.log.Warn("host lookup failed; keeping the last addresses", "rule", u.rule, "host", u.host, "err", err, "addresses", len(addrs))
+		}
+		n.mu.Lock()
+		n.hosts[u.host] = hostEntry{addrs: addrs, expires: now.Add(ttl)}
+		n.mu.Unlock()
+	}
+	return due
+}
+
+// addrs returns what host last resolved to; nil before it did.
+func (n *names) addrs(host string) []netip.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.hosts[host].addrs
+}
+
+// keep forgets the names no rule in uses has.
+func (n *names) keep(uses []nameUse) {
+	in := map[string]bool{}
+	for _, u := range uses {
+		in[u.host] = true
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for host := range n.hosts {
+		if !in[host] {
+			delete(n.hosts, host)
+		}
+	}
+}

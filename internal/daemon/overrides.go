@@ -1,0 +1,149 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// Where a rule comes from. A rule set at run time wins over the policy
+// file's rule of the same name, and a rule removed at run time stays
+// removed across reloads until it is set again.
+const (
+	sourcePolicy = "policy"
+	sourceCLI    = "cli"
+)
+
+// overrides are the changes made at run time, kept in the state directory
+// so that they survive restarts.
+type overrides struct {
+	Set     []policy.Rule
+	Removed []string
+}
+
+// with returns o with r set: it replaces a rule of its name, and undoes
+// that name's removal.
+func (o overrides) with(r policy.Rule) overrides {
+	return overrides{
+		Set:     append(slices.DeleteFunc(slices.Clone(o.Set), func(x policy.Rule) bool { return x.Name == r.Name }), r),
+		Removed: slices.DeleteFunc(slices.Clone(o.Removed), func(n string) bool { return n == r.Name }),
+	}
+}
+
+// without returns o with the rule named name gone: its run-time setting
+// dropped and, when the policy file has one of that name, that one
+// removed too.
+func (o overrides) without(name string, inPolicy bool) overrides {
+	out := overrides{
+		Set:     slices.DeleteFunc(slices.Clone(o.Set), func(x policy.Rule) bool { return x.Name == name }),
+		Removed: slices.DeleteFunc(slices.Clone(o.Removed), func(n string) bool { return n == name }),
+	}
+	if inPolicy {
+		out.Removed = append(out.Removed, name)
+	}
+	return out
+}
+
+// effective merges the policy file with the overrides: the rules in force
+// and where each comes from.
+func effective(p *policy.Policy, o overrides) []*entry {
+	removed := map[string]bool{}
+	for _, n := range o.Removed {
+		removed[n] = true
+	}
+	set := map[string]policy.Rule{}
+	for _, r := range o.Set {
+		set[r.Name] = r
+	}
+	var out []*entry
+	for _, r := range p.Rules {
+		if removed[r.Name] {
+			continue
+		}
+		if o, ok := set[r.Name]; ok {
+			out = append(out, &entry{spec: o, source: sourceCLI})
+			delete(set, r.Name)
+			continue
+		}
+		out = append(out, &entry{spec: r, source: sourcePolicy})
+	}
+	for _, r := range o.Set {
+		if _, ok := set[r.Name]; ok && !removed[r.Name] {
+			out = append(out, &entry{spec: r, source: sourceCLI})
+		}
+	}
+	return out
+}
+
+type overridesFile struct {
+	// Rules is a policy file of the rules set at run time.
+	Rules   string   `json:"rules"`
+	Removed []string `json:"removed"`
+}
+
+func overridesPath(dir string) string { return filepath.Join(dir, "overrides.json") }
+
+func loadOverrides(dir string) (overrides, error) {
+	b, err := os.ReadFile(overridesPath(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return overrides{}, nil
+	}
+	if err != nil {
+		return overrides{}, fmt.Errorf("state: %w", err)
+	}
+	var f overridesFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return overrides{}, fmt.Errorf("state %s: %w", overridesPath(dir), err)
+	}
+	p, err := policy.Parse([]byte(f.Rules))
+	if err != nil {
+		return overrides{}, fmt.Errorf("state %s: %w", overridesPath(dir), err)
+	}
+	return overrides{Set: p.Rules, Removed: f.Removed}, nil
+}
+
+// save writes the overrides atomically: a crash leaves the old file or the
+// new one, never half of one.
+func (o overrides) save(dir string) error {
+	text, err := policy.Format(&policy.Policy{Rules: o.Set})
+	if err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(overridesFile{Rules: string(text), Removed: o.Removed}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	return writeAtomic(dir, overridesPath(dir), b)
+}
+
+// writeAtomic writes path through a temporary file in dir, synced and
+// renamed over it.
+func writeAtomic(dir, path string, b []byte) (err error) {
+	tmp, err := os.CreateTemp(dir, ".overrides-*")
+	if err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(b)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	return nil
+}

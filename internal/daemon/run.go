@@ -1,0 +1,197 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+// cleanups are what Run undoes as it stops, last started first.
+type cleanups []func() error
+
+func (c *cleanups) push(f func() error) { *c = append(*c, f) }
+
+func (c cleanups) run() error {
+	var errs []error
+	for i := len(c) - 1; i >= 0; i-- {
+		errs = append(errs, c[i]())
+	}
+	return errors.Join(errs...)
+}
+
+// Run runs the daemon until ctx ends (SIGTERM and SIGINT end it, in egressd
+// run) or an uninstall request comes; SIGHUP reloads the policy. Whatever
+// it started it stops on one path, the goroutines it started joined, and
+// the errors of stopping are joined to its result. The datapath stays
+// pinned and enforcing unless it was asked to uninstall (then the result
+// is ErrUninstalled) or to detach on exit.
+func (d *Daemon) Run(ctx context.Context) (err error) {
+	var stack cleanups
+	defer func() { err = errors.Join(err, stack.run()) }()
+	d.started = time.Now()
+	pol, err := d.loadPolicyFile(true)
+	if err != nil {
+		return err
+	}
+	if d.overrides, err = loadOverrides(d.cfg.StateDir); err != nil {
+		return err
+	}
+	// The socket first: a second daemon started by mistake stops here,
+	// before it touches the datapath of the first.
+	srv, err := control.NewServer(control.Config{Socket: d.cfg.Socket, Group: d.cfg.SocketGroup, Mode: d.cfg.SocketMode, Routes: d.routes(), Logger: d.log})
+	if err != nil {
+		return err
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		return err
+	}
+	serving := false
+	stack.push(func() error {
+		if serving {
+			return nil // Shutdown closed it
+		}
+		return ln.Close()
+	})
+	dp, err := d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir})
+	if err != nil {
+		return fmt.Errorf("datapath: %w", err)
+	}
+	d.dp = dp
+	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", d.cfg.Cgroup)
+	detach := false
+	stack.push(func() error {
+		if detach {
+			return dp.Uninstall()
+		}
+		return dp.Close()
+	})
+	stack.push(func() error { d.endShares(detach); d.closeRedis(); return nil })
+	if err := d.installAtStart(ctx, pol); err != nil {
+		return fmt.Errorf("apply policy: %w", err)
+	}
+	var metricsLn net.Listener
+	if d.cfg.MetricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", d.cfg.MetricsAddr); err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	serving = true
+	d.serve(ctx, &stack, srv, ln, metricsLn)
+	uninstall := d.wait(ctx)
+	detach = uninstall || d.cfg.DetachOnExit
+	d.log.Info("egressd stopping", "detach", detach)
+	if uninstall {
+		return ErrUninstalled
+	}
+	return nil
+}
+
+// serve starts the daemon's loops and servers, each in a goroutine that
+// stack's cleanup stops and joins: the servers are shut down first, then
+// the loops' context ends and they are waited for.
+func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server, ln, metricsLn net.Listener) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var readers []func() error
+	stack.push(func() error {
+		cancel()
+		var errs []error
+		for _, c := range readers {
+			errs = append(errs, c())
+		}
+		d.events.close()
+		wg.Wait()
+		return errors.Join(errs...)
+	})
+	if rd, err := d.dp.Refusals(); err != nil {
+		d.log.Error("refusal events", "err", err)
+	} else {
+		readers = append(readers, rd.Close)
+		wg.Go(func() { d.followRefusals(rd) })
+	}
+	if rd, err := d.dp.Samples(); err != nil {
+		d.log.Error("latency samples", "err", err)
+	} else {
+		readers = append(readers, rd.Close)
+		wg.Go(func() { d.followSamples(rd) })
+	}
+	wg.Go(func() { d.watchSaturation(ctx) })
+	wg.Go(func() { d.refreshLoop(ctx) })
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil {
+			d.log.Error("control server", "err", err)
+		}
+	})
+	var metricsSrv *http.Server
+	if metricsLn != nil {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(d.metrics)
+		metricsSrv = &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		wg.Go(func() {
+			if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {
+				d.log.Error("metrics server", "err", err)
+			}
+		})
+	}
+	stack.push(func() error {
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := srv.Shutdown(shutdown)
+		if metricsSrv != nil {
+			err = errors.Join(err, metricsSrv.Shutdown(shutdown))
+		}
+		return err
+	})
+}
+
+// wait tells the service manager the daemon is ready and runs until ctx
+// ends or an uninstall request, reloading on SIGHUP and pinging the
+// watchdog. It reports whether the daemon is to uninstall.
+func (d *Daemon) wait(ctx context.Context) (uninstall bool) {
+	n := d.cfg.Notify
+	n.Ready()
+	defer n.Stopping()
+	var watchdog <-chan time.Time
+	if every, ok := n.WatchdogInterval(); ok {
+		t := time.NewTicker(every / 2)
+		defer t.Stop()
+		watchdog = t.C
+	}
+	d.mu.Lock()
+	rules := len(d.entries)
+	d.mu.Unlock()
+	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-d.stop:
+			return true
+		case <-hup:
+			n.Reloading()
+			if _, err := d.reloadPolicy(ctx); err != nil {
+				d.log.Error("policy reload refused; the old policy stays", "err", err)
+			}
+			n.Ready()
+		case <-watchdog:
+			n.Watchdog()
+		}
+	}
+}

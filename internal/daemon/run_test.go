@@ -1,0 +1,180 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
+)
+
+// apply installs a policy's text as the table.
+func (td *testDaemon) apply(t *testing.T, text string) {
+	t.Helper()
+	if err := td.install(context.Background(), parse(t, text)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start runs the daemon until the test ends, and waits until its socket
+// answers. The test fails if Run fails, or returns leaving a goroutine of
+// the daemon's behind.
+func (td *testDaemon) start(t *testing.T) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var result error
+	go func() { defer close(done); result = td.Run(ctx) }()
+	stopped := false
+	once := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+			if g := daemonGoroutines(); g != "" {
+				t.Errorf("Run returned with the daemon's goroutines still running:\n%s", g)
+			}
+		}
+		return result
+	}
+	t.Cleanup(func() {
+		if err := once(); err != nil && !errors.Is(err, ErrUninstalled) {
+			t.Errorf("run: %v", err)
+		}
+	})
+	c := td.client()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := c.Status(context.Background()); err == nil {
+			return once
+		}
+		select {
+		case <-done:
+			t.Fatalf("run exited before serving: %v", result)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon never answered on its socket")
+		}
+	}
+}
+
+func (td *testDaemon) client() *control.Client {
+	return &control.Client{Socket: td.cfg.Socket, Timeout: 5 * time.Second}
+}
+
+// daemonGoroutines returns the stacks of goroutines running the daemon's
+// code, but the test's own.
+func daemonGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "egressd/internal/daemon.") && !strings.Contains(g, "testing.tRunner") && !strings.Contains(g, "_test.go") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
+
+// TestNewChecksConfig: New refuses a configuration it cannot run, listing
+// every problem, and touches nothing.
+func TestNewChecksConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want []string
+	}{
+		{"defaults", Config{HostID: "h"}, nil},
+		{"everything wrong", Config{Socket: "/" + strings.Repeat("s", 200), SocketMode: 0o4777, Refresh: -time.Second, HostID: "a host", MetricsAddr: "localhost"},
+			[]string{"socket path", "socket mode", "refresh", `host id "a host"`, `metrics address "localhost"`}},
+		{"a control character", Config{HostID: "h\x00"}, []string{`host id "h\x00"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.cfg)
+			if (err != nil) != (len(tt.want) > 0) || (err != nil && !errors.Is(err, ErrConfig)) {
+				t.Fatalf("New = %v, want problems %q", err, tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("New = %v, want it to name %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestRunServesAndStops: Run serves the control API on the datapath it
+// opened, and stops on its context: the datapath stays pinned (closed,
+// not uninstalled), and no goroutine of the daemon's outlives it.
+func TestRunServesAndStops(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
+	stop := td.start(t)
+	l, err := td.client().Limit(context.Background(), "db")
+	if err != nil || l.Limit != 5 {
+		t.Fatalf("limit db = %+v, %v", l, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if td.fake.closed != "closed" {
+		t.Errorf("the datapath was %q after a stop, want closed (pinned)", td.fake.closed)
+	}
+}
+
+// TestRunUninstall: an uninstall request ends Run with ErrUninstalled and
+// the datapath uninstalled; so does a stop with DetachOnExit, without the
+// error.
+func TestRunUninstall(t *testing.T) {
+	td := newTestDaemon(t)
+	stop := td.start(t)
+	if err := td.client().Post(context.Background(), control.RouteUninstall, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); !errors.Is(err, ErrUninstalled) || td.fake.closed != "uninstalled" {
+		t.Errorf("after uninstall: run = %v, datapath %q; want ErrUninstalled, uninstalled", err, td.fake.closed)
+	}
+
+	td = newTestDaemon(t)
+	td.cfg.DetachOnExit = true
+	if err := td.start(t)(); err != nil || td.fake.closed != "uninstalled" {
+		t.Errorf("a stop with DetachOnExit: run = %v, datapath %q; want nil, uninstalled", err, td.fake.closed)
+	}
+}
+
+// TestRunSocketTakenFirst: a second daemon on a socket that answers stops
+// before it opens the datapath of the first.
+func TestRunSocketTakenFirst(t *testing.T) {
+	first := newTestDaemon(t)
+	first.start(t)
+	second := newTestDaemon(t)
+	second.cfg.Socket = first.cfg.Socket
+	opened := false
+	second.cfg.open = func(*loader.Config) (datapath, error) { opened = true; return second.fake, nil }
+	if err := second.Run(context.Background()); err == nil || opened {
+		t.Errorf("a second daemon on a live socket: run = %v, opened the datapath %v; want an error, not opened", err, opened)
+	}
+}
+
+// TestRunBadPolicyStopsStart: a policy that cannot be applied at start
+// stops the daemon, and what it started is stopped.
+func TestRunBadPolicyStopsStart(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
+	td.fake.fail(errWrite)
+	err := td.Run(context.Background())
+	if !errors.Is(err, errWrite) || td.fake.closed != "closed" {
+		t.Errorf("run with a kernel that refuses the policy = %v, datapath %q; want its error, closed", err, td.fake.closed)
+	}
+	if g := daemonGoroutines(); g != "" {
+		t.Errorf("goroutines left:\n%s", g)
+	}
+	if _, err := (&control.Client{Socket: td.cfg.Socket, Timeout: time.Second}).Status(context.Background()); err == nil {
+		t.Error("the control socket still answers after a failed start")
+	}
+}

@@ -1,0 +1,320 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// The rule table: the rules in force (the policy file's, with the changes
+// made at run time), each with the kernel rule that enforces it, or why it
+// is not in the kernel yet. Every change is planned whole and written in
+// one Sync, so it applies whole or not at all; what it needs from outside
+// (the cgroups of scopes, the addresses of host names) is found before the
+// table's lock is taken.
+
+// entry is one rule in force.
+type entry struct {
+	spec   policy.Rule
+	source string
+	// kernel is the rule as installed; pending says why it is not. base
+	// is the kernel rule the policy gives, before a share shapes it.
+	kernel  loader.Rule
+	base    loader.Rule
+	pending string
+	ctrl    *adaptive.Controller
+	share   share
+}
+
+func (e *entry) installed() bool { return e.pending == "" }
+
+// limitShown is the limit the CLI and metrics report, given the kernel's:
+// a shared rate's kernel rule grants permits and has no rate of its own,
+// so it is the whole budget's.
+func (e *entry) limitShown(kernel uint32) uint32 {
+	if e.share != nil && e.share.rate() {
+		return e.base.Limit
+	}
+	return kernel
+}
+
+var errUnknownRule = errors.New("no such rule")
+
+// found is what a change of the table needs from outside it, found before
+// its lock is taken: the cgroup of each scope. (Host names' addresses are
+// d.names'.)
+type found struct {
+	scopes map[policy.Scope]scoped
+}
+
+// prepare looks up, outside the table's lock, what installing the rules in
+// force and more needs: host names due for a lookup, and scopes' cgroups.
+func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
+	d.mu.Lock()
+	var rules []policy.Rule
+	if d.policy != nil {
+		rules = slices.Clone(d.policy.Rules)
+	}
+	rules = append(append(rules, d.overrides.Set...), more...)
+	d.mu.Unlock()
+	d.names.resolve(ctx, usesOf(rules), d.pinnedAddrs, time.Now())
+	return found{scopes: scopes(rules)}
+}
+
+// pinnedAddrs returns the addresses the kernel enforces a rule for now:
+// those a previous daemon resolved, when this one cannot.
+func (d *Daemon) pinnedAddrs(rule string) []netip.Addr {
+	r, err := d.dp.Rule(rule)
+	if err != nil {
+		return nil
+	}
+	addrs := make([]netip.Addr, len(r.Dests))
+	for i, p := range r.Dests {
+		addrs[i] = p.Addr()
+	}
+	return addrs
+}
+
+// retired is a share the table no longer has, to end once its lock is
+// released (its loop may be waiting for the lock); release hands its slots
+// back, unless the same budget is still the rule's.
+type retired struct {
+	share   share
+	release bool
+}
+
+// change runs fn, a change of the table, under the table's lock, then
+// ends the shares it retired.
+func (d *Daemon) change(fn func() ([]retired, error)) error {
+	d.mu.Lock()
+	gone, err := fn()
+	d.mu.Unlock()
+	for _, r := range gone {
+		r.share.end(r.release)
+	}
+	return err
+}
+
+// applyLocked makes the rules p and o give the table: it checks them
+// whole, plans each one's kernel rule with f, writes them all in one Sync,
+// and takes the new table. On any problem nothing changes. Call with d.mu
+// held.
+func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
+	merged := effective(p, o)
+	if err := (&policy.Policy{Rules: specs(merged)}).Validate(); err != nil {
+		return nil, err
+	}
+	next := map[string]*entry{}
+	var kernel []loader.Rule
+	for _, e := range merged {
+		if err := d.plan(e, d.entries[e.spec.Name], f); err != nil {
+			return nil, fmt.Errorf("rule %s: %w", e.spec.Name, err)
+		}
+		next[e.spec.Name] = e
+		if e.installed() {
+			kernel = append(kernel, e.kernel)
+		}
+	}
+	if err := d.dp.Sync(kernel); err != nil {
+		return nil, err
+	}
+	d.logChanges(d.entries, next)
+	var gone []retired
+	for name, old := range d.entries {
+		if n := next[name]; old.share != nil && (n == nil || n.share != old.share) {
+			gone = append(gone, retired{old.share, n == nil || n.share == nil || !old.share.sameBudget(n.share)})
+		}
+	}
+	for _, e := range next {
+		if e.share != nil {
+			e.share.start()
+		}
+	}
+	d.policy, d.applied, d.entries = p, o, next
+	d.names.keep(usesOf(specs(merged)))
+	return gone, nil
+}
+
+func specs(es []*entry) []policy.Rule {
+	out := make([]policy.Rule, len(es))
+	for i, e := range es {
+		out[i] = e.spec
+	}
+	return out
+}
+
+// plan fills e from e.spec: its kernel rule, or why it is pending (its
+// unit or cgroup does not exist, its host name has no addresses). An
+// unchanged rule keeps old's adaptive loop and share; a new shared rule
+// gets a share, which carries on old's or what the kernel holds.
+func (d *Daemon) plan(e, old *entry, f found) error {
+	if old != nil && old.spec == e.spec {
+		e.ctrl, e.share = old.ctrl, old.share
+	}
+	if e.spec.IsShared() && e.share == nil {
+		s, err := d.newShare(e.spec)
+		if err != nil {
+			return err
+		}
+		d.carryShare(s, old)
+		e.share = s
+	}
+	sc, ok := f.scopes[e.spec.Scope]
+	if !ok {
+		sc.scope, sc.pending = scopeOf(e.spec.Scope) // set after prepare looked
+	}
+	if e.pending = sc.pending; e.pending != "" {
+		return nil
+	}
+	var addrs []netip.Addr
+	if host, ok := e.spec.Destination.Host(); ok {
+		if addrs = d.names.addrs(host); len(addrs) == 0 {
+			e.pending = fmt.Sprintf("host %s has no addresses yet", host)
+			return nil
+		}
+	}
+	e.kernel = e.spec.LoaderRule(sc.scope, addrs)
+	if len(e.kernel.Dests) == 0 {
+		e.pending = "host name has no addresses"
+		return nil
+	}
+	e.base = e.kernel
+	if e.share != nil {
+		e.share.shape(&e.kernel)
+	}
+	if a, ok := e.spec.Limit.(policy.Adaptive); ok {
+		if e.ctrl == nil {
+			ctrl, err := d.newController(e.spec.Name, a)
+			if err != nil {
+				return err
+			}
+			e.ctrl = ctrl
+		}
+		e.kernel.Limit = uint32(e.ctrl.Limit())
+	}
+	return nil
+}
+
+// carryShare starts a new share where the rule's old one left off, when
+// they spend the same budget; a rule new to this daemon starts from the
+// kernel rule a previous daemon left pinned.
+func (d *Daemon) carryShare(s share, old *entry) {
+	switch {
+	case old != nil && old.share != nil && old.share.sameBudget(s):
+		s.inherit(old.share)
+	case old == nil:
+		if kr, err := d.dp.Rule(s.name()); err == nil {
+			if st, err := d.dp.Stats(s.name()); err == nil {
+				s.adopt(kr, st)
+			}
+		}
+	}
+}
+
+// logChanges writes one line per rule added, changed or removed.
+func (d *Daemon) logChanges(old, next map[string]*entry) {
+	for name, e := range next {
+		o, ok := old[name]
+		switch {
+		case !ok:
+			d.log.Info("rule added", "rule", name, "source", e.source, "pending", e.pending)
+		case o.spec != e.spec || o.pending != e.pending:
+			d.log.Info("rule changed", "rule", name, "source", e.source, "pending", e.pending)
+		}
+	}
+	for name := range old {
+		if _, ok := next[name]; !ok {
+			d.log.Info("rule removed", "rule", name)
+		}
+	}
+}
+
+// install makes p, with the run-time changes, the rule set: at start and
+// on a reload. On any problem nothing changes.
+func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
+	f := d.prepare(ctx, p.Rules...)
+	return d.change(func() ([]retired, error) {
+		gone, err := d.applyLocked(p, d.overrides, f)
+		if err == nil && d.reload.Time.IsZero() {
+			d.reload = controlReloadOK()
+		}
+		return gone, err
+	})
+}
+
+// setRule sets a rule at run time and keeps it in the state directory.
+func (d *Daemon) setRule(ctx context.Context, r policy.Rule) error {
+	f := d.prepare(ctx, r)
+	return d.change(func() ([]retired, error) { return d.commitLocked(d.overrides.with(r), f) })
+}
+
+// removeRule removes a rule at run time and keeps that in the state
+// directory.
+func (d *Daemon) removeRule(ctx context.Context, name string) error {
+	f := d.prepare(ctx)
+	return d.change(func() ([]retired, error) {
+		_, known := d.entries[name]
+		if !known && !slices.ContainsFunc(d.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
+			return nil, errUnknownRule
+		}
+		inPolicy := slices.ContainsFunc(d.policy.Rules, func(x policy.Rule) bool { return x.Name == name })
+		return d.commitLocked(d.overrides.without(name, inPolicy), f)
+	})
+}
+
+// commitLocked applies new overrides and saves them; if the state cannot
+// be saved, the table is put back as it was.
+func (d *Daemon) commitLocked(o overrides, f found) ([]retired, error) {
+	old := d.applied
+	gone, err := d.applyLocked(d.policy, o, f)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.save(d.cfg.StateDir); err != nil {
+		back, rerr := d.applyLocked(d.policy, old, f)
+		if rerr != nil {
+			d.log.Error("restore rules after a failed save", "err", rerr)
+		}
+		return append(gone, back...), err
+	}
+	d.overrides = o
+	return gone, nil
+}
+
+// refreshLoop looks host names up again when their TTLs run out, and
+// units every Refresh (a restarted unit gets a new cgroup); either way the
+// table is planned again. Every Refresh it also recounts the sockets.
+func (d *Daemon) refreshLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			d.mu.Lock()
+			uses := usesOf(specs(slices.Collect(maps.Values(d.entries))))
+			d.mu.Unlock()
+			units := now.Sub(last) >= d.cfg.Refresh
+			if d.names.resolve(ctx, uses, d.pinnedAddrs, now) || units {
+				f := d.prepare(ctx)
+				if err := d.change(func() ([]retired, error) { return d.applyLocked(d.policy, d.applied, f) }); err != nil {
+					d.log.Error("refresh", "err", err)
+				}
+			}
+			if units {
+				last = now
+				d.metrics.recount()
+			}
+		}
+	}
+}

@@ -1,0 +1,308 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/clocktest"
+	"github.com/egressd/egressd/internal/dns"
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// testDaemon is a daemon on the fake datapath, with a hosts file of its
+// own for host-name destinations (and no DNS server: a closed port).
+type testDaemon struct {
+	*Daemon
+	fake  *fakeDatapath
+	clock *clocktest.Manual // the shares'
+	dir   string
+	hosts string
+}
+
+func newTestDaemon(t *testing.T) *testDaemon {
+	t.Helper()
+	dir := t.TempDir()
+	td := &testDaemon{fake: newFake(), clock: clocktest.New(), dir: dir, hosts: filepath.Join(dir, "hosts")}
+	writeFile(t, td.hosts, "")
+	writeFile(t, filepath.Join(dir, "policy.yaml"), "rules: []\n")
+	d, err := New(Config{
+		PolicyFile: filepath.Join(dir, "policy.yaml"), StateDir: filepath.Join(dir, "state"), Socket: filepath.Join(dir, "sock"),
+		HostID: "test-host", Version: "test", Logger: slog.New(slog.DiscardHandler),
+		Resolver: &dns.Resolver{HostsFile: td.hosts, Servers: []string{"127.0.0.1:1"}, Timeout: 100 * time.Millisecond, MinTTL: time.Second, MaxTTL: time.Second},
+		open:     td.fake.open,
+		now:      td.clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.dp = td.fake
+	td.Daemon = d
+	t.Cleanup(func() { d.endShares(true); d.closeRedis() })
+	return td
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func parse(t *testing.T, text string) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// state describes the table: each rule, installed with its destinations
+// and limit, or pending with why.
+func (td *testDaemon) state() map[string]string {
+	td.mu.Lock()
+	defer td.mu.Unlock()
+	out := map[string]string{}
+	for name, e := range td.entries {
+		if !e.installed() {
+			out[name] = "pending: " + e.pending
+			continue
+		}
+		r, ok := td.fake.rule(name)
+		if !ok {
+			out[name] = "installed, but not in the kernel"
+			continue
+		}
+		var dests []string
+		for _, p := range r.Dests {
+			dests = append(dests, p.String())
+		}
+		out[name] = strings.Join(dests, ",") + " " + r.Shape.String() + " " + strconv.Itoa(int(r.Limit)) + " (" + e.source + ")"
+	}
+	return out
+}
+
+// TestInstall: a policy file and the run-time changes become the table,
+// each rule in the kernel or pending with the reason.
+func TestInstall(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy string
+		set    []string // rules set at run time, as policy YAML items
+		remove []string // rules removed at run time
+		hosts  string
+		want   map[string]string
+	}{{
+		name:   "prefix and port",
+		policy: "rules:\n  - {name: db, destination: 10.0.0.0/8, port: 5432, concurrency: 5}\n",
+		want:   map[string]string{"db": "10.0.0.0/8 concurrency 5 (policy)"},
+	}, {
+		name:   "a host name, from the hosts file",
+		policy: "rules:\n  - {name: api, destination: api.test, perSecond: {permits: 9}}\n",
+		hosts:  "10.1.1.1 api.test\n10.1.1.2 api.test\n",
+		want:   map[string]string{"api": "10.1.1.1/32,10.1.1.2/32 per_second 9 (policy)"},
+	}, {
+		name:   "a host name that does not resolve is pending",
+		policy: "rules:\n  - {name: api, destination: api.test, concurrency: 1}\n",
+		want:   map[string]string{"api": "pending: host api.test has no addresses yet"},
+	}, {
+		name:   "a unit that is not running is pending",
+		policy: "rules:\n  - {name: svc, destination: 10.0.0.1, unit: egressd-test-absent.service, concurrency: 1}\n",
+		want:   map[string]string{"svc": "pending: unit egressd-test-absent.service: no cgroup (is it running?)"},
+	}, {
+		name:   "an adaptive rule starts at its initial limit",
+		policy: "rules:\n  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 7}}\n",
+		want:   map[string]string{"dep": "10.0.0.2/32 concurrency 7 (policy)"},
+	}, {
+		name:   "a rule set at run time wins over the file's",
+		policy: "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n",
+		set:    []string{"{name: db, destination: 10.0.0.1, concurrency: 2}", "{name: new, destination: 10.0.0.3, concurrency: 3}"},
+		want:   map[string]string{"db": "10.0.0.1/32 concurrency 2 (cli)", "new": "10.0.0.3/32 concurrency 3 (cli)"},
+	}, {
+		name:   "a rule removed at run time stays removed",
+		policy: "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n  - {name: web, destination: 10.0.0.2, concurrency: 5}\n",
+		remove: []string{"db"},
+		want:   map[string]string{"web": "10.0.0.2/32 concurrency 5 (policy)"},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			writeFile(t, td.hosts, tt.hosts)
+			for _, r := range tt.set {
+				td.overrides = td.overrides.with(parse(t, "rules:\n  - "+r+"\n").Rules[0])
+			}
+			for _, n := range tt.remove {
+				td.overrides = td.overrides.without(n, true)
+			}
+			if err := td.install(context.Background(), parse(t, tt.policy)); err != nil {
+				t.Fatal(err)
+			}
+			if got := td.state(); !equalMaps(got, tt.want) {
+				t.Errorf("table %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestInstallWholeOrNothing: a policy with a problem, or a kernel that
+// refuses the write, changes nothing.
+func TestInstallWholeOrNothing(t *testing.T) {
+	td := newTestDaemon(t)
+	good := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
+	if err := td.install(context.Background(), parse(t, good)); err != nil {
+		t.Fatal(err)
+	}
+	before, syncs := td.state(), td.fake.syncs
+
+	// Two rules on the same traffic: the policy's check refuses it.
+	clash := good + "  - {name: again, destination: 10.0.0.1, concurrency: 1}\n"
+	if err := td.install(context.Background(), &policy.Policy{Rules: parseLoose(t, clash)}); !errors.Is(err, policy.ErrInvalid) {
+		t.Errorf("install of two rules on one destination = %v, want a policy error", err)
+	}
+	// The kernel refuses the write.
+	td.fake.fail(errWrite)
+	if err := td.install(context.Background(), parse(t, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 9}\n")); !errors.Is(err, errWrite) {
+		t.Errorf("install the kernel refused = %v, want its error", err)
+	}
+	td.fake.fail(nil)
+	if got := td.state(); !equalMaps(got, before) || td.fake.syncs != syncs {
+		t.Errorf("after refused installs: table %v (was %v), %d syncs (was %d)", got, before, td.fake.syncs, syncs)
+	}
+}
+
+// parseLoose reads rules without the policy's whole check (which would
+// refuse them before install could).
+func parseLoose(t *testing.T, text string) []policy.Rule {
+	t.Helper()
+	var rules []policy.Rule
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n")[1:] {
+		rules = append(rules, parse(t, "rules:\n"+line+"\n").Rules...)
+	}
+	return rules
+}
+
+// TestRunTimeChanges: a rule set or removed at run time is kept in the
+// state directory, survives a reload of the file, and a change whose state
+// cannot be saved is undone in the kernel too.
+func TestRunTimeChanges(t *testing.T) {
+	td := newTestDaemon(t)
+	file := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
+	writeFile(t, td.cfg.PolicyFile, file)
+	if err := td.install(context.Background(), parse(t, file)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 3}\n").Rules[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.removeRule(ctx, "db"); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.removeRule(ctx, "nope"); !errors.Is(err, errUnknownRule) {
+		t.Errorf("remove of an unknown rule = %v, want errUnknownRule", err)
+	}
+	if _, err := td.reloadPolicy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"web": "10.0.0.2/32 concurrency 3 (cli)"}
+	if got := td.state(); !equalMaps(got, want) {
+		t.Errorf("after set, remove and reload: %v, want %v", got, want)
+	}
+	saved, err := loadOverrides(td.cfg.StateDir)
+	if err != nil || len(saved.Set) != 1 || saved.Set[0].Name != "web" || !slices.Equal(saved.Removed, []string{"db"}) {
+		t.Errorf("state saved %+v, %v; want web set and db removed", saved, err)
+	}
+
+	// The state directory cannot be written: the change is undone.
+	td.cfg.StateDir = filepath.Join(td.cfg.PolicyFile, "state") // below a file
+	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: more, destination: 10.0.0.3, concurrency: 1}\n").Rules[0]); err == nil {
+		t.Error("a change whose state cannot be saved succeeded")
+	}
+	if _, ok := td.fake.rule("more"); ok {
+		t.Error("a change whose state could not be saved stayed in the kernel")
+	}
+	if got := td.state(); !equalMaps(got, want) {
+		t.Errorf("after an unsaved change: %v, want %v", got, want)
+	}
+}
+
+// TestReloadKeepsOldPolicyOnError: a reload of a bad file, or of a file
+// gone, changes nothing and says why.
+func TestReloadKeepsOldPolicyOnError(t *testing.T) {
+	td := newTestDaemon(t)
+	good := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
+	writeFile(t, td.cfg.PolicyFile, good)
+	if _, err := td.reloadPolicy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := td.state()
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: [not, one], concurrency: 5}\n")
+	r, err := td.reloadPolicy(context.Background())
+	if err == nil || r.OK || !strings.Contains(r.Error, "destination") {
+		t.Errorf("reload of a bad file = %+v, %v; want refused, naming the problem", r, err)
+	}
+	os.Remove(td.cfg.PolicyFile)
+	if r, err := td.reloadPolicy(context.Background()); err == nil || r.OK {
+		t.Errorf("reload of a file gone = %+v, %v; want refused", r, err)
+	}
+	if got := td.state(); !equalMaps(got, before) {
+		t.Errorf("after refused reloads: %v, want %v", got, before)
+	}
+}
+
+// TestStartWithConflictingRunTimeRule: a run-time rule that conflicts
+// with a policy changed while the daemon was down does not keep the
+// daemon from starting: it runs the policy alone and says so.
+func TestStartWithConflictingRunTimeRule(t *testing.T) {
+	td := newTestDaemon(t)
+	td.overrides = td.overrides.with(parse(t, "rules:\n  - {name: cli, destination: 10.0.0.1, concurrency: 1}\n").Rules[0])
+	p := parse(t, "rules:\n  - {name: file, destination: 10.0.0.1, concurrency: 5}\n")
+	if err := td.installAtStart(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"file": "10.0.0.1/32 concurrency 5 (policy)"}
+	if got := td.state(); !equalMaps(got, want) {
+		t.Errorf("table %v, want %v", got, want)
+	}
+	if td.reload.OK || !strings.Contains(td.reload.Error, "run-time limits not applied") {
+		t.Errorf("last load %+v, want it to say the run-time limits were not applied", td.reload)
+	}
+}
+
+// TestPinnedAddressesWhenLookupFails: a daemon that cannot resolve a host
+// name it never resolved keeps the addresses the kernel enforces (a
+// previous daemon's), rather than lifting the limit.
+func TestPinnedAddressesWhenLookupFails(t *testing.T) {
+	td := newTestDaemon(t)
+	pinned := loader.Rule{Name: "api", Dests: []netip.Prefix{netip.MustParsePrefix("10.9.9.9/32")}, Shape: loader.ShapeConcurrency, Limit: 4}
+	td.fake.rules["api"] = pinned
+	if err := td.install(context.Background(), parse(t, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n")); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"api": "10.9.9.9/32 concurrency 4 (policy)"}
+	if got := td.state(); !equalMaps(got, want) {
+		t.Errorf("table %v, want %v", got, want)
+	}
+}
