@@ -86,7 +86,8 @@ type Config struct {
 	Notify Notifier
 
 	// open opens the datapath; nil is the kernel's (the tests' fake
-	// otherwise). now is the shares' clock; nil is time.Now.
+	// otherwise). now is the clock of shares and of host names'
+	// TTLs; nil is time.Now.
 	open func(*loader.Config) (datapath, error)
 	now  func() time.Time
 }

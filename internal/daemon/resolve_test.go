@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"net"
-	"slices"
 	"testing"
 	"time"
 
@@ -16,51 +15,35 @@ import (
 func TestHostRuleFollowsTTL(t *testing.T) {
 	td := newTestDaemon(t)
 	writeFile(t, td.hosts, "127.0.0.2 svc.test\n")
-	writeFile(t, td.cfg.PolicyFile, "rules:\n  - name: svc\n    destination: svc.test\n    concurrency: 3\n")
-	td.start(t)
-
-	c := td.client()
-	dests := func() []string {
-		l, err := c.Limit(context.Background(), "svc")
-		if err != nil {
-			return nil
-		}
-		return l.Destinations
+	td.apply(t, "rules:\n  - name: svc\n    destination: svc.test\n    concurrency: 3\n")
+	ctx := context.Background()
+	steps := []struct {
+		name    string
+		hosts   string
+		advance time.Duration
+		want    string
+	}{
+		{"resolved at install", "", 0, "127.0.0.2/32 concurrency 3 (policy)"},
+		{"the TTL (a second here) has not run out", "127.0.0.3 svc.test\n", 999 * time.Millisecond, "127.0.0.2/32 concurrency 3 (policy)"},
+		{"it has: the new addresses", "127.0.0.3 svc.test\n127.0.0.4 svc.test\n", time.Millisecond, "127.0.0.3/32,127.0.0.4/32 concurrency 3 (policy)"},
+		// The name vanishes from the hosts file and the DNS server does
+		// not answer: the rule keeps its addresses.
+		{"a failed lookup", "-", time.Second, "127.0.0.3/32,127.0.0.4/32 concurrency 3 (policy)"},
+		{"another", "-", 2 * time.Second, "127.0.0.3/32,127.0.0.4/32 concurrency 3 (policy)"},
 	}
-	wait := func(want ...string) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if slices.Equal(dests(), want) {
-				return
-			}
+	for _, s := range steps {
+		switch s.hosts {
+		case "":
+		case "-":
+			writeFile(t, td.hosts, "")
+		default:
+			writeFile(t, td.hosts, s.hosts)
 		}
-		t.Fatalf("destinations %v, want %v", dests(), want)
-	}
-	wait("127.0.0.2/32")
-
-	// The hosts file's TTL is a second here.
-	writeFile(t, td.hosts, "127.0.0.3 svc.test\n127.0.0.4 svc.test\n")
-	wait("127.0.0.3/32", "127.0.0.4/32")
-
-	// The name vanishes from the hosts file and the DNS server does not
-	// answer: the rule keeps its addresses through two more lookups.
-	writeFile(t, td.hosts, "")
-	expires := func() time.Time {
-		td.names.mu.Lock()
-		defer td.names.mu.Unlock()
-		return td.names.hosts["svc.test"].expires
-	}
-	before := expires()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if expires().Sub(before) >= 2*time.Second {
-			break
+		td.clock.Advance(s.advance)
+		td.refresh(ctx, td.clock.Now(), false)
+		if got := td.state()["svc"]; got != s.want {
+			t.Fatalf("%s: svc is %q, want %q", s.name, got, s.want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the name was not looked up again")
-		}
-	}
-	if got := dests(); !slices.Equal(got, []string{"127.0.0.3/32", "127.0.0.4/32"}) {
-		t.Fatalf("after failed lookups: destinations %v", got)
 	}
 }
 
@@ -84,7 +67,7 @@ func TestLookupOutsideTheLock(t *testing.T) {
 			asked <- struct{}{}
 		}
 	}()
-	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: 5 * time.Second}
+	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: 2 * time.Second}
 	td.names = newNames(td.cfg.Resolver, td.log)
 
 	done := make(chan error, 1)

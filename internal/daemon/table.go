@@ -65,7 +65,7 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 	}
 	rules = append(append(rules, d.overrides.Set...), more...)
 	d.mu.Unlock()
-	d.names.resolve(ctx, usesOf(rules), d.pinnedAddrs, time.Now())
+	d.names.resolve(ctx, usesOf(rules), d.pinnedAddrs, d.cfg.now())
 	return found{scopes: scopes(rules)}
 }
 
@@ -295,26 +295,34 @@ func (d *Daemon) commitLocked(o overrides, f found) ([]retired, error) {
 func (d *Daemon) refreshLoop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	last := time.Now()
+	last := d.cfg.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			d.mu.Lock()
-			uses := usesOf(specs(slices.Collect(maps.Values(d.entries))))
-			d.mu.Unlock()
+		case <-t.C:
+			now := d.cfg.now()
 			units := now.Sub(last) >= d.cfg.Refresh
-			if d.names.resolve(ctx, uses, d.pinnedAddrs, now) || units {
-				f := d.prepare(ctx)
-				if err := d.change(func() ([]retired, error) { return d.applyLocked(d.policy, d.applied, f) }); err != nil {
-					d.log.Error("refresh", "err", err)
-				}
-			}
+			d.refresh(ctx, now, units)
 			if units {
 				last = now
 				d.metrics.recount()
 			}
 		}
+	}
+}
+
+// refresh looks up the host names whose TTLs ran out at now and, if any
+// was, or with units, applies the table again with what it found.
+func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
+	d.mu.Lock()
+	uses := usesOf(specs(slices.Collect(maps.Values(d.entries))))
+	d.mu.Unlock()
+	if !d.names.resolve(ctx, uses, d.pinnedAddrs, now) && !units {
+		return
+	}
+	f := d.prepare(ctx)
+	if err := d.change(func() ([]retired, error) { return d.applyLocked(d.policy, d.applied, f) }); err != nil {
+		d.log.Error("refresh", "err", err)
 	}
 }
