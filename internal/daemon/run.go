@@ -181,7 +181,14 @@ func (d *Daemon) wait(ctx context.Context) (uninstall bool) {
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			// An uninstall already acknowledged to its caller still
+			// happens when a stop comes at the same time.
+			select {
+			case <-d.stop:
+				return true
+			default:
+				return false
+			}
 		case <-d.stop:
 			return true
 		case <-hup:
