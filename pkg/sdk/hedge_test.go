@@ -460,14 +460,25 @@ func TestHedgeBoundedByDeadline(t *testing.T) {
 // A first attempt that panics takes its slot with it: the panic reaches
 // the caller, no hedge is sent for it afterwards, and a hedge already sent
 // is cancelled and has returned by then. No copy of the callback runs on
-// after the call, and the watcher has nothing left to watch.
+// after the call, the watcher has nothing left to watch, and an attempt
+// context the executor derived (an attempt timeout) is cancelled.
 func TestHedgeFirstAttemptPanics(t *testing.T) {
 	panics := func(_ context.Context, release <-chan struct{}) (int, error) {
 		<-release
 		panic("boom")
 	}
-	for _, hedgeSent := range []bool{false, true} {
+	for _, tc := range []struct {
+		hedgeSent      bool
+		attemptTimeout time.Duration
+	}{
+		{false, 0},
+		{true, 0},
+		{false, time.Hour},
+		{true, time.Hour},
+	} {
+		hedgeSent := tc.hedgeSent
 		rig := newHedgeRig(t, HedgeOptions{})
+		rig.p.AttemptTimeout = tc.attemptTimeout
 		var hedgeReturned atomic.Bool
 		hedge := func(ctx context.Context, release <-chan struct{}) (int, error) {
 			defer hedgeReturned.Store(true)
@@ -494,6 +505,9 @@ func TestHedgeFirstAttemptPanics(t *testing.T) {
 		}
 		if hedgeSent && (!hedgeReturned.Load() || !errors.Is(rig.ctx(1).Err(), context.Canceled)) {
 			t.Errorf("the hedge was not cancelled and done when the panic reached the caller")
+		}
+		if tc.attemptTimeout > 0 && !errors.Is(rig.ctx(0).Err(), context.Canceled) {
+			t.Errorf("hedge sent %v: the first attempt's derived context was not cancelled: %v", hedgeSent, rig.ctx(0).Err())
 		}
 		rig.clk.Advance(10 * hedgeDelay)
 		if next, busy := rig.p.Hedge.scan(rig.clk.Now()); busy {

@@ -103,17 +103,13 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	s.word.Store(active) // publishes hc to the watcher
 	h.watch()
 	returned := false
-	defer func() {
-		if !returned { // fn panicked
-			hc.abandon(s, active, clk.Now())
-		}
-		if cancel != nil {
-			cancel()
-		}
-	}()
+	defer hc.unwind(s, active, &returned)
 
 	runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n}, o)
 	returned = true
+	if cancel != nil {
+		cancel()
+	}
 	end = clk.Now()
 	took = end.Sub(start)
 	if s.word.CompareAndSwap(active, released(o.v.Kind() == verdict.OK, false, took)) {
@@ -121,6 +117,20 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	}
 	r, end = hc.join(s, o, end)
 	return r, end, end.Sub(start)
+}
+
+// unwind is deferred by hedged: when the first attempt panicked (returned
+// is false) it gives the slot back and cancels the attempt's context. A
+// deferred method call costs the success path less than a deferred closure.
+func (hc *hedgedCall[T]) unwind(s *slot, active uint64, returned *bool) {
+	if *returned {
+		return
+	}
+	cancel := hc.cancel // hc is the next holder's once abandon returns
+	hc.abandon(s, active, hc.p.clockOrReal().Now())
+	if cancel != nil {
+		cancel()
+	}
 }
 
 // abandon gives the slot back when the first attempt panicked, at end: the
