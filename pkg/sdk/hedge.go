@@ -480,7 +480,23 @@ type hedgeContext struct {
 }
 
 func newHedgeContext(parent context.Context) *hedgeContext {
-	return &hedgeContext{parent: parent, comparable: reflect.ValueOf(parent).Comparable()}
+	return &hedgeContext{parent: parent, comparable: comparableValue(parent)}
+}
+
+// comparableValue reports whether v can be compared with == without panicking.
+// Only a struct or an array can hide an uncomparable value behind a
+// comparable type (in an interface field); for anything else, a pointer
+// above all, the type says, and reflect.Value.Comparable, which allocates,
+// is not asked.
+func comparableValue(v any) bool {
+	switch t := reflect.TypeOf(v); {
+	case t == nil:
+		return false
+	case t.Kind() == reflect.Struct || t.Kind() == reflect.Array:
+		return reflect.ValueOf(v).Comparable()
+	default:
+		return t.Comparable()
+	}
 }
 
 type innerContext struct {

@@ -727,3 +727,34 @@ func TestHedgeConcurrent(t *testing.T) {
 		t.Errorf("%d callbacks still running after every call returned", n)
 	}
 }
+
+// A hedge that does not fire costs RunHedged no allocation with the
+// caller's context of the previous call (its first attempt's context is
+// reused), and exactly one, that context, with a context of its own, as a
+// request's is. Run is the baseline. Each slot allocates what it keeps on
+// its first use, so the slots are warmed first.
+func TestRunHedgedNotFiringAllocations(t *testing.T) {
+	type key struct{}
+	bg := context.Background()
+	for _, tc := range []struct {
+		name  string
+		ctx   func() context.Context
+		extra float64
+	}{
+		{"the same context", func() context.Context { return bg }, 0},
+		{"a context per call", func() context.Context { return context.WithValue(bg, key{}, 1) }, 1},
+	} {
+		plain, hedged := Defaults(), Defaults()
+		hedged.Hedge = NewHedge(HedgeOptions{Delay: time.Hour})
+		plainCall := func() { _, _ = Run(tc.ctx(), plain, succeed) }
+		hedgedCall := func() { _, _ = RunHedged(tc.ctx(), hedged, succeed) }
+		for range 1000 {
+			plainCall()
+			hedgedCall()
+		}
+		run, hedgedRun := testing.AllocsPerRun(1000, plainCall), testing.AllocsPerRun(1000, hedgedCall)
+		if hedgedRun != run+tc.extra {
+			t.Errorf("%s: RunHedged %v allocs, Run %v; want %v more", tc.name, hedgedRun, run, tc.extra)
+		}
+	}
+}
