@@ -225,7 +225,7 @@ func connectLoop(addr, count string) (time.Duration, error) {
 
 // runRequester runs N closed-loop clients against ADDR for DURATION: each
 // connects, sends a byte, waits for a byte back and closes, again and
-// again; a refused connect() waits a millisecond. It prints
+// again; a refused connect() waits 10 ms. It prints
 // "done ok N refused M failed K". The clients also stop when stdin closes
 // ([Child.CloseInput]). With a fourth argument, a file, it writes there
 // every connection's interval as the client saw it (see [Interval]).
@@ -253,7 +253,9 @@ func runRequester(args []string) error {
 	for i := range n {
 		wg.Go(func() {
 			buf := make([]byte, 1)
-			for time.Now().Before(deadline) && !stopped.Load() {
+			// Every client tries at least once: a short run on a loaded
+			// machine may start after its deadline.
+			for first := true; first || time.Now().Before(deadline) && !stopped.Load(); first = false {
 				c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
 				if errors.Is(err, syscall.EPERM) {
 					refused.Add(1)
