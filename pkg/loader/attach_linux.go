@@ -111,8 +111,8 @@ func (d *Datapath) detach(progs []program, adopting bool) error {
 
 // syncRequestPrograms attaches the per-packet programs only while some
 // rule tracks requests: they run for every packet below the cgroup.
-func (d *Datapath) syncRequestPrograms(adopting bool) error {
-	if d.trackingRequests > 0 {
+func (d *Datapath) syncRequestPrograms(tracking int, adopting bool) error {
+	if tracking > 0 {
 		return d.attachAll(requestPrograms)
 	}
 	return d.detach(requestPrograms, adopting)

@@ -170,7 +170,7 @@ func (d *Datapath) Recount() (map[string]Recount, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string]Recount{}
-	for i, s := range d.slots {
+	for i, s := range d.t.slots {
 		if !s.active {
 			continue
 		}
@@ -187,8 +187,8 @@ func (d *Datapath) Recount() (map[string]Recount, error) {
 func (d *Datapath) slotGen(idx uint32) uint32 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if int(idx) >= len(d.slots) {
+	if int(idx) >= len(d.t.slots) {
 		return 0
 	}
-	return d.slots[idx].gen
+	return d.t.slots[idx].gen
 }

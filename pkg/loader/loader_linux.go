@@ -61,28 +61,15 @@ func (c *Config) withDefaults() (Config, error) {
 	return out, nil
 }
 
-// Kernel flag and class bits; they mirror RULE_F_* and CLASS_* in egressd.c.
+// Kernel flag bits; they mirror RULE_F_* in egressd.c.
 const (
 	flagActive   = 1 << 0
 	flagShadow   = 1 << 1
 	flagSamples  = 1 << 2
 	flagRequests = 1 << 3
 
-	classScopedPort = 1 << 0
-	classScopedAny  = 1 << 1
-	classHostPort   = 1 << 2
-	classHostAny    = 1 << 3
-
 	ruleKeyFixedBits = 96
 )
-
-// slot is user space's view of one entry of the rule tables.
-type slot struct {
-	rule   Rule
-	gen    uint32
-	epoch  uint32
-	active bool
-}
 
 // Datapath is the loaded, attached and pinned kernel side. Its methods are
 // safe for concurrent use. Closing it leaves enforcement in place.
@@ -96,19 +83,13 @@ type Datapath struct {
 	lock     *os.File // flock on the pin directory: one owner at a time
 	closed   bool
 
-	slots   []slot
-	byName  map[string]uint32
-	byKey   map[ruleKey]uint32
-	free    []uint32 // least recently freed first
-	nextGen uint32
-	ncpu    int
-
-	// What the kernel's lookup hints hold, so changes write only the
-	// difference.
-	hintScopes map[uint64]uint32
-	hintPorts  [65536 / 64]uint64
-	// trackingRequests counts active rules that track requests.
-	trackingRequests int
+	t    *table
+	ncpu int
+	// hints are what the kernel's lookup hints hold, so that changes
+	// write only the difference.
+	hints hints
+	// fault, set by tests, fails the kernel write it returns an error for.
+	fault func(step string) error
 }
 
 func (d *Datapath) mapsDir() string  { return filepath.Join(d.cfg.PinDir, "maps") }
@@ -125,7 +106,7 @@ func Open(cfg *Config) (*Datapath, error) {
 	if err := checkFeatures(); err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: c, links: map[string]link.Link{}, byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}}
+	d := &Datapath{cfg: c, links: map[string]link.Link{}}
 	if d.cgroupID, err = cgroups.ID(c.Cgroup); err != nil {
 		return nil, err
 	}
@@ -147,11 +128,11 @@ func Open(cfg *Config) (*Datapath, error) {
 		d.lock.Close()
 		return nil, err
 	}
-	if err := d.adoptRules(); err != nil {
+	if d.t, err = d.readTable(); err != nil {
 		d.closeFDs()
 		return nil, err
 	}
-	if err := d.syncLookupHints(true); err != nil {
+	if err := d.syncHints(); err != nil {
 		d.closeFDs()
 		return nil, err
 	}
@@ -159,7 +140,7 @@ func Open(cfg *Config) (*Datapath, error) {
 		d.closeFDs()
 		return nil, err
 	}
-	if err := d.syncRequestPrograms(true); err != nil {
+	if err := d.syncRequestPrograms(d.t.uses.requests, true); err != nil {
 		d.closeFDs()
 		return nil, err
 	}

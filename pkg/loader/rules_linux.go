@@ -13,38 +13,37 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// adoptRules rebuilds the slot table from the pinned maps.
-func (d *Datapath) adoptRules() error {
+// readTable rebuilds the rule table from the kernel's maps: what the
+// kernel enforces, whatever user space believed.
+func (d *Datapath) readTable() (*table, error) {
 	n := d.cfg.MaxRules
-	d.slots = make([]slot, n)
+	t := newTable(n)
 	for i := range n {
 		idx := uint32(i)
 		var kr egressdRule
 		if err := d.objs.Rules.Lookup(idx, &kr); err != nil {
-			return fmt.Errorf("read rule %d: %w", i, err)
+			return nil, fmt.Errorf("read rule %d: %w", i, err)
 		}
-		d.nextGen = max(d.nextGen, kr.Gen)
+		t.nextGen = max(t.nextGen, kr.Gen)
+		t.slots[i] = slot{gen: kr.Gen, epoch: kr.Epoch}
 		if kr.Flags&flagActive == 0 {
-			d.free = append(d.free, idx)
+			t.free = append(t.free, idx)
 			continue
 		}
 		var meta egressdRuleMeta
 		if err := d.objs.RuleMetas.Lookup(idx, &meta); err != nil {
-			return fmt.Errorf("read rule %d: %w", i, err)
+			return nil, fmt.Errorf("read rule %d: %w", i, err)
 		}
-		r := ruleFromKernel(&kr, &meta)
-		d.slots[i] = slot{rule: r, gen: kr.Gen, epoch: kr.Epoch, active: true}
-		d.trackingRequests += tracks(d.slots[i])
-		d.byName[r.Name] = idx
+		t.slots[i] = slot{rule: ruleFromKernel(&kr, &meta), gen: kr.Gen, epoch: kr.Epoch, active: true}
 	}
-	d.nextGen++
+	t.nextGen++
 
 	// A rule's destinations are its keys in the trie.
 	var key egressdRuleKey
 	var idx uint32
 	it := d.objs.RuleKeys.Iterate()
 	for it.Next(&key, &idx) {
-		if int(idx) >= n || !d.slots[idx].active {
+		if int(idx) >= n || !t.slots[idx].active {
 			continue
 		}
 		addr := netip.AddrFrom16(key.Addr)
@@ -52,21 +51,18 @@ func (d *Datapath) adoptRules() error {
 		if addr.Is4In6() && bits >= 96 {
 			addr, bits = addr.Unmap(), bits-96
 		}
-		r := &d.slots[idx].rule
+		r := &t.slots[idx].rule
 		r.Dests = append(r.Dests, netip.PrefixFrom(addr, bits))
-		d.byKey[ruleKey{scope: key.Scope, dest: mapped(r.Dests[len(r.Dests)-1]), port: uint16(key.Port)}] = idx
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read rule keys: %w", err)
+		return nil, fmt.Errorf("read rule keys: %w", err)
 	}
-	return nil
-}
-
-func tracks(s slot) int {
-	if s.active && s.rule.Requests {
-		return 1
+	for i, s := range t.slots {
+		if s.active {
+			t.add(uint32(i), s)
+		}
 	}
-	return 0
+	return t, nil
 }
 
 func ruleFromKernel(kr *egressdRule, meta *egressdRuleMeta) Rule {
@@ -136,16 +132,20 @@ func (k ruleKey) kernel() egressdRuleKey {
 	}
 }
 
-func (r *Rule) kernelMeta() egressdRuleMeta {
+func (r Rule) kernelMeta() egressdRuleMeta {
 	m := egressdRuleMeta{Scope: r.Scope.CgroupID, ScopeLevel: r.Scope.Level, Port: uint32(r.Port)}
 	copy(m.Name[:], r.Name)
 	return m
 }
 
-// restartsState reports whether moving from old to new parameters must
-// restart the bucket or window (a shape or segment layout change).
-func restartsState(old, new *Rule) bool {
-	return old.Shape != new.Shape || old.Segments != new.Segments || old.Window != new.Window
+// kernelRule is what the kernel holds for a slot: an inactive slot keeps
+// its generation, so that the sockets of a retired rule stay told apart.
+func (s slot) kernelRule() egressdRule {
+	kr := s.rule.kernel(s.gen, s.epoch)
+	if !s.active {
+		kr.Flags = 0
+	}
+	return kr
 }
 
 // Put creates a rule, or changes the rule of that name in place: its counts
@@ -161,14 +161,13 @@ func (d *Datapath) PutMany(rules []Rule) error {
 	if err := validateAll(rules); err != nil {
 		return err
 	}
-
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	plan, taken, err := d.plan(rules, nil)
+	p, err := d.t.plan(rules, nil)
 	if err != nil {
 		return err
 	}
-	return d.apply(plan, taken)
+	return d.apply(&p)
 }
 
 // Sync makes rules the whole rule set: rules of other names are deleted,
@@ -185,17 +184,17 @@ func (d *Datapath) Sync(rules []Rule) error {
 		keep[r.Name] = true
 	}
 	var gone []uint32
-	for name, idx := range d.byName {
+	for name, idx := range d.t.byName {
 		if !keep[name] {
 			gone = append(gone, idx)
 		}
 	}
 	slices.Sort(gone)
-	plan, taken, err := d.plan(rules, gone)
+	p, err := d.t.plan(rules, gone)
 	if err != nil {
 		return err
 	}
-	return d.apply(plan, taken)
+	return d.apply(&p)
 }
 
 func validateAll(rules []Rule) error {
@@ -213,82 +212,6 @@ func validateAll(rules []Rule) error {
 	return errors.Join(errs...)
 }
 
-// change is one slot write.
-type change struct {
-	idx    uint32
-	old    slot // before; zero when the slot was free
-	new    slot // after; inactive for a removal
-	create bool // start the slot's counts afresh
-}
-
-// plan works out the slot writes that put rules and delete the slots in
-// gone, checking conflicts and capacity, without touching the kernel. New
-// rules take free slots from the head of the queue; taken says how many.
-func (d *Datapath) plan(rules []Rule, gone []uint32) (changes []change, taken int, err error) {
-	inBatch := map[string]bool{}
-	for _, r := range rules {
-		inBatch[r.Name] = true
-	}
-	for _, idx := range gone {
-		old := d.slots[idx]
-		inBatch[old.rule.Name] = true
-		changes = append(changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
-	}
-	claimed := map[ruleKey]string{}
-	gen := d.nextGen
-	var errs []error
-	for _, r := range rules {
-		r = r.withDefaults()
-		conflict := false
-		for _, k := range r.keys() {
-			other, ok := claimed[k]
-			if !ok {
-				// A key held by a rule outside the batch stays held; one
-				// held by a rule in the batch is free unless it claims
-				// it again, which the claimed check catches.
-				if idx, held := d.byKey[k]; held && !inBatch[d.slots[idx].rule.Name] {
-					other, ok = d.slots[idx].rule.Name, true
-				}
-			}
-			if ok && other != r.Name {
-				errs = append(errs, fmt.Errorf("rule %s: %w: %v (port %d) is already rule %s's", r.Name, ErrConflict, k.dest, k.port, other))
-				conflict = true
-				break
-			}
-			claimed[k] = r.Name
-		}
-		if conflict {
-			continue
-		}
-		if idx, ok := d.byName[r.Name]; ok {
-			old := d.slots[idx]
-			next := slot{rule: r, gen: old.gen, epoch: old.epoch, active: true}
-			if restartsState(&old.rule, &r) {
-				next.epoch++
-			}
-			changes = append(changes, change{idx: idx, old: old, new: next})
-			continue
-		}
-		if taken == len(d.free) {
-			errs = append(errs, fmt.Errorf("rule %s: %w (%d rules)", r.Name, ErrFull, d.cfg.MaxRules))
-			continue
-		}
-		idx := d.free[taken]
-		taken++
-		changes = append(changes, change{idx: idx, old: d.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true})
-		gen++
-	}
-	return changes, taken, errors.Join(errs...)
-}
-
-// keysOf returns the keys of an active slot.
-func keysOf(s slot) []ruleKey {
-	if !s.active {
-		return nil
-	}
-	return s.rule.keys()
-}
-
 // Reclaim takes back a granted rule's unspent permits but keep: it lowers
 // Granted to what is spent plus keep, then reads what is spent again, so a
 // permit the kernel took meanwhile is never counted as taken back (the
@@ -297,11 +220,11 @@ func keysOf(s slot) []ruleKey {
 func (d *Datapath) Reclaim(name string, keep uint64) (taken, granted uint64, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	idx, ok := d.byName[name]
+	idx, ok := d.t.byName[name]
 	if !ok {
 		return 0, 0, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
 	}
-	s := d.slots[idx]
+	s := d.t.slots[idx]
 	if s.rule.Shape != ShapeGranted {
 		return 0, 0, fmt.Errorf("rule %s: reclaim: %s rule", name, s.rule.Shape)
 	}
@@ -314,11 +237,11 @@ func (d *Datapath) Reclaim(name string, keep uint64) (taken, granted uint64, err
 		return 0, old, nil
 	}
 	s.rule.Granted = before + keep
-	kr := s.rule.kernel(s.gen, s.epoch)
+	kr := s.kernelRule()
 	if err := d.objs.Rules.Update(idx, &kr, ebpf.UpdateAny); err != nil {
 		return 0, old, fmt.Errorf("write rule: %w", err)
 	}
-	d.slots[idx] = s
+	d.t.slots[idx] = s
 	after, err := d.spent(idx)
 	if err != nil {
 		// Unknown how many were spent meanwhile: claim none came back.
@@ -332,124 +255,220 @@ func (d *Datapath) Reclaim(name string, keep uint64) (taken, granted uint64, err
 func (d *Datapath) Delete(name string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	idx, ok := d.byName[name]
+	idx, ok := d.t.byName[name]
 	if !ok {
 		return fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
 	}
-	old := d.slots[idx]
-	return d.apply([]change{{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}}}, 0)
+	p := d.t.deletion(idx)
+	return d.apply(&p)
 }
 
-// apply writes changes in the order that keeps every connect() consistent:
-// keys that stop matching go first; new slots are zeroed and filled before
-// their keys make them reachable. The first taken free slots are used.
-func (d *Datapath) apply(changes []change, taken int) error {
-	var (
-		delKeys   []egressdRuleKey
-		putKeys   []egressdRuleKey
-		putSlots  []uint32
-		ruleIdx   []uint32
-		ruleVals  []egressdRule
-		fresh     []uint32
-		freshHist []uint32
-		metaIdx   []uint32
-		metaVals  []egressdRuleMeta
-	)
-	for _, c := range changes {
-		oldKeys, newKeys := keysOf(c.old), keysOf(c.new)
-		for _, k := range oldKeys {
-			if !slices.Contains(newKeys, k) {
-				delKeys = append(delKeys, k.kernel())
-			}
-		}
-		for _, k := range newKeys {
-			if !slices.Contains(oldKeys, k) {
-				putKeys = append(putKeys, k.kernel())
-				putSlots = append(putSlots, c.idx)
-			}
-		}
-		if c.create || (c.new.active && c.new.rule.kernelMeta() != c.old.rule.kernelMeta()) {
-			metaIdx = append(metaIdx, c.idx)
-			metaVals = append(metaVals, c.new.rule.kernelMeta())
-		}
-		ruleIdx = append(ruleIdx, c.idx)
-		if c.new.active {
-			ruleVals = append(ruleVals, c.new.rule.kernel(c.new.gen, c.new.epoch))
-		} else {
-			kr := c.old.rule.kernel(c.old.gen, c.old.epoch)
-			kr.Flags = 0
-			ruleVals = append(ruleVals, kr)
-		}
-		if c.create {
-			fresh = append(fresh, c.idx)
-			freshHist = append(freshHist, c.idx*uint32(egressdSampleKindSAMPLE_LEN), c.idx*uint32(egressdSampleKindSAMPLE_LEN)+1)
-		}
-	}
+// writer performs kernel writes and remembers how to undo each one.
+type writer struct {
+	// fault, set by tests, is asked after each write whether to fail it,
+	// as a kernel error after the kernel changed would, and before each
+	// undo (named "undo " + step) whether to fail that instead of writing.
+	fault func(step string) error
+	undo  []func() error
+}
 
-	for _, k := range delKeys {
-		if err := d.objs.RuleKeys.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete rule key: %w", err)
+// do performs one write; its undo puts back what the write may have
+// changed, even when it failed part-way.
+func (w *writer) do(step string, write, undo func() error) error {
+	w.undo = append(w.undo, func() error {
+		if err := w.injected("undo " + step); err != nil {
+			return err
 		}
+		if err := undo(); err != nil {
+			return fmt.Errorf("undo %s: %w", step, err)
+		}
+		return nil
+	})
+	if err := write(); err != nil {
+		return fmt.Errorf("%s: %w", step, err)
 	}
-	if len(fresh) > 0 {
-		if _, err := d.objs.RuleStates.BatchUpdate(fresh, make([]egressdRuleState, len(fresh)), nil); err != nil {
-			return fmt.Errorf("reset rule states: %w", err)
-		}
-		if _, err := d.objs.RuleCounters.BatchUpdate(fresh, make([]egressdCounters, len(fresh)*d.ncpu), nil); err != nil {
-			return fmt.Errorf("reset counters: %w", err)
-		}
-		if _, err := d.objs.Latency.BatchUpdate(freshHist, make([]egressdHist, len(freshHist)), nil); err != nil {
-			return fmt.Errorf("reset latency: %w", err)
-		}
-	}
-	if len(metaIdx) > 0 {
-		if err := batchUpdate(d.objs.RuleMetas, metaIdx, metaVals); err != nil {
-			return fmt.Errorf("write rule metadata: %w", err)
-		}
-	}
-	if err := batchUpdate(d.objs.Rules, ruleIdx, ruleVals); err != nil {
-		return fmt.Errorf("write rules: %w", err)
-	}
+	return w.injected(step)
+}
 
-	// The user-space table follows the kernel's.
-	d.free = d.free[taken:]
-	for _, c := range changes {
-		if c.old.active {
-			delete(d.byName, c.old.rule.Name)
-			for _, k := range c.old.rule.keys() {
-				delete(d.byKey, k)
-			}
-		}
-		if c.old.active && !c.new.active {
-			d.free = append(d.free, c.idx)
-		}
-		d.trackingRequests += tracks(c.new) - tracks(c.old)
-		d.slots[c.idx] = c.new
-		if c.create {
-			d.nextGen = max(d.nextGen, c.new.gen+1)
-		}
+func (w *writer) injected(step string) error {
+	if w.fault == nil {
+		return nil
 	}
-	for _, c := range changes {
-		if c.new.active {
-			d.byName[c.new.rule.Name] = c.idx
-			for _, k := range c.new.rule.keys() {
-				d.byKey[k] = c.idx
-			}
-		}
+	if err := w.fault(step); err != nil {
+		return fmt.Errorf("%s: %w", step, err)
 	}
+	return nil
+}
 
-	// A change of limits alone leaves the hints as they are.
-	if len(delKeys) > 0 || len(putKeys) > 0 {
-		if err := d.syncLookupHints(false); err != nil {
+// rollback undoes every write, newest first.
+func (w *writer) rollback() error {
+	var errs []error
+	for _, undo := range slices.Backward(w.undo) {
+		errs = append(errs, undo())
+	}
+	return errors.Join(errs...)
+}
+
+// apply writes a plan in the order that keeps every connect() consistent
+// and then commits it to the table. On an error it undoes what it wrote;
+// should that fail too, it reads the table back from the kernel, so that
+// the table always says what the kernel enforces.
+func (d *Datapath) apply(p *plan) error {
+	w := &writer{fault: d.fault}
+	uses := d.t.usesAfter(p)
+	err := d.write(w, p, uses)
+	if err == nil {
+		d.t.commit(p)
+		d.hints = uses.hints()
+		return nil
+	}
+	undoErr := w.rollback()
+	if undoErr == nil {
+		return err
+	}
+	return errors.Join(err, fmt.Errorf("undo: %w", undoErr), d.reread())
+}
+
+// reread makes the table what the kernel holds, and the lookup hints and
+// request programs follow it.
+func (d *Datapath) reread() error {
+	t, err := d.readTable()
+	if err != nil {
+		return fmt.Errorf("read back: %w", err)
+	}
+	d.t = t
+	return errors.Join(d.syncHints(), d.syncRequestPrograms(d.t.uses.requests, false))
+}
+
+// syncHints rewrites the kernel's lookup hints from the table, dropping
+// whatever else they hold.
+func (d *Datapath) syncHints() error {
+	held, err := d.readHints()
+	if err != nil {
+		return err
+	}
+	want := d.t.uses.hints()
+	if err := d.writeHints(held, want, true); err != nil {
+		return err
+	}
+	d.hints = want
+	return nil
+}
+
+func (d *Datapath) write(w *writer, p *plan, uses uses) error {
+	oldSlot := func(idx uint32) slot { return d.t.slots[idx] }
+	newSlot := map[uint32]slot{}
+	for _, c := range p.changes {
+		newSlot[c.idx] = c.new
+	}
+	if len(p.delKeys) > 0 {
+		keys := make([]egressdRuleKey, len(p.delKeys))
+		for i, k := range p.delKeys {
+			keys[i] = k.kernel()
+		}
+		err := w.do("delete rule keys", func() error {
+			for _, k := range keys {
+				if err := d.objs.RuleKeys.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return err
+				}
+			}
+			return nil
+		}, func() error {
+			for i, k := range keys {
+				idx := d.t.byKey[p.delKeys[i]]
+				if err := d.objs.RuleKeys.Update(&k, idx, ebpf.UpdateAny); err != nil {
+					return fmt.Errorf("put back rule key: %w", err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 	}
-	if len(putKeys) > 0 {
-		if _, err := d.objs.RuleKeys.BatchUpdate(putKeys, putSlots, nil); err != nil {
-			return fmt.Errorf("write rule keys: %w", err)
+	if len(p.fresh) > 0 {
+		// Fresh slots were free: nothing reads their old counts.
+		hist := make([]uint32, 0, 2*len(p.fresh))
+		for _, idx := range p.fresh {
+			hist = append(hist, idx*uint32(egressdSampleKindSAMPLE_LEN), idx*uint32(egressdSampleKindSAMPLE_LEN)+1)
+		}
+		noUndo := func() error { return nil }
+		if err := w.do("reset rule states", func() error {
+			_, err := d.objs.RuleStates.BatchUpdate(p.fresh, make([]egressdRuleState, len(p.fresh)), nil)
+			return err
+		}, noUndo); err != nil {
+			return err
+		}
+		if err := w.do("reset counters", func() error {
+			_, err := d.objs.RuleCounters.BatchUpdate(p.fresh, make([]egressdCounters, len(p.fresh)*d.ncpu), nil)
+			return err
+		}, noUndo); err != nil {
+			return err
+		}
+		if err := w.do("reset latency", func() error {
+			_, err := d.objs.Latency.BatchUpdate(hist, make([]egressdHist, len(hist)), nil)
+			return err
+		}, noUndo); err != nil {
+			return err
 		}
 	}
-	return d.syncRequestPrograms(false)
+	if err := writeSlots(w, "rule metadata", d.objs.RuleMetas, p.metas, func(idx uint32) egressdRuleMeta {
+		return newSlot[idx].rule.kernelMeta()
+	}, func(idx uint32) egressdRuleMeta { return oldSlot(idx).rule.kernelMeta() }); err != nil {
+		return err
+	}
+	if err := writeSlots(w, "rules", d.objs.Rules, p.rules, func(idx uint32) egressdRule {
+		return newSlot[idx].kernelRule()
+	}, func(idx uint32) egressdRule { return oldSlot(idx).kernelRule() }); err != nil {
+		return err
+	}
+	if p.hintsChange() {
+		want := uses.hints()
+		if err := w.do("write lookup hints", func() error { return d.writeHints(d.hints, want, false) },
+			func() error { return d.writeHints(want, d.hints, false) }); err != nil {
+			return err
+		}
+	}
+	if len(p.putKeys) > 0 {
+		keys := make([]egressdRuleKey, len(p.putKeys))
+		idxs := make([]uint32, len(p.putKeys))
+		for i, k := range p.putKeys {
+			keys[i], idxs[i] = k.key.kernel(), k.idx
+		}
+		if err := w.do("write rule keys", func() error {
+			_, err := d.objs.RuleKeys.BatchUpdate(keys, idxs, nil)
+			return err
+		}, func() error {
+			for _, k := range keys {
+				if err := d.objs.RuleKeys.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return fmt.Errorf("take back rule key: %w", err)
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	if uses.requests != d.t.uses.requests {
+		return w.do("request programs", func() error { return d.syncRequestPrograms(uses.requests, false) },
+			func() error { return d.syncRequestPrograms(d.t.uses.requests, false) })
+	}
+	return nil
+}
+
+// writeSlots writes the values of slots idxs into a rule table; its undo
+// writes back the old values.
+func writeSlots[V any](w *writer, what string, m *ebpf.Map, idxs []uint32, newVal, oldVal func(uint32) V) error {
+	if len(idxs) == 0 {
+		return nil
+	}
+	vals := make([]V, len(idxs))
+	olds := make([]V, len(idxs))
+	for i, idx := range idxs {
+		vals[i], olds[i] = newVal(idx), oldVal(idx)
+	}
+	return w.do("write "+what, func() error { return batchUpdate(m, idxs, vals) },
+		func() error { return batchUpdate(m, idxs, olds) })
 }
 
 // batchUpdate writes one entry with a plain update, the path the adaptive
@@ -462,87 +481,66 @@ func batchUpdate[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	return err
 }
 
-// syncLookupHints rewrites what lets connect() skip lookups that cannot
-// match: the key classes in use, the scope cgroups and the ports named.
-// full rewrites everything, dropping whatever a previous run left.
-func (d *Datapath) syncLookupHints(full bool) error {
+// readHints reads what the kernel's lookup hints hold now.
+func (d *Datapath) readHints() (hints, error) {
+	h := hints{scopes: map[uint64]uint32{}}
 	var cfg egressdDatapathConfig
-	scopes := map[uint64]uint32{}
-	var ports [65536 / 64]uint64
-	for _, s := range d.slots {
-		if !s.active {
-			continue
-		}
-		r := &s.rule
-		var class uint32
-		switch {
-		case r.Scope.HostWide() && r.Port == 0:
-			class = classHostAny
-		case r.Scope.HostWide():
-			class = classHostPort
-		case r.Port == 0:
-			class = classScopedAny
-		default:
-			class = classScopedPort
-		}
-		cfg.Classes |= class
-		if !r.Scope.HostWide() {
-			scopes[r.Scope.CgroupID] |= class
-			cfg.ScopeLevels |= 1 << r.Scope.Level
-		}
-		if r.Port != 0 {
-			ports[r.Port/64] |= 1 << (r.Port % 64)
+	if err := d.objs.Config.Lookup(uint32(0), &cfg); err != nil {
+		return h, fmt.Errorf("read config: %w", err)
+	}
+	h.classes, h.levels = cfg.Classes, cfg.ScopeLevels
+	var id uint64
+	var class uint32
+	it := d.objs.Scopes.Iterate()
+	for it.Next(&id, &class) {
+		h.scopes[id] = class
+	}
+	if err := it.Err(); err != nil {
+		return h, fmt.Errorf("read scopes: %w", err)
+	}
+	for i := range h.ports {
+		if err := d.objs.Ports.Lookup(uint32(i), &h.ports[i]); err != nil {
+			return h, fmt.Errorf("read ports: %w", err)
 		}
 	}
+	return h, nil
+}
 
-	// Widen first, narrow after: a connect() between the writes may do a
-	// needless lookup but never skips a rule that exists.
-	var old egressdDatapathConfig
-	if err := d.objs.Config.Lookup(uint32(0), &old); err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	widened := egressdDatapathConfig{Classes: old.Classes | cfg.Classes, ScopeLevels: old.ScopeLevels | cfg.ScopeLevels}
+// writeHints moves the kernel's lookup hints from old to want, writing
+// only what differs (everything when all is set). It widens first and
+// narrows after: a connect() between the writes may do a needless lookup
+// but never skips a rule that exists. Writing want over old again undoes
+// it, however far it got.
+func (d *Datapath) writeHints(old, want hints, all bool) error {
+	widened := egressdDatapathConfig{Classes: old.classes | want.classes, ScopeLevels: old.levels | want.levels}
 	if err := d.objs.Config.Update(uint32(0), &widened, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
-	if full {
-		d.hintScopes = map[uint64]uint32{}
-		var id uint64
-		var class uint32
-		for it := d.objs.Scopes.Iterate(); it.Next(&id, &class); {
-			d.hintScopes[id] = class
-		}
-		for i := range d.hintPorts {
-			d.hintPorts[i] = ^ports[i] // differs everywhere: all written
-		}
-	}
-	for id, class := range scopes {
-		if d.hintScopes[id] == class {
+	for id, class := range want.scopes {
+		if c, ok := old.scopes[id]; ok && c == class && !all {
 			continue
 		}
 		if err := d.objs.Scopes.Update(id, class, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("write scope: %w", err)
 		}
-		d.hintScopes[id] = class
 	}
-	for i, bits := range ports {
-		if d.hintPorts[i] == bits {
+	for i, bits := range want.ports {
+		if old.ports[i] == bits && !all {
 			continue
 		}
 		if err := d.objs.Ports.Update(uint32(i), bits, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("write ports: %w", err)
 		}
-		d.hintPorts[i] = bits
 	}
-	for id := range d.hintScopes {
-		if _, ok := scopes[id]; ok {
+	for id := range old.scopes {
+		if _, ok := want.scopes[id]; ok {
 			continue
 		}
 		if err := d.objs.Scopes.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete scope: %w", err)
 		}
-		delete(d.hintScopes, id)
 	}
+	cfg := egressdDatapathConfig{Classes: want.classes, ScopeLevels: want.levels}
 	if err := d.objs.Config.Update(uint32(0), &cfg, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
@@ -553,22 +551,16 @@ func (d *Datapath) syncLookupHints(full bool) error {
 func (d *Datapath) Rules() []Rule {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []Rule
-	for _, s := range d.slots {
-		if s.active {
-			out = append(out, s.rule)
-		}
-	}
-	return out
+	return d.t.rules()
 }
 
 // Rule returns the rule of that name.
 func (d *Datapath) Rule(name string) (Rule, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	idx, ok := d.byName[name]
+	idx, ok := d.t.byName[name]
 	if !ok {
 		return Rule{}, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
 	}
-	return d.slots[idx].rule, nil
+	return d.t.slots[idx].rule, nil
 }

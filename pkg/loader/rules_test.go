@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -304,4 +306,136 @@ func TestGrantedPermits(t *testing.T) {
 	put(t, d, r)
 	dial(t, srv).Close()
 	dialRefused(t, srv, syscall.EPERM)
+}
+
+// Every kernel write of a change can fail: the change is undone whole,
+// and when the undo fails too the loader reads the kernel back. Either
+// way Rules() says what the kernel enforces.
+func TestWritesAreAllOrNothing(t *testing.T) {
+	d, cg := open(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	privtest.Join(t, cg)
+	base := []Rule{
+		{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 1},
+		{Name: "b", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1},
+		{Name: "c", Dests: prefixes("10.1.0.0/16"), Port: 443, Limit: 2},
+	}
+	// Every step: keys go and come, a new slot, new metadata, new hints,
+	// and the request programs attach.
+	change := []Rule{
+		{Name: "b", Dests: prefixes("127.0.0.2/32"), Port: srv.Port(), Limit: 1, Requests: true},
+		{Name: "c", Dests: prefixes("10.1.0.0/16"), Port: 444, Limit: 3},
+		{Name: "d", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 0},
+	}
+	if err := d.Sync(base); err != nil {
+		t.Fatal(err)
+	}
+	before := sortedRules(d.Rules())
+	failAt := func(k int, undos bool) func(string) error {
+		n := 0
+		return func(step string) error {
+			if strings.HasPrefix(step, "undo ") {
+				if undos {
+					return errors.New("injected undo failure")
+				}
+				return nil
+			}
+			n++
+			if n == k {
+				return errors.New("injected failure")
+			}
+			return nil
+		}
+	}
+	steps := 0
+	for k := 1; ; k++ {
+		d.fault = failAt(k, false)
+		err := d.Sync(change)
+		if err == nil {
+			steps = k - 1
+			break
+		}
+		if !strings.Contains(err.Error(), "injected failure") {
+			t.Fatalf("write %d: %v", k, err)
+		}
+		if got := sortedRules(d.Rules()); !reflect.DeepEqual(got, before) {
+			t.Fatalf("write %d failed: rules %+v, want them as before %+v", k, got, before)
+		}
+		checkKernelAgrees(t, d)
+		// b still admits one connection: its old key and hints hold.
+		dial(t, srv).Close()
+		waitLive(t, d, "b", 0)
+	}
+	d.fault = nil
+	if steps < 6 {
+		t.Fatalf("the change took %d writes; the test means to fail each of at least 6", steps)
+	}
+	dialRefused(t, srv, syscall.EPERM) // d now
+	if err := d.Sync(base); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Logf("the change takes %d writes", steps)
+
+	// Undo fails as well: the loader reads back what the kernel holds,
+	// part of the change.
+	partial := 0
+	for k := 1; k <= steps; k++ {
+		d.fault = failAt(k, true)
+		if err := d.Sync(change); err == nil || !strings.Contains(err.Error(), "injected undo failure") {
+			t.Fatalf("write %d with failing undo: %v", k, err)
+		}
+		checkKernelAgrees(t, d)
+		if !reflect.DeepEqual(sortedRules(d.Rules()), before) {
+			partial++
+		}
+		d.fault = nil
+		if err := d.Sync(base); err != nil {
+			t.Fatalf("sync after a failed undo at write %d: %v", k, err)
+		}
+		if got := sortedRules(d.Rules()); !reflect.DeepEqual(got, before) {
+			t.Fatalf("after recovering from write %d: %+v", k, got)
+		}
+		checkKernelAgrees(t, d)
+	}
+	if partial == 0 {
+		t.Fatal("no failed undo left a part of the change in the kernel")
+	}
+}
+
+// checkKernelAgrees reads the rules, lookup hints and request programs
+// back from the kernel and compares them with the loader's table.
+func checkKernelAgrees(t *testing.T, d *Datapath) {
+	t.Helper()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	kt, err := d.readTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sortedRules(kt.rules()), sortedRules(d.t.rules()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("kernel holds %+v, loader says %+v", got, want)
+	}
+	kh, err := d.readHints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := d.t.uses.hints(); !reflect.DeepEqual(kh, want) || !reflect.DeepEqual(d.hints, want) {
+		t.Fatalf("kernel hints %+v, cached %+v, want %+v", kh, d.hints, want)
+	}
+	if _, attached := d.links["egress"]; attached != (d.t.uses.requests > 0) {
+		t.Fatalf("request programs attached %v with %d rules tracking requests", attached, d.t.uses.requests)
+	}
+}
+
+// sortedRules orders rules by name and their destinations, as the kernel
+// gives them back in its own order.
+func sortedRules(rules []Rule) []Rule {
+	out := slices.Clone(rules)
+	for i := range out {
+		out[i].Dests = slices.Clone(out[i].Dests)
+		slices.SortFunc(out[i].Dests, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	}
+	slices.SortFunc(out, func(a, b Rule) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }

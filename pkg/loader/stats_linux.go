@@ -15,7 +15,7 @@ import (
 func (d *Datapath) Stats(name string) (Stats, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	idx, ok := d.byName[name]
+	idx, ok := d.t.byName[name]
 	if !ok {
 		return Stats{}, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
 	}
@@ -27,7 +27,7 @@ func (d *Datapath) Stats(name string) (Stats, error) {
 func (d *Datapath) Live(name string) (int64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	idx, ok := d.byName[name]
+	idx, ok := d.t.byName[name]
 	if !ok {
 		return 0, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
 	}
@@ -43,7 +43,7 @@ func (d *Datapath) Live(name string) (int64, error) {
 func (d *Datapath) Spent(name string) (uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	idx, ok := d.byName[name]
+	idx, ok := d.t.byName[name]
 	if !ok {
 		return 0, fmt.Errorf("rule %s: %w", name, ErrUnknownRule)
 	}
@@ -63,7 +63,7 @@ func (d *Datapath) Status() ([]RuleStatus, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []RuleStatus
-	for i, s := range d.slots {
+	for i, s := range d.t.slots {
 		if !s.active {
 			continue
 		}
@@ -142,10 +142,10 @@ func (d *Datapath) Lost() (Lost, error) {
 func (d *Datapath) ruleName(idx, gen uint32) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if int(idx) >= len(d.slots) || d.slots[idx].gen != gen || !d.slots[idx].active {
+	if int(idx) >= len(d.t.slots) || d.t.slots[idx].gen != gen || !d.t.slots[idx].active {
 		return ""
 	}
-	return d.slots[idx].rule.Name
+	return d.t.slots[idx].rule.Name
 }
 
 // ProgramStats reads each attached program's run statistics. They count

@@ -42,7 +42,9 @@ const (
 	MaxNameLen  = 63
 	MaxSegments = 32
 	// MaxRate keeps the token arithmetic (elapsed ns × rate) inside 64 bits.
-	MaxRate         = 1_000_000
+	MaxRate = 1_000_000
+	// MaxScopeLevel is the deepest cgroup a scope may name.
+	MaxScopeLevel   = 15
 	DefaultSegments = 8
 	minSegment      = time.Millisecond
 )
@@ -186,8 +188,8 @@ func (r Rule) Validate() error {
 			seen[m] = true
 		}
 	}
-	if r.Scope.CgroupID != 0 && (r.Scope.Level == 0 || r.Scope.Level > 15) {
-		add("scope level %d is outside 1..15", r.Scope.Level)
+	if r.Scope.CgroupID != 0 && (r.Scope.Level == 0 || r.Scope.Level > MaxScopeLevel) {
+		add("scope level %d is outside 1..%d", r.Scope.Level, MaxScopeLevel)
 	}
 	if r.Limit == 0 && (r.Shape == ShapePerSecond || r.Shape == ShapePerWindow) {
 		add("limit must be at least 1")

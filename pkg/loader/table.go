@@ -1,0 +1,360 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math/bits"
+	"slices"
+)
+
+// slot is user space's view of one entry of the rule tables.
+type slot struct {
+	rule   Rule
+	gen    uint32
+	epoch  uint32
+	active bool
+}
+
+// table is user space's model of the kernel's rule tables: which rule
+// holds which slot and which keys. Changes are planned against it in pure
+// Go, written to the kernel, and committed to it only once every write
+// succeeded, so that it always says what the kernel enforces.
+type table struct {
+	slots   []slot
+	byName  map[string]uint32
+	byKey   map[ruleKey]uint32
+	free    []uint32 // least recently freed first
+	nextGen uint32
+	uses    uses
+}
+
+func newTable(size int) *table {
+	return &table{slots: make([]slot, size), byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}, uses: newUses()}
+}
+
+// add records an active slot read back from the kernel.
+func (t *table) add(idx uint32, s slot) {
+	t.slots[idx] = s
+	t.byName[s.rule.Name] = idx
+	for _, k := range s.rule.keys() {
+		t.byKey[k] = idx
+	}
+	t.uses.add(&s.rule, 1)
+}
+
+// change is one slot write.
+type change struct {
+	idx    uint32
+	old    slot // before; zero when the slot was free
+	new    slot // after; inactive for a removal
+	create bool // start the slot's counts afresh
+}
+
+// keyPut makes a key match a slot.
+type keyPut struct {
+	key ruleKey
+	idx uint32
+}
+
+// plan is a whole change of the rule tables and the kernel writes that
+// make it, in the order apply performs them: keys that stop matching go
+// first; new slots are zeroed and filled before their keys make them
+// reachable.
+type plan struct {
+	changes []change
+	taken   int // free slots used, from the head of the queue
+
+	delKeys []ruleKey
+	fresh   []uint32 // slots whose state, counters and latency start at zero
+	metas   []uint32 // slots whose metadata is written
+	rules   []uint32 // slots whose rule is written (every change)
+	putKeys []keyPut
+}
+
+// hintsChange reports whether the lookup hints can change: only keys
+// coming or going move them.
+func (p *plan) hintsChange() bool { return len(p.delKeys) > 0 || len(p.putKeys) > 0 }
+
+// usesAfter returns what the active rules use once p is applied.
+func (t *table) usesAfter(p *plan) uses {
+	u := t.uses.clone()
+	for _, c := range p.changes {
+		u.change(c)
+	}
+	return u
+}
+
+// plan works out the writes that put rules and delete the slots in gone,
+// checking conflicts and capacity, without touching the kernel or the
+// table. New rules take free slots from the head of the queue.
+func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
+	var p plan
+	inBatch := map[string]bool{}
+	for _, r := range rules {
+		inBatch[r.Name] = true
+	}
+	for _, idx := range gone {
+		old := t.slots[idx]
+		inBatch[old.rule.Name] = true
+		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
+	}
+	claimed := map[ruleKey]string{}
+	gen := t.nextGen
+	var errs []error
+	for _, r := range rules {
+		r = r.withDefaults()
+		conflict := false
+		for _, k := range r.keys() {
+			other, ok := claimed[k]
+			if !ok {
+				// A key held by a rule outside the batch stays held; one
+				// held by a rule in the batch is free unless it claims
+				// it again, which the claimed check catches.
+				if idx, held := t.byKey[k]; held && !inBatch[t.slots[idx].rule.Name] {
+					other, ok = t.slots[idx].rule.Name, true
+				}
+			}
+			if ok && other != r.Name {
+				errs = append(errs, fmt.Errorf("rule %s: %w: %v (port %d) is already rule %s's", r.Name, ErrConflict, k.dest, k.port, other))
+				conflict = true
+				break
+			}
+			claimed[k] = r.Name
+		}
+		if conflict {
+			continue
+		}
+		if idx, ok := t.byName[r.Name]; ok {
+			old := t.slots[idx]
+			next := slot{rule: r, gen: old.gen, epoch: old.epoch, active: true}
+			if restartsState(&old.rule, &r) {
+				next.epoch++
+			}
+			p.changes = append(p.changes, change{idx: idx, old: old, new: next})
+			continue
+		}
+		if p.taken == len(t.free) {
+			errs = append(errs, fmt.Errorf("rule %s: %w (%d rules)", r.Name, ErrFull, len(t.slots)))
+			continue
+		}
+		idx := t.free[p.taken]
+		p.taken++
+		p.changes = append(p.changes, change{idx: idx, old: t.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true})
+		gen++
+	}
+	if err := errors.Join(errs...); err != nil {
+		return plan{}, err
+	}
+	p.writes()
+	return p, nil
+}
+
+// deletion plans the removal of the rule in slot idx.
+func (t *table) deletion(idx uint32) plan {
+	old := t.slots[idx]
+	p := plan{changes: []change{{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}}}}
+	p.writes()
+	return p
+}
+
+// writes derives the kernel writes from the changes.
+func (p *plan) writes() {
+	for _, c := range p.changes {
+		oldKeys, newKeys := keysOf(c.old), keysOf(c.new)
+		for _, k := range oldKeys {
+			if !slices.Contains(newKeys, k) {
+				p.delKeys = append(p.delKeys, k)
+			}
+		}
+		for _, k := range newKeys {
+			if !slices.Contains(oldKeys, k) {
+				p.putKeys = append(p.putKeys, keyPut{key: k, idx: c.idx})
+			}
+		}
+		if c.create {
+			p.fresh = append(p.fresh, c.idx)
+		}
+		if c.create || (c.new.active && c.new.rule.meta() != c.old.rule.meta()) {
+			p.metas = append(p.metas, c.idx)
+		}
+		p.rules = append(p.rules, c.idx)
+	}
+}
+
+// keysOf returns the keys of an active slot.
+func keysOf(s slot) []ruleKey {
+	if !s.active {
+		return nil
+	}
+	return s.rule.keys()
+}
+
+// commit makes the table what p makes the kernel.
+func (t *table) commit(p *plan) {
+	t.free = t.free[p.taken:]
+	for _, c := range p.changes {
+		if c.old.active {
+			delete(t.byName, c.old.rule.Name)
+			for _, k := range c.old.rule.keys() {
+				delete(t.byKey, k)
+			}
+		}
+		if c.old.active && !c.new.active {
+			t.free = append(t.free, c.idx)
+		}
+		t.slots[c.idx] = c.new
+		t.uses.change(c)
+		if c.create {
+			t.nextGen = max(t.nextGen, c.new.gen+1)
+		}
+	}
+	for _, c := range p.changes {
+		if c.new.active {
+			t.byName[c.new.rule.Name] = c.idx
+			for _, k := range c.new.rule.keys() {
+				t.byKey[k] = c.idx
+			}
+		}
+	}
+}
+
+// ruleMeta is what the kernel keeps of a rule for user space alone: what
+// a restarted loader needs, with the rule's keys, to rebuild the rule.
+type ruleMeta struct {
+	name  string
+	scope Scope
+	port  uint16
+}
+
+func (r *Rule) meta() ruleMeta { return ruleMeta{name: r.Name, scope: r.Scope, port: r.Port} }
+
+// restartsState reports whether moving from old to new parameters must
+// restart the bucket or window (a shape or segment layout change).
+func restartsState(old, new *Rule) bool {
+	return old.Shape != new.Shape || old.Segments != new.Segments || old.Window != new.Window
+}
+
+// Key classes: which kinds of rule keys exist, so that connect() skips
+// lookups that cannot match. They mirror CLASS_* in egressd.c.
+const (
+	classScopedPort = 1 << 0
+	classScopedAny  = 1 << 1
+	classHostPort   = 1 << 2
+	classHostAny    = 1 << 3
+	classLen        = 4
+)
+
+func (r *Rule) class() int {
+	switch {
+	case r.Scope.HostWide() && r.Port == 0:
+		return classHostAny
+	case r.Scope.HostWide():
+		return classHostPort
+	case r.Port == 0:
+		return classScopedAny
+	}
+	return classScopedPort
+}
+
+// uses counts what the active rules use, so that the lookup hints follow
+// a change without a walk over every rule.
+type uses struct {
+	classes  [classLen]int
+	levels   [MaxScopeLevel + 1]int
+	scopes   map[uint64]*[classLen]int
+	ports    map[uint16]int
+	requests int // rules that track requests
+}
+
+func newUses() uses { return uses{scopes: map[uint64]*[classLen]int{}, ports: map[uint16]int{}} }
+
+func (u *uses) clone() uses {
+	c := *u
+	c.scopes = make(map[uint64]*[classLen]int, len(u.scopes))
+	for id, n := range u.scopes {
+		cp := *n
+		c.scopes[id] = &cp
+	}
+	c.ports = maps.Clone(u.ports)
+	return c
+}
+
+func (u *uses) change(c change) {
+	if c.old.active {
+		u.add(&c.old.rule, -1)
+	}
+	if c.new.active {
+		u.add(&c.new.rule, 1)
+	}
+}
+
+func (u *uses) add(r *Rule, n int) {
+	bit := bits.TrailingZeros(uint(r.class()))
+	u.classes[bit] += n
+	if r.Requests {
+		u.requests += n
+	}
+	if !r.Scope.HostWide() {
+		u.levels[r.Scope.Level] += n
+		sc := u.scopes[r.Scope.CgroupID]
+		if sc == nil {
+			sc = new([classLen]int)
+			u.scopes[r.Scope.CgroupID] = sc
+		}
+		sc[bit] += n
+		if *sc == ([classLen]int{}) {
+			delete(u.scopes, r.Scope.CgroupID)
+		}
+	}
+	if r.Port != 0 {
+		u.ports[r.Port] += n
+		if u.ports[r.Port] == 0 {
+			delete(u.ports, r.Port)
+		}
+	}
+}
+
+// hints are what connect() reads to skip lookups that cannot match.
+type hints struct {
+	classes uint32
+	levels  uint32 // bit L: some scoped rule names a cgroup at depth L
+	scopes  map[uint64]uint32
+	ports   [65536 / 64]uint64 // bit p: some rule names port p
+}
+
+func (u *uses) hints() hints {
+	h := hints{scopes: make(map[uint64]uint32, len(u.scopes))}
+	for bit, n := range u.classes {
+		if n > 0 {
+			h.classes |= 1 << bit
+		}
+	}
+	for lvl, n := range u.levels {
+		if n > 0 {
+			h.levels |= 1 << lvl
+		}
+	}
+	for id, sc := range u.scopes {
+		for bit, n := range sc {
+			if n > 0 {
+				h.scopes[id] |= 1 << bit
+			}
+		}
+	}
+	for p := range u.ports {
+		h.ports[p/64] |= 1 << (p % 64)
+	}
+	return h
+}
+
+// rules returns the active slots' rules, in slot order.
+func (t *table) rules() []Rule {
+	var out []Rule
+	for _, s := range t.slots {
+		if s.active {
+			out = append(out, s.rule)
+		}
+	}
+	return out
+}

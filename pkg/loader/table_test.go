@@ -1,0 +1,188 @@
+package loader
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+func prefixes(ps ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ps))
+	for i, p := range ps {
+		out[i] = netip.MustParsePrefix(p)
+	}
+	return out
+}
+
+// tableWith returns a table of size slots holding rules, planned and
+// committed as the loader would.
+func tableWith(t *testing.T, size int, rules ...Rule) *table {
+	t.Helper()
+	tb := newTable(size)
+	for i := range size {
+		tb.free = append(tb.free, uint32(i))
+	}
+	p, err := tb.plan(rules, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.commit(&p)
+	return tb
+}
+
+func keyOf(p string, port uint16) ruleKey {
+	return ruleKey{dest: mapped(netip.MustParsePrefix(p)), port: port}
+}
+
+// The writes of a plan: keys that stop matching go, new ones come, fresh
+// slots start at zero, metadata is written only when it changes, and every
+// changed slot's rule is written.
+func TestPlanWrites(t *testing.T) {
+	base := []Rule{
+		{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 1},
+		{Name: "b", Dests: prefixes("10.1.0.0/16", "10.2.0.0/16"), Limit: 2},
+		{Name: "c", Dests: prefixes("10.3.0.0/16"), Port: 80, Limit: 3},
+	}
+	tests := []struct {
+		name    string
+		rules   []Rule
+		gone    []string
+		delKeys []ruleKey
+		putKeys []keyPut
+		fresh   []uint32
+		metas   []uint32
+		rules2  []uint32
+		hints   bool
+	}{
+		{
+			name:   "a limit alone",
+			rules:  []Rule{{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 7}},
+			rules2: []uint32{0},
+		},
+		{
+			name:    "new destinations",
+			rules:   []Rule{{Name: "b", Dests: prefixes("10.2.0.0/16", "10.9.0.0/16"), Limit: 2}},
+			delKeys: []ruleKey{keyOf("10.1.0.0/16", 0)},
+			putKeys: []keyPut{{keyOf("10.9.0.0/16", 0), 1}},
+			rules2:  []uint32{1},
+			hints:   true,
+		},
+		{
+			name:    "a destination moves to a new rule",
+			rules:   []Rule{{Name: "a", Dests: prefixes("10.5.0.0/16"), Limit: 1}, {Name: "d", Dests: prefixes("10.0.0.0/8"), Limit: 4}},
+			delKeys: []ruleKey{keyOf("10.0.0.0/8", 0)},
+			putKeys: []keyPut{{keyOf("10.5.0.0/16", 0), 0}, {keyOf("10.0.0.0/8", 0), 3}},
+			fresh:   []uint32{3},
+			metas:   []uint32{3},
+			rules2:  []uint32{0, 3},
+			hints:   true,
+		},
+		{
+			name:    "a port change rewrites the metadata",
+			rules:   []Rule{{Name: "c", Dests: prefixes("10.3.0.0/16"), Port: 81, Limit: 3}},
+			delKeys: []ruleKey{keyOf("10.3.0.0/16", 80)},
+			putKeys: []keyPut{{keyOf("10.3.0.0/16", 81), 2}},
+			metas:   []uint32{2},
+			rules2:  []uint32{2},
+			hints:   true,
+		},
+		{
+			name:    "a removal",
+			gone:    []string{"b"},
+			delKeys: []ruleKey{keyOf("10.1.0.0/16", 0), keyOf("10.2.0.0/16", 0)},
+			rules2:  []uint32{1},
+			hints:   true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := tableWith(t, 8, base...)
+			var gone []uint32
+			for _, n := range tt.gone {
+				gone = append(gone, tb.byName[n])
+			}
+			p, err := tb.plan(tt.rules, gone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(p.delKeys, tt.delKeys) || !slices.Equal(p.putKeys, tt.putKeys) || !slices.Equal(p.fresh, tt.fresh) ||
+				!slices.Equal(p.metas, tt.metas) || !slices.Equal(p.rules, tt.rules2) || p.hintsChange() != tt.hints {
+				t.Errorf("plan: del %v put %v fresh %v metas %v rules %v hints %v", p.delKeys, p.putKeys, p.fresh, p.metas, p.rules, p.hintsChange())
+			}
+		})
+	}
+}
+
+// A plan that cannot apply whole is refused whole, and planning alone
+// changes nothing.
+func TestPlanRefusesWhole(t *testing.T) {
+	tests := []struct {
+		name  string
+		rules []Rule
+		want  error
+	}{
+		{"conflict with a rule outside the batch", []Rule{
+			{Name: "x", Dests: prefixes("10.9.0.0/16"), Limit: 1},
+			{Name: "y", Dests: prefixes("::ffff:10.0.0.0/104"), Limit: 1},
+		}, ErrConflict},
+		{"conflict inside the batch", []Rule{
+			{Name: "x", Dests: prefixes("10.9.0.0/16"), Limit: 1},
+			{Name: "y", Dests: prefixes("10.9.0.0/16"), Limit: 1},
+		}, ErrConflict},
+		{"full", []Rule{
+			{Name: "x", Dests: prefixes("10.7.0.0/16"), Limit: 1},
+			{Name: "y", Dests: prefixes("10.8.0.0/16"), Limit: 1},
+			{Name: "z", Dests: prefixes("10.9.0.0/16"), Limit: 1},
+		}, ErrFull},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := tableWith(t, 3, Rule{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 1})
+			before := tb.rules()
+			free := slices.Clone(tb.free)
+			if _, err := tb.plan(tt.rules, nil); !errors.Is(err, tt.want) {
+				t.Fatalf("plan: %v, want %v", err, tt.want)
+			}
+			if !slices.EqualFunc(tb.rules(), before, rulesEqual) || !slices.Equal(tb.free, free) {
+				t.Fatalf("planning changed the table: %v", tb.rules())
+			}
+		})
+	}
+}
+
+func rulesEqual(a, b Rule) bool {
+	return a.Name == b.Name && a.Limit == b.Limit && slices.Equal(a.Dests, b.Dests) && a.Port == b.Port && a.Scope == b.Scope
+}
+
+// Committing a plan makes the table what a table built from the result
+// would be: names, keys, free slots, generations and the lookup hints.
+func TestCommit(t *testing.T) {
+	scope := Scope{CgroupID: 42, Level: 2}
+	tb := tableWith(t, 4,
+		Rule{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 1},
+		Rule{Name: "b", Dests: prefixes("10.1.0.0/16"), Port: 443, Scope: scope, Limit: 1, Requests: true},
+	)
+	p, err := tb.plan([]Rule{{Name: "c", Dests: prefixes("10.2.0.0/16"), Port: 80, Limit: 1}}, []uint32{tb.byName["b"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.commit(&p)
+	if _, ok := tb.byName["b"]; ok || tb.byName["c"] != 2 || tb.byKey[keyOf("10.2.0.0/16", 80)] != 2 || len(tb.byKey) != 2 {
+		t.Fatalf("names %v keys %v", tb.byName, tb.byKey)
+	}
+	if !slices.Equal(tb.free, []uint32{3, 1}) || tb.nextGen != 3 || tb.slots[1].active || tb.slots[1].gen != 1 {
+		t.Fatalf("free %v next gen %d slot 1 %+v", tb.free, tb.nextGen, tb.slots[1])
+	}
+	want := newUses()
+	for _, r := range tb.rules() {
+		want.add(&r, 1)
+	}
+	if got := tb.uses.hints(); got.classes != want.hints().classes || got.levels != 0 || len(got.scopes) != 0 ||
+		got.ports != want.hints().ports || tb.uses.requests != 0 {
+		t.Fatalf("hints %+v, want %+v", got, want.hints())
+	}
+	if h := tb.uses.hints(); h.classes != classHostAny|classHostPort || h.ports[80/64] != 1<<(80%64) || h.ports[443/64] != 0 {
+		t.Fatalf("hints %+v", h)
+	}
+}
