@@ -11,12 +11,30 @@
 // A refusal returns 0, which the caller's connect() sees as EPERM, or as the
 // rule's errno when one is set (bpf_set_retval).
 //
-// Accounting: an admitted socket holds one slot of its rule, recorded in
-// socket storage. The slot is given back exactly once (atomic exchange on
-// sock_state.held) at the first of: sockops STATE_CB entering TCP_CLOSE (RST,
+// Accounting: an admitted socket holds one slot of its rule, recorded in its
+// sock_state. The slot is given back exactly once (compare-and-swap on
+// sock_state.word) at the first of: sockops STATE_CB entering TCP_CLOSE (RST,
 // refused, timeout, disconnect while the fd stays open), cgroup/sock_release
 // (close, process exit, and connect failures before tcp_connect() where no
 // sockops callback fires), or a second connect() on the same socket.
+//
+// Cost: only admitted sockets are tracked, and connect() marks them with a
+// sockops callback flag (bpf_setsockopt TCP_BPF_SOCK_OPS_CB_FLAGS). Every
+// other program returns at once for a socket without it, so a connection
+// no rule admitted costs each program a test of one bit. A
+// tracked socket's state lives in sock_table, an array indexed by the
+// socket's cookie (cookies count up, so live sockets rarely collide), and
+// in socket storage only when its entry is held by another live socket:
+// creating socket storage costs more than the rest of the admission.
+//
+// Refusals: a refused connect() takes no state. It updates its (process,
+// destination) entry of refusal_notes, which user space reads to tell a
+// caller whether an EPERM was ours, and sends an event at most once per
+// event_interval_ns per entry, carrying the refusals since the last one.
+// A ring buffer record wakes user space only if none did for wake_every_ns
+// (or wake_bytes are waiting); user space polls for the rest. A refusal
+// storm costs no wakeups, and records still reach the daemon within
+// wake_every_ns while they keep coming.
 //
 // Requests (cgroup_skb egress/ingress, attached only while a rule asks for
 // them): a socket is in flight from its first outbound payload after an
@@ -31,8 +49,11 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_core_read.h>
 
+#define EEXIST 17
 #define SOCK_STREAM 1
 #define IPPROTO_TCP 6
+#define SOL_TCP 6
+#define TCP_BPF_SOCK_OPS_CB_FLAGS 1008
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
 #define NSEC_PER_SEC 1000000000ULL
@@ -53,7 +74,7 @@ enum shape {
 	SHAPE_LEN,
 };
 
-/* Per-rule counters, summed over CPUs in user space. */
+/* Per-rule counters. */
 enum counter {
 	COUNTER_ADMITTED,
 	COUNTER_REFUSED,
@@ -61,7 +82,7 @@ enum counter {
 	COUNTER_RELEASED,
 	COUNTER_ESTABLISHED,
 	COUNTER_CONNECT_FAILED, /* released without ever reaching ESTABLISHED */
-	COUNTER_UNTRACKED,	/* admitted without socket storage (allocation failed) */
+	COUNTER_UNTRACKED,	/* admitted without socket state (allocation failed) */
 	COUNTER_REQUESTS,
 	COUNTER_RESPONSES,
 	COUNTER_ABORTED,	/* released while a request was in flight */
@@ -73,6 +94,8 @@ enum counter {
 enum global_counter {
 	GLOBAL_REFUSALS_LOST, /* refusal events dropped: ring buffer full */
 	GLOBAL_SAMPLES_LOST,  /* latency samples dropped: ring buffer full */
+	GLOBAL_NOTES_LOST,    /* refusals not noted for attribution: no memory */
+	GLOBAL_STORAGE,	      /* sockets tracked in socket storage: their table entry was held */
 	GLOBAL_LEN,
 };
 
@@ -88,22 +111,43 @@ enum sample_kind {
 #define RULE_F_SAMPLES (1 << 2)	 /* send latency samples to user space */
 #define RULE_F_REQUESTS (1 << 3) /* track in-flight requests */
 
-/* config.classes: which kinds of rule keys exist, so lookups that cannot
- * match are skipped. */
-#define CLASS_SCOPED_PORT (1 << 0)
-#define CLASS_SCOPED_ANY (1 << 1)
-#define CLASS_HOST_PORT (1 << 2)
-#define CLASS_HOST_ANY (1 << 3)
-#define CLASS_SCOPED (CLASS_SCOPED_PORT | CLASS_SCOPED_ANY)
-#define CLASS_PORT (CLASS_SCOPED_PORT | CLASS_HOST_PORT)
+/* Key classes, so that lookups that cannot match are skipped. Each class
+ * has a bit for exact keys (a whole address: rule_exact) and one for
+ * prefixes (rule_prefixes). config.classes holds the classes in use;
+ * scopes holds those of the rules scoped to one cgroup. */
+#define CLASS_SCOPED_PORT 0
+#define CLASS_SCOPED_ANY 1
+#define CLASS_HOST_PORT 2
+#define CLASS_HOST_ANY 3
+#define CLASS_LEN 4
+#define EXACT(c) (1u << (c))
+#define PREFIX(c) (1u << ((c) + CLASS_LEN))
+#define ANY_KEY(c) (EXACT(c) | PREFIX(c))
+#define SCOPED_CLASSES (ANY_KEY(CLASS_SCOPED_PORT) | ANY_KEY(CLASS_SCOPED_ANY))
+#define PORT_CLASSES (ANY_KEY(CLASS_SCOPED_PORT) | ANY_KEY(CLASS_HOST_PORT))
 
 struct datapath_config {
 	__u32 classes;
 	__u32 scope_levels; /* bit L: some scoped rule names a cgroup at depth L */
+	/* A (process, destination) pair sends at most one refusal event per
+	 * interval, with the refusals since its last. */
+	__u64 event_interval_ns;
+	/* A record wakes the ring's reader if none did for this long, or
+	 * this much data waits; otherwise the reader polls. */
+	__u64 wake_every_ns;
+	__u64 wake_bytes;
 };
 
-/* LPM key: scope and port match exactly (the first 96 bits are always
- * inside the prefix), the address by prefix. IPv4 is ::ffff:a.b.c.d. */
+enum ring {
+	RING_REFUSALS,
+	RING_SAMPLES,
+	RING_LEN,
+};
+
+/* Rule key: scope and port match exactly, the address by prefix. The
+ * first 96 bits (port, scope) are always inside the prefix. IPv4 is
+ * ::ffff:a.b.c.d. A whole address is a key of rule_exact, with prefixlen
+ * the full 224 bits; a shorter prefix is a key of the rule_prefixes trie. */
 struct rule_key {
 	__u32 prefixlen;
 	__u32 port; /* host byte order; 0 = any port */
@@ -111,6 +155,7 @@ struct rule_key {
 	__u8 addr[16];
 };
 #define RULE_KEY_FIXED_BITS 96
+#define RULE_KEY_FULL_BITS (RULE_KEY_FIXED_BITS + 128)
 
 struct rule {
 	__u32 gen;
@@ -126,10 +171,11 @@ struct rule {
 	 * space raises it as it claims a share of a budget kept elsewhere, and
 	 * lowers it no further than what is spent when it hands permits back. */
 	__u64 granted;
+	__u64 _line[2];
 };
 
-/* What user space needs, with the rule's keys in rule_keys, to rebuild its
- * view of a rule after a restart; the programs never read it. */
+/* What user space needs, with the rule's keys, to rebuild its view of a
+ * rule after a restart; the programs never read it. */
 struct rule_meta {
 	__u8 name[64];
 	__u64 scope;
@@ -137,6 +183,8 @@ struct rule_meta {
 	__u32 port;
 };
 
+/* What the programs change of a rule. The first cache line holds what
+ * admission touches. */
 struct rule_state {
 	struct bpf_spin_lock lock;
 	__u32 epoch; /* rule.epoch this state was started for; under the lock */
@@ -145,36 +193,65 @@ struct rule_state {
 	/* token bucket, under the lock */
 	__u64 tokens; /* permits scaled by NSEC_PER_SEC */
 	__u64 refilled_ns;
+	__u64 counters[COUNTER_LEN]; /* atomic */
 	/* sliding window, under the lock */
 	__u64 segment_id[MAX_SEGMENTS];
 	__u32 segment_count[MAX_SEGMENTS];
-};
-
-struct counters {
-	__u64 v[COUNTER_LEN];
 };
 
 struct hist {
 	__u64 count;
 	__u64 sum_ns;
 	__u64 buckets[HIST_BUCKETS]; /* bucket i: [2^(i-1), 2^i) microseconds */
+	__u64 _line[2];
 };
 
+/* sock_state.word: the owning socket's cookie << 2 | SS_AWAITING | SS_HELD.
+ * Every change of held or awaiting is a compare-and-swap of the whole
+ * word, so it happens exactly once and only to the socket that owns it,
+ * even while a table entry passes to another socket. */
+#define SS_HELD 1ULL
+#define SS_AWAITING 2ULL
+#define SS_FLAGS (SS_HELD | SS_AWAITING)
+
+/* A cache line each: a tracked connect() touches one line of the table. */
 struct sock_state {
+	__u64 word;
 	__u32 rule;
 	__u32 gen;
-	__u32 held;	/* a slot is reserved; exchanged to 0 exactly once */
-	__u32 awaiting; /* a request is in flight */
-	__u32 established;
-	__u32 rule_flags;
+	__u8 established;
+	__u8 rule_flags;
+	__u8 _pad[6];
 	__u64 connect_ns;
 	__u64 sent_ns;
+	__u64 _line[3];
+};
+
+/* refusal_notes key: who was refused where. */
+struct refusal_key {
+	__u32 pid;
+	__u16 port;
+	__u16 _pad;
+	__u8 addr[16];
+};
+
+/* The latest refusal of a (process, destination) pair. */
+struct refusal_note {
+	__u64 time_ns; /* CLOCK_MONOTONIC */
+	__u64 retry_after_ns;
+	__u64 event_ns; /* the last event sent */
+	__u64 pending;	/* refusals since that event */
+	__u32 rule;
+	__u32 gen;
+	__u8 shadow;
+	__u8 _pad[7];
 };
 
 struct refusal {
 	__u64 time_ns; /* CLOCK_MONOTONIC */
 	__u64 cgroup;
 	__u64 retry_after_ns; /* 0: no hint */
+	__u64 count; /* refusals of this process to this destination since its last event */
 	__u32 pid;
 	__u32 rule;
 	__u32 gen;
@@ -185,6 +262,7 @@ struct refusal {
 };
 
 struct sample {
+	__u64 time_ns; /* CLOCK_MONOTONIC, when it ended */
 	__u64 latency_ns;
 	__u32 rule;
 	__u32 gen;
@@ -201,15 +279,25 @@ struct iter_rec {
 
 const struct rule_key *unused_rule_key __attribute__((unused));
 const struct rule_meta *unused_rule_meta __attribute__((unused));
+const struct refusal_key *unused_refusal_key __attribute__((unused));
+const struct refusal_note *unused_refusal_note __attribute__((unused));
 const struct refusal *unused_refusal __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
 const struct iter_rec *unused_iter_rec __attribute__((unused));
+const struct sock_state *unused_sock_state __attribute__((unused));
 const enum shape *unused_shape __attribute__((unused));
 const enum counter *unused_counter __attribute__((unused));
 const enum global_counter *unused_global_counter __attribute__((unused));
 const enum sample_kind *unused_sample_kind __attribute__((unused));
+const enum ring *unused_ring __attribute__((unused));
 
-/* max_entries of rule-indexed maps are set by the loader (MaxRules). */
+/* sock_table has a power-of-two size; the loader sets its mask. */
+volatile const __u32 sock_table_mask = 0;
+
+/* The loader sets max_entries of the rule-indexed maps (MaxRules) and of
+ * the key maps. Arrays the programs touch per connection are mmapable only
+ * to have page-aligned values: their entries, a multiple of 64 bytes,
+ * then start on cache lines. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -219,18 +307,28 @@ struct {
 } config SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rule_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rule_exact SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, 4096);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct rule_key);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} rule_keys SEC(".maps");
+} rule_prefixes SEC(".maps");
 
-/* cgroup id -> CLASS_SCOPED_* bits of the rules scoped to it */
+/* cgroup id -> class bits of the rules scoped to it */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u64);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -247,6 +345,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct rule);
@@ -263,23 +362,17 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct rule_state);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rule_states SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct counters);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} rule_counters SEC(".maps");
-
 /* index: rule * SAMPLE_LEN + kind */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, 4096 * SAMPLE_LEN);
 	__type(key, __u32);
 	__type(value, struct hist);
@@ -295,12 +388,39 @@ struct {
 } global_counters SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct sock_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock_table SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct sock_state);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_states SEC(".maps");
+
+/* Forgetting the oldest note only costs the attribution of a refusal
+ * that old: LRU suits it, unlike anything that counts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct refusal_key);
+	__type(value, struct refusal_note);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} refusal_notes SEC(".maps");
+
+/* ring -> when a record of it last woke the reader */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RING_LEN);
+	__type(key, __u32);
+	__type(value, __u64);
+} woken SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -314,22 +434,71 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } samples SEC(".maps");
 
-static __always_inline void count(__u32 slot, enum counter c, __s64 delta)
-{
-	struct counters *cs = bpf_map_lookup_elem(&rule_counters, &slot);
+/* Kernel types read through BTF. */
+struct sock_common {
+	struct {
+		__s64 counter;
+	} skc_cookie;
+} __attribute__((preserve_access_index));
+struct sock;
+struct tcp_sock {
+	__u8 bpf_sock_ops_cb_flags;
+} __attribute__((preserve_access_index));
 
-	/* Atomic even per CPU: a softirq program may interrupt a process
-	 * context one on the same CPU. */
-	if (cs && c < COUNTER_LEN)
-		__sync_fetch_and_add(&cs->v[c], delta);
+extern void *bpf_cast_to_kern_ctx(void *) __ksym;
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
+/* connect() marks a socket it admitted with RTO_CB, whose callback runs
+ * only on a retransmission timeout: the mark costs nothing until then, and
+ * unlike STATE_CB it calls sockops for none of the state changes connect()
+ * is about to make. Sockops sets STATE_CB at TCP_CONNECT_CB, after
+ * SYN_SENT, and clears both once the socket holds nothing. */
+#define TRACKED BPF_SOCK_OPS_RTO_CB_FLAG
+
+static __always_inline __u8 cb_flags(const void *sk)
+{
+	const struct tcp_sock *tp = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
+
+	return tp->bpf_sock_ops_cb_flags;
+}
+
+static __always_inline void count(struct rule_state *st, enum counter c, __s64 delta)
+{
+	if (c < COUNTER_LEN)
+		__sync_fetch_and_add(&st->counters[c], delta);
 }
 
 static __always_inline void count_global(__u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&global_counters, &idx);
 
+	/* Atomic even per CPU: a softirq program may interrupt a process
+	 * context one on the same CPU. */
 	if (v)
 		__sync_fetch_and_add(v, 1);
+}
+
+static __always_inline __u64 wake_flags(void *ring, enum ring which, const struct datapath_config *cfg,
+					 __u64 now)
+{
+	__u32 idx = which;
+	__u64 *last = bpf_map_lookup_elem(&woken, &idx);
+
+	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) >= cfg->wake_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	if (!last)
+		return 0; /* the kernel's own choice */
+	__u64 l = *last;
+	if (now - l >= cfg->wake_every_ns && __sync_val_compare_and_swap(last, l, now) == l)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline struct datapath_config *get_config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&config, &zero);
 }
 
 static __always_inline __u32 log2_u64(__u64 v)
@@ -346,7 +515,7 @@ static __always_inline __u32 log2_u64(__u64 v)
 }
 
 static __always_inline void record_latency(__u32 slot, __u32 gen, __u8 flags,
-					   enum sample_kind kind, __u64 ns)
+					   enum sample_kind kind, __u64 now, __u64 ns)
 {
 	__u32 idx = slot * SAMPLE_LEN + kind;
 	struct hist *h = bpf_map_lookup_elem(&latency, &idx);
@@ -363,52 +532,88 @@ static __always_inline void record_latency(__u32 slot, __u32 gen, __u8 flags,
 	}
 	if (!(flags & RULE_F_SAMPLES))
 		return;
+	struct datapath_config *cfg = get_config();
+	if (!cfg)
+		return;
 	struct sample *s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
 	if (!s) {
 		count_global(GLOBAL_SAMPLES_LOST);
 		return;
 	}
+	s->time_ns = now;
 	s->latency_ns = ns;
 	s->rule = slot;
 	s->gen = gen;
 	s->kind = kind;
-	bpf_ringbuf_submit(s, 0);
+	bpf_ringbuf_submit(s, wake_flags(&samples, RING_SAMPLES, cfg, now));
+}
+
+/* find_state returns the state of a tracked socket: its sock_table entry
+ * while the entry is its own, else its socket storage. */
+static __always_inline struct sock_state *find_state(void *sk, __u64 cookie)
+{
+	__u32 idx = cookie & sock_table_mask;
+	struct sock_state *ss = bpf_map_lookup_elem(&sock_table, &idx);
+
+	if (ss && ss->word >> 2 == cookie)
+		return ss;
+	return bpf_sk_storage_get(&sock_states, sk, 0, 0);
 }
 
 /* Gives back the socket's slot; every path calls this, only the first
  * caller does anything. */
-static __always_inline void release(struct sock_state *ss)
+static __always_inline void release(struct sock_state *ss, __u64 cookie)
 {
-	if (!__sync_lock_test_and_set(&ss->held, 0))
+	__u64 w = ss->word;
+
+	/* Bounded: each failed swap means the word changed under us, which
+	 * only disarming a request does, once. */
+	for (int i = 0; i < 3; i++) {
+		if (w >> 2 != cookie || !(w & SS_HELD))
+			return;
+		__u64 got = __sync_val_compare_and_swap(&ss->word, w, cookie << 2);
+		if (got == w)
+			break;
+		w = got;
+	}
+	if (w >> 2 != cookie || !(w & SS_HELD))
 		return;
 
 	__u32 slot = ss->rule;
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
-	int current = r && r->gen == ss->gen;
-	/* Disarm even for a stale rule: the egress program re-checks held. */
-	int was_awaiting = __sync_lock_test_and_set(&ss->awaiting, 0);
-
-	if (!current)
-		return;
+	if (!r || r->gen != ss->gen)
+		return; /* a retired rule's socket: nothing of the slot's rule now */
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
-	if (st)
-		__sync_fetch_and_add(&st->live, -1);
-	count(slot, COUNTER_RELEASED, 1);
+	if (!st)
+		return;
+	__sync_fetch_and_add(&st->live, -1);
+	count(st, COUNTER_RELEASED, 1);
 	if (!ss->established)
-		count(slot, COUNTER_CONNECT_FAILED, 1);
-	if (was_awaiting) {
-		count(slot, COUNTER_IN_FLIGHT, -1);
-		count(slot, COUNTER_ABORTED, 1);
+		count(st, COUNTER_CONNECT_FAILED, 1);
+	if (w & SS_AWAITING) {
+		count(st, COUNTER_IN_FLIGHT, -1);
+		count(st, COUNTER_ABORTED, 1);
 	}
 }
 
-static __always_inline long lookup_rule(struct rule_key *key, __u64 scope, __u32 port)
+static __always_inline long lookup_class(struct rule_key *key, __u32 cls, int c,
+					 __u64 scope, __u32 port)
 {
+	__u32 *slot;
+
 	key->scope = scope;
 	key->port = port;
-	__u32 *slot = bpf_map_lookup_elem(&rule_keys, key);
-
-	return slot ? (long)*slot : -1;
+	if (cls & EXACT(c)) {
+		slot = bpf_map_lookup_elem(&rule_exact, key);
+		if (slot)
+			return *slot;
+	}
+	if (cls & PREFIX(c)) {
+		slot = bpf_map_lookup_elem(&rule_prefixes, key);
+		if (slot)
+			return *slot;
+	}
+	return -1;
 }
 
 static __always_inline int port_has_rules(__u32 port)
@@ -420,18 +625,20 @@ static __always_inline int port_has_rules(__u32 port)
 }
 
 /* Most specific first: a deeper scope over a shallower one over host-wide,
- * a port over any port, and within each the longest prefix (LPM). The scope
- * is the cgroup of the process calling connect(); cgroup/connect programs
- * cannot read the socket's own cgroup, which differs only for a socket
- * created before its process moved. */
-static __always_inline long find_rule(struct rule_key *key,
-				      const struct datapath_config *cfg)
+ * a port over any port, and within each the longest prefix (a whole
+ * address in rule_exact over the trie's prefixes). The scope is the cgroup
+ * of the process calling connect(); cgroup/connect programs cannot read
+ * the socket's own cgroup, which differs only for a socket created before
+ * its process moved. */
+static __always_inline long find_rule(struct rule_key *key, const struct datapath_config *cfg)
 {
 	__u32 port = key->port;
-	int port_hit = (cfg->classes & CLASS_PORT) && port_has_rules(port);
+	__u32 classes = cfg->classes;
 	long slot;
 
-	if (cfg->classes & CLASS_SCOPED) {
+	if (!((classes & PORT_CLASSES) && port_has_rules(port)))
+		classes &= ~PORT_CLASSES;
+	if (classes & SCOPED_CLASSES) {
 		for (int lvl = MAX_SCOPE_LEVEL; lvl >= 1; lvl--) {
 			if (!(cfg->scope_levels & (1u << lvl)))
 				continue;
@@ -441,18 +648,16 @@ static __always_inline long find_rule(struct rule_key *key,
 			__u32 *cls = bpf_map_lookup_elem(&scopes, &id);
 			if (!cls)
 				continue;
-			if (port_hit && (*cls & CLASS_SCOPED_PORT) &&
-			    (slot = lookup_rule(key, id, port)) >= 0)
+			__u32 c = *cls & classes;
+			if ((slot = lookup_class(key, c, CLASS_SCOPED_PORT, id, port)) >= 0)
 				return slot;
-			if ((*cls & CLASS_SCOPED_ANY) && (slot = lookup_rule(key, id, 0)) >= 0)
+			if ((slot = lookup_class(key, c, CLASS_SCOPED_ANY, id, 0)) >= 0)
 				return slot;
 		}
 	}
-	if (port_hit && (cfg->classes & CLASS_HOST_PORT) && (slot = lookup_rule(key, 0, port)) >= 0)
+	if ((slot = lookup_class(key, classes, CLASS_HOST_PORT, 0, port)) >= 0)
 		return slot;
-	if (cfg->classes & CLASS_HOST_ANY)
-		return lookup_rule(key, 0, 0);
-	return -1;
+	return lookup_class(key, classes, CLASS_HOST_ANY, 0, 0);
 }
 
 /* Token bucket: returns 0 to admit, else the nanoseconds to the next token. */
@@ -491,9 +696,9 @@ static __always_inline __u64 take_token(struct rule_state *st, const struct rule
 /* Sliding window of n segments. Segments are numbered from the clock
  * (now / segment_ns); slot i of segment_id/segment_count holds segment
  * number segment_id[i], and counts only while that segment is one of the
- * last n. Fixed-trip loops without breaks keep the verifier's work linear.
- * Returns 0 to admit, else the nanoseconds until the oldest counted
- * segment leaves the window. */
+ * last n. Only the first n slots are read: fewer cache lines. Returns 0 to
+ * admit, else the nanoseconds until the oldest counted segment leaves the
+ * window. */
 static __always_inline __u64 take_window(struct rule_state *st, const struct rule *r, __u64 now)
 {
 	__u64 n = r->segments;
@@ -518,8 +723,7 @@ static __always_inline __u64 take_window(struct rule_state *st, const struct rul
 		st->segment_id[idx] = cur;
 		st->segment_count[idx] = 0;
 	}
-#pragma unroll
-	for (int i = 0; i < MAX_SEGMENTS; i++) {
+	for (int i = 0; i < MAX_SEGMENTS && i < n; i++) {
 		__u64 id = st->segment_id[i];
 		__u32 c = st->segment_count[i];
 
@@ -537,8 +741,9 @@ static __always_inline __u64 take_window(struct rule_state *st, const struct rul
 	return wait;
 }
 
-static __always_inline void emit_refusal(const struct rule_key *key, __u32 slot,
-					 const struct rule *r, __u64 now, __u64 wait, int shadow)
+static __always_inline void emit_refusal(const struct rule_key *key, __u32 slot, const struct rule *r,
+					 const struct datapath_config *cfg, __u32 pid, __u64 now,
+					 __u64 wait, int shadow, __u64 n)
 {
 	struct refusal *e = bpf_ringbuf_reserve(&refusals, sizeof(*e), 0);
 
@@ -549,31 +754,102 @@ static __always_inline void emit_refusal(const struct rule_key *key, __u32 slot,
 	e->time_ns = now;
 	e->cgroup = bpf_get_current_cgroup_id();
 	e->retry_after_ns = wait;
-	e->pid = bpf_get_current_pid_tgid() >> 32;
+	e->count = n;
+	e->pid = pid;
 	e->rule = slot;
 	e->gen = r->gen;
 	e->port = key->port;
 	e->shape = r->shape;
 	e->shadow = shadow;
 	__builtin_memcpy(e->addr, key->addr, sizeof(e->addr));
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wake_flags(&refusals, RING_REFUSALS, cfg, now));
+}
+
+/* note_refusal records a refusal for attribution and sends an event when
+ * its (process, destination) pair has sent none for an interval. */
+static __always_inline void note_refusal(const struct rule_key *key, __u32 slot, const struct rule *r,
+					 const struct datapath_config *cfg, __u64 now, __u64 wait,
+					 int shadow)
+{
+	struct refusal_key rk = {.pid = bpf_get_current_pid_tgid() >> 32, .port = key->port};
+	__builtin_memcpy(rk.addr, key->addr, sizeof(rk.addr));
+	struct refusal_note *n = bpf_map_lookup_elem(&refusal_notes, &rk);
+
+	if (!n) {
+		struct refusal_note fresh = {
+			.time_ns = now,
+			.retry_after_ns = wait,
+			.event_ns = now,
+			.rule = slot,
+			.gen = r->gen,
+			.shadow = shadow,
+		};
+		long err = bpf_map_update_elem(&refusal_notes, &rk, &fresh, BPF_NOEXIST);
+		if (err && err != -EEXIST) /* another CPU noted it first */
+			count_global(GLOBAL_NOTES_LOST);
+		emit_refusal(key, slot, r, cfg, rk.pid, now, wait, shadow, 1);
+		return;
+	}
+	n->time_ns = now;
+	n->retry_after_ns = wait;
+	n->rule = slot;
+	n->gen = r->gen;
+	n->shadow = shadow;
+	__sync_fetch_and_add(&n->pending, 1);
+	__u64 last = n->event_ns;
+	if (now - last < cfg->event_interval_ns)
+		return;
+	if (__sync_val_compare_and_swap(&n->event_ns, last, now) != last)
+		return; /* another CPU sends it */
+	emit_refusal(key, slot, r, cfg, rk.pid, now, wait, shadow, __sync_lock_test_and_set(&n->pending, 0));
+}
+
+/* claim_state finds an admitted socket a place for its state and marks it
+ * held: its own entry, a table entry no live socket holds, or new socket
+ * storage. Held before it is filled: no other socket takes it meanwhile,
+ * and no program runs for this socket until connect() returns. */
+static __always_inline struct sock_state *claim_state(struct bpf_sock *sk, __u64 cookie,
+						      struct sock_state *own)
+{
+	__u64 mine = cookie << 2;
+
+	/* Another socket may have taken our released table entry. */
+	if (own && __sync_val_compare_and_swap(&own->word, mine, mine | SS_HELD) == mine)
+		return own;
+	__u32 idx = cookie & sock_table_mask;
+	struct sock_state *ss = bpf_map_lookup_elem(&sock_table, &idx);
+	if (ss) {
+		__u64 w = ss->word;
+		if (!(w & SS_FLAGS) && __sync_val_compare_and_swap(&ss->word, w, mine | SS_HELD) == w)
+			return ss;
+	}
+	ss = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (ss) {
+		count_global(GLOBAL_STORAGE);
+		ss->word = mine | SS_HELD;
+	}
+	return ss;
 }
 
 static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key *key)
 {
 	struct bpf_sock *sk = ctx->sk;
-	struct sock_state *ss;
-	__u32 zero = 0;
+	struct sock_state *own = 0;
+	__u64 cookie = 0;
 
 	if (!sk)
 		return 1;
+	int flags = cb_flags(sk);
 	/* connect() runs this hook only on an unconnected socket, so a slot
 	 * still held belongs to an attempt that already failed. */
-	ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (ss)
-		release(ss);
+	if (flags & TRACKED) {
+		cookie = bpf_get_socket_cookie(ctx);
+		own = find_state(sk, cookie);
+		if (own)
+			release(own, cookie);
+	}
 
-	struct datapath_config *cfg = bpf_map_lookup_elem(&config, &zero);
+	struct datapath_config *cfg = get_config();
 	if (!cfg || !cfg->classes)
 		return 1;
 	long found = find_rule(key, cfg);
@@ -586,14 +862,6 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (!st)
 		return 1;
-
-	if (!ss)
-		ss = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!ss) {
-		/* Fail open rather than refuse for want of memory. */
-		count(slot, COUNTER_UNTRACKED, 1);
-		return 1;
-	}
 
 	__u64 now = bpf_ktime_get_ns();
 	int shadow = r->flags & RULE_F_SHADOW;
@@ -638,8 +906,8 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	}
 
 	if (refuse) {
-		count(slot, shadow ? COUNTER_SHADOW_REFUSED : COUNTER_REFUSED, 1);
-		emit_refusal(key, slot, r, now, wait, shadow);
+		count(st, shadow ? COUNTER_SHADOW_REFUSED : COUNTER_REFUSED, 1);
+		note_refusal(key, slot, r, cfg, now, wait, shadow);
 		if (!shadow) {
 			if (r->refuse_errno)
 				bpf_set_retval(-(int)r->refuse_errno);
@@ -647,14 +915,26 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 		}
 	}
 
-	count(slot, COUNTER_ADMITTED, 1);
-	ss->rule = slot;
-	ss->gen = r->gen;
-	ss->rule_flags = r->flags;
-	ss->established = 0;
-	ss->awaiting = 0;
-	ss->connect_ns = now;
-	__sync_lock_test_and_set(&ss->held, 1);
+	/* Admitted: the socket takes its state only now. */
+	if (!cookie)
+		cookie = bpf_get_socket_cookie(ctx);
+	struct sock_state *ss = claim_state(sk, cookie, own);
+	if (ss) {
+		ss->rule = slot;
+		ss->gen = r->gen;
+		ss->rule_flags = r->flags;
+		ss->established = 0;
+		ss->connect_ns = now;
+		flags |= TRACKED;
+		if (!bpf_setsockopt(ctx, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
+			count(st, COUNTER_ADMITTED, 1);
+			return 1;
+		}
+		__sync_lock_test_and_set(&ss->word, cookie << 2);
+	}
+	/* Fail open rather than refuse for want of memory. */
+	__sync_fetch_and_add(&st->live, -1);
+	count(st, COUNTER_UNTRACKED, 1);
 	return 1;
 }
 
@@ -666,7 +946,7 @@ int egressd_connect4(struct bpf_sock_addr *ctx)
 	struct rule_key key = {};
 	__u32 ip = ctx->user_ip4;
 
-	key.prefixlen = RULE_KEY_FIXED_BITS + 128;
+	key.prefixlen = RULE_KEY_FULL_BITS;
 	key.addr[10] = 0xff;
 	key.addr[11] = 0xff;
 	__builtin_memcpy(&key.addr[12], &ip, 4);
@@ -682,7 +962,7 @@ int egressd_connect6(struct bpf_sock_addr *ctx)
 	struct rule_key key = {};
 	__u32 w;
 
-	key.prefixlen = RULE_KEY_FIXED_BITS + 128;
+	key.prefixlen = RULE_KEY_FULL_BITS;
 	w = ctx->user_ip6[0];
 	__builtin_memcpy(&key.addr[0], &w, 4);
 	w = ctx->user_ip6[1];
@@ -695,51 +975,52 @@ int egressd_connect6(struct bpf_sock_addr *ctx)
 	return on_connect(ctx, &key);
 }
 
+/* Runs for every socket below the cgroup, five times per connection
+ * whatever its flags. */
 SEC("sockops")
 int egressd_sockops(struct bpf_sock_ops *skops)
 {
+	__u32 flags = skops->bpf_sock_ops_cb_flags;
+
+	if (!(flags & TRACKED))
+		return 1;
+	struct bpf_sock *sk = skops->sk;
 	struct sock_state *ss;
-	struct bpf_sock *sk;
+	__u64 cookie;
 
 	switch (skops->op) {
 	case BPF_SOCK_OPS_TCP_CONNECT_CB:
-		sk = skops->sk;
-		if (!sk)
-			return 1;
-		ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-		if (ss && ss->held)
-			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags |
-							 BPF_SOCK_OPS_STATE_CB_FLAG);
+		bpf_sock_ops_cb_flags_set(skops, flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 		return 1;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB: {
-		sk = skops->sk;
 		if (!sk)
 			return 1;
-		ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-		if (!ss || !ss->held)
+		cookie = bpf_get_socket_cookie(skops);
+		ss = find_state(sk, cookie);
+		if (!ss || ss->word != (cookie << 2 | SS_HELD))
 			return 1;
 		ss->established = 1;
 		__u32 slot = ss->rule;
 		struct rule *r = bpf_map_lookup_elem(&rules, &slot);
-		if (!r || r->gen != ss->gen)
+		struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+		if (!r || !st || r->gen != ss->gen)
 			return 1;
-		count(slot, COUNTER_ESTABLISHED, 1);
-		record_latency(slot, ss->gen, r->flags, SAMPLE_CONNECT,
-			       bpf_ktime_get_ns() - ss->connect_ns);
+		count(st, COUNTER_ESTABLISHED, 1);
+		__u64 now = bpf_ktime_get_ns();
+		record_latency(slot, ss->gen, r->flags, SAMPLE_CONNECT, now, now - ss->connect_ns);
 		return 1;
 	}
 	case BPF_SOCK_OPS_STATE_CB:
-		sk = skops->sk;
-		if (!sk)
+		if (skops->args[1] == BPF_TCP_ESTABLISHED || !sk)
 			return 1;
-		ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+		cookie = bpf_get_socket_cookie(skops);
+		ss = find_state(sk, cookie);
 		if (ss && skops->args[1] == BPF_TCP_CLOSE)
-			release(ss);
+			release(ss, cookie);
 		/* Released (usually by close() already): the socket's later
 		 * state changes need not call us. */
-		if (!ss || !ss->held)
-			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags &
-							 ~BPF_SOCK_OPS_STATE_CB_FLAG);
+		if (!ss || ss->word >> 2 != cookie || !(ss->word & SS_FLAGS))
+			bpf_sock_ops_cb_flags_set(skops, flags & ~(TRACKED | BPF_SOCK_OPS_STATE_CB_FLAG));
 		return 1;
 	}
 	return 1;
@@ -748,10 +1029,15 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 SEC("cgroup/sock_release")
 int egressd_sock_release(struct bpf_sock *sk)
 {
-	struct sock_state *ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (sk->type != SOCK_STREAM || sk->protocol != IPPROTO_TCP)
+		return 1;
+	if (!(cb_flags(bpf_cast_to_kern_ctx(sk)) & TRACKED))
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	struct sock_state *ss = find_state(sk, cookie);
 
 	if (ss)
-		release(ss);
+		release(ss, cookie);
 	return 1;
 }
 
@@ -764,13 +1050,11 @@ static __always_inline __u32 tcp_payload_len(struct __sk_buff *skb)
 	__u8 b[2];
 
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
-		__u8 vihl, proto;
+		__u8 ip[10];
 
-		if (bpf_skb_load_bytes(skb, 0, &vihl, 1) || bpf_skb_load_bytes(skb, 9, &proto, 1))
+		if (bpf_skb_load_bytes(skb, 0, ip, sizeof(ip)) || ip[9] != IPPROTO_TCP)
 			return 0;
-		if (proto != IPPROTO_TCP)
-			return 0;
-		nh = (vihl & 0xf) * 4;
+		nh = (ip[0] & 0xf) * 4;
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		__u8 next;
 
@@ -789,37 +1073,41 @@ static __always_inline __u32 tcp_payload_len(struct __sk_buff *skb)
 	return skb->len > l4 ? skb->len - l4 : 0;
 }
 
-static __always_inline struct sock_state *skb_sock_state(struct __sk_buff *skb)
+/* skb_state returns the state of the tracked TCP socket a packet belongs
+ * to; every other packet returns at once. */
+static __always_inline struct sock_state *skb_state(struct __sk_buff *skb, __u64 *cookie)
 {
 	struct bpf_sock *sk = skb->sk;
 
 	if (!sk)
 		return 0;
 	sk = bpf_sk_fullsock(sk);
-	if (!sk)
+	if (!sk || sk->protocol != IPPROTO_TCP || !(cb_flags(sk) & TRACKED))
 		return 0;
-	return bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	*cookie = bpf_get_socket_cookie(skb);
+	return find_state(sk, *cookie);
 }
 
 SEC("cgroup_skb/egress")
 int egressd_egress(struct __sk_buff *skb)
 {
-	struct sock_state *ss = skb_sock_state(skb);
+	__u64 cookie;
+	struct sock_state *ss = skb_state(skb, &cookie);
 
-	if (!ss || !(ss->rule_flags & RULE_F_REQUESTS) || !ss->held || ss->awaiting)
+	if (!ss || !(ss->rule_flags & RULE_F_REQUESTS))
 		return 1;
-	if (!tcp_payload_len(skb))
+	__u64 held = cookie << 2 | SS_HELD;
+	if (ss->word != held || !tcp_payload_len(skb))
 		return 1;
-	if (__sync_val_compare_and_swap(&ss->awaiting, 0, 1) != 0)
+	/* Arms only a held socket: a release in between wins. */
+	if (__sync_val_compare_and_swap(&ss->word, held, held | SS_AWAITING) != held)
 		return 1;
 	ss->sent_ns = bpf_ktime_get_ns();
 	__u32 slot = ss->rule;
-	count(slot, COUNTER_IN_FLIGHT, 1);
-	count(slot, COUNTER_REQUESTS, 1);
-	/* Raced with release: undo, exactly once against release's exchange. */
-	if (!ss->held && __sync_lock_test_and_set(&ss->awaiting, 0)) {
-		count(slot, COUNTER_IN_FLIGHT, -1);
-		count(slot, COUNTER_ABORTED, 1);
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+	if (st) {
+		count(st, COUNTER_IN_FLIGHT, 1);
+		count(st, COUNTER_REQUESTS, 1);
 	}
 	return 1;
 }
@@ -827,28 +1115,32 @@ int egressd_egress(struct __sk_buff *skb)
 SEC("cgroup_skb/ingress")
 int egressd_ingress(struct __sk_buff *skb)
 {
-	struct sock_state *ss = skb_sock_state(skb);
+	__u64 cookie;
+	struct sock_state *ss = skb_state(skb, &cookie);
 
-	if (!ss || !ss->awaiting)
+	if (!ss)
 		return 1;
-	if (!tcp_payload_len(skb))
+	__u64 awaiting = cookie << 2 | SS_HELD | SS_AWAITING;
+	if (ss->word != awaiting || !tcp_payload_len(skb))
 		return 1;
-	if (!__sync_lock_test_and_set(&ss->awaiting, 0))
-		return 1;
-	__u64 lat = bpf_ktime_get_ns() - ss->sent_ns;
+	if (__sync_val_compare_and_swap(&ss->word, awaiting, awaiting & ~SS_AWAITING) != awaiting)
+		return 1; /* released meanwhile, which counted the abort */
+	__u64 now = bpf_ktime_get_ns();
 	__u32 slot = ss->rule;
-	count(slot, COUNTER_IN_FLIGHT, -1);
-	count(slot, COUNTER_RESPONSES, 1);
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+	if (st) {
+		count(st, COUNTER_IN_FLIGHT, -1);
+		count(st, COUNTER_RESPONSES, 1);
+	}
 	if (r && r->gen == ss->gen)
-		record_latency(slot, ss->gen, r->flags, SAMPLE_REQUEST, lat);
+		record_latency(slot, ss->gen, r->flags, SAMPLE_REQUEST, now, now - ss->sent_ns);
 	return 1;
 }
 
 /* Recount: one record per TCP socket holding a slot, in the iterating
  * process's network namespace. */
 struct seq_file;
-struct sock_common;
 struct bpf_iter_meta {
 	struct seq_file *seq;
 } __attribute__((preserve_access_index));
@@ -864,16 +1156,17 @@ int egressd_recount(struct bpf_iter__tcp *ctx)
 
 	if (!skc)
 		return 0;
-	void *tp = bpf_skc_to_tcp_sock(skc);
-	if (!tp)
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp || !(tp->bpf_sock_ops_cb_flags & TRACKED))
 		return 0; /* TIME_WAIT and request sockets hold no slot */
-	struct sock_state *ss = bpf_sk_storage_get(&sock_states, tp, 0, 0);
-	if (!ss || !ss->held)
+	__u64 cookie = skc->skc_cookie.counter;
+	struct sock_state *ss = find_state(tp, cookie);
+	if (!ss || ss->word >> 2 != cookie || !(ss->word & SS_HELD))
 		return 0;
 	struct iter_rec rec = {
 		.rule = ss->rule,
 		.gen = ss->gen,
-		.awaiting = ss->awaiting,
+		.awaiting = !!(ss->word & SS_AWAITING),
 	};
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
 	return 0;

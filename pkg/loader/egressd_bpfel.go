@@ -30,15 +30,13 @@ const (
 	egressdCounterCOUNTER_LEN            egressdCounter = 11
 )
 
-type egressdCounters struct {
-	_ structs.HostLayout
-	V [11]uint64
-}
-
 type egressdDatapathConfig struct {
-	_           structs.HostLayout
-	Classes     uint32
-	ScopeLevels uint32
+	_               structs.HostLayout
+	Classes         uint32
+	ScopeLevels     uint32
+	EventIntervalNs uint64
+	WakeEveryNs     uint64
+	WakeBytes       uint64
 }
 
 type egressdGlobalCounter uint32
@@ -46,7 +44,9 @@ type egressdGlobalCounter uint32
 const (
 	egressdGlobalCounterGLOBAL_REFUSALS_LOST egressdGlobalCounter = 0
 	egressdGlobalCounterGLOBAL_SAMPLES_LOST  egressdGlobalCounter = 1
-	egressdGlobalCounterGLOBAL_LEN           egressdGlobalCounter = 2
+	egressdGlobalCounterGLOBAL_NOTES_LOST    egressdGlobalCounter = 2
+	egressdGlobalCounterGLOBAL_STORAGE       egressdGlobalCounter = 3
+	egressdGlobalCounterGLOBAL_LEN           egressdGlobalCounter = 4
 )
 
 type egressdHist struct {
@@ -54,6 +54,7 @@ type egressdHist struct {
 	Count   uint64
 	SumNs   uint64
 	Buckets [28]uint64
+	Line    [2]uint64
 }
 
 type egressdIterRec struct {
@@ -69,6 +70,7 @@ type egressdRefusal struct {
 	TimeNs       uint64
 	Cgroup       uint64
 	RetryAfterNs uint64
+	Count        uint64
 	Pid          uint32
 	Rule         uint32
 	Gen          uint32
@@ -77,6 +79,34 @@ type egressdRefusal struct {
 	Shadow       uint8
 	Addr         [16]uint8
 }
+
+type egressdRefusalKey struct {
+	_    structs.HostLayout
+	Pid  uint32
+	Port uint16
+	Pad  uint16
+	Addr [16]uint8
+}
+
+type egressdRefusalNote struct {
+	_            structs.HostLayout
+	TimeNs       uint64
+	RetryAfterNs uint64
+	EventNs      uint64
+	Pending      uint64
+	Rule         uint32
+	Gen          uint32
+	Shadow       uint8
+	Pad          [7]uint8
+}
+
+type egressdRing uint32
+
+const (
+	egressdRingRING_REFUSALS egressdRing = 0
+	egressdRingRING_SAMPLES  egressdRing = 1
+	egressdRingRING_LEN      egressdRing = 2
+)
 
 type egressdRule struct {
 	_           structs.HostLayout
@@ -90,6 +120,7 @@ type egressdRule struct {
 	Epoch       uint32
 	SegmentNs   uint64
 	Granted     uint64
+	Line        [2]uint64
 }
 
 type egressdRuleKey struct {
@@ -119,12 +150,14 @@ type egressdRuleState struct {
 	Spent        uint64
 	Tokens       uint64
 	RefilledNs   uint64
+	Counters     [11]uint64
 	SegmentId    [32]uint64
 	SegmentCount [32]uint32
 }
 
 type egressdSample struct {
 	_         structs.HostLayout
+	TimeNs    uint64
 	LatencyNs uint64
 	Rule      uint32
 	Gen       uint32
@@ -152,14 +185,15 @@ const (
 
 type egressdSockState struct {
 	_           structs.HostLayout
+	Word        uint64
 	Rule        uint32
 	Gen         uint32
-	Held        uint32
-	Awaiting    uint32
-	Established uint32
-	RuleFlags   uint32
+	Established uint8
+	RuleFlags   uint8
+	Pad         [6]uint8
 	ConnectNs   uint64
 	SentNs      uint64
+	Line        [3]uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -170,15 +204,18 @@ const (
 	egressdMapGlobalCounters      = "global_counters"
 	egressdMapLatency             = "latency"
 	egressdMapPorts               = "ports"
+	egressdMapRefusalNotes        = "refusal_notes"
 	egressdMapRefusals            = "refusals"
-	egressdMapRuleCounters        = "rule_counters"
-	egressdMapRuleKeys            = "rule_keys"
+	egressdMapRuleExact           = "rule_exact"
 	egressdMapRuleMetas           = "rule_metas"
+	egressdMapRulePrefixes        = "rule_prefixes"
 	egressdMapRuleStates          = "rule_states"
 	egressdMapRules               = "rules"
 	egressdMapSamples             = "samples"
 	egressdMapScopes              = "scopes"
 	egressdMapSockStates          = "sock_states"
+	egressdMapSockTable           = "sock_table"
+	egressdMapWoken               = "woken"
 	egressdProgEgressdConnect4    = "egressd_connect4"
 	egressdProgEgressdConnect6    = "egressd_connect6"
 	egressdProgEgressdEgress      = "egressd_egress"
@@ -186,15 +223,20 @@ const (
 	egressdProgEgressdRecount     = "egressd_recount"
 	egressdProgEgressdSockRelease = "egressd_sock_release"
 	egressdProgEgressdSockops     = "egressd_sockops"
+	egressdVarSockTableMask       = "sock_table_mask"
 	egressdVarUnusedCounter       = "unused_counter"
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
 	egressdVarUnusedIterRec       = "unused_iter_rec"
 	egressdVarUnusedRefusal       = "unused_refusal"
+	egressdVarUnusedRefusalKey    = "unused_refusal_key"
+	egressdVarUnusedRefusalNote   = "unused_refusal_note"
+	egressdVarUnusedRing          = "unused_ring"
 	egressdVarUnusedRuleKey       = "unused_rule_key"
 	egressdVarUnusedRuleMeta      = "unused_rule_meta"
 	egressdVarUnusedSample        = "unused_sample"
 	egressdVarUnusedSampleKind    = "unused_sample_kind"
 	egressdVarUnusedShape         = "unused_shape"
+	egressdVarUnusedSockState     = "unused_sock_state"
 )
 
 // loadEgressd returns the embedded CollectionSpec for egressd.
@@ -256,30 +298,38 @@ type egressdMapSpecs struct {
 	GlobalCounters *ebpf.MapSpec `ebpf:"global_counters"`
 	Latency        *ebpf.MapSpec `ebpf:"latency"`
 	Ports          *ebpf.MapSpec `ebpf:"ports"`
+	RefusalNotes   *ebpf.MapSpec `ebpf:"refusal_notes"`
 	Refusals       *ebpf.MapSpec `ebpf:"refusals"`
-	RuleCounters   *ebpf.MapSpec `ebpf:"rule_counters"`
-	RuleKeys       *ebpf.MapSpec `ebpf:"rule_keys"`
+	RuleExact      *ebpf.MapSpec `ebpf:"rule_exact"`
 	RuleMetas      *ebpf.MapSpec `ebpf:"rule_metas"`
+	RulePrefixes   *ebpf.MapSpec `ebpf:"rule_prefixes"`
 	RuleStates     *ebpf.MapSpec `ebpf:"rule_states"`
 	Rules          *ebpf.MapSpec `ebpf:"rules"`
 	Samples        *ebpf.MapSpec `ebpf:"samples"`
 	Scopes         *ebpf.MapSpec `ebpf:"scopes"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
+	SockTable      *ebpf.MapSpec `ebpf:"sock_table"`
+	Woken          *ebpf.MapSpec `ebpf:"woken"`
 }
 
 // egressdVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressdVariableSpecs struct {
+	SockTableMask       *ebpf.VariableSpec `ebpf:"sock_table_mask"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
 	UnusedRefusal       *ebpf.VariableSpec `ebpf:"unused_refusal"`
+	UnusedRefusalKey    *ebpf.VariableSpec `ebpf:"unused_refusal_key"`
+	UnusedRefusalNote   *ebpf.VariableSpec `ebpf:"unused_refusal_note"`
+	UnusedRing          *ebpf.VariableSpec `ebpf:"unused_ring"`
 	UnusedRuleKey       *ebpf.VariableSpec `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.VariableSpec `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.VariableSpec `ebpf:"unused_sample"`
 	UnusedSampleKind    *ebpf.VariableSpec `ebpf:"unused_sample_kind"`
 	UnusedShape         *ebpf.VariableSpec `ebpf:"unused_shape"`
+	UnusedSockState     *ebpf.VariableSpec `ebpf:"unused_sock_state"`
 }
 
 // egressdObjects contains all objects after they have been loaded into the kernel.
@@ -306,15 +356,18 @@ type egressdMaps struct {
 	GlobalCounters *ebpf.Map `ebpf:"global_counters"`
 	Latency        *ebpf.Map `ebpf:"latency"`
 	Ports          *ebpf.Map `ebpf:"ports"`
+	RefusalNotes   *ebpf.Map `ebpf:"refusal_notes"`
 	Refusals       *ebpf.Map `ebpf:"refusals"`
-	RuleCounters   *ebpf.Map `ebpf:"rule_counters"`
-	RuleKeys       *ebpf.Map `ebpf:"rule_keys"`
+	RuleExact      *ebpf.Map `ebpf:"rule_exact"`
 	RuleMetas      *ebpf.Map `ebpf:"rule_metas"`
+	RulePrefixes   *ebpf.Map `ebpf:"rule_prefixes"`
 	RuleStates     *ebpf.Map `ebpf:"rule_states"`
 	Rules          *ebpf.Map `ebpf:"rules"`
 	Samples        *ebpf.Map `ebpf:"samples"`
 	Scopes         *ebpf.Map `ebpf:"scopes"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
+	SockTable      *ebpf.Map `ebpf:"sock_table"`
+	Woken          *ebpf.Map `ebpf:"woken"`
 }
 
 func (m *egressdMaps) Close() error {
@@ -323,15 +376,18 @@ func (m *egressdMaps) Close() error {
 		m.GlobalCounters,
 		m.Latency,
 		m.Ports,
+		m.RefusalNotes,
 		m.Refusals,
-		m.RuleCounters,
-		m.RuleKeys,
+		m.RuleExact,
 		m.RuleMetas,
+		m.RulePrefixes,
 		m.RuleStates,
 		m.Rules,
 		m.Samples,
 		m.Scopes,
 		m.SockStates,
+		m.SockTable,
+		m.Woken,
 	)
 }
 
@@ -339,15 +395,20 @@ func (m *egressdMaps) Close() error {
 //
 // It can be passed to loadEgressdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressdVariables struct {
+	SockTableMask       *ebpf.Variable `ebpf:"sock_table_mask"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`
 	UnusedRefusal       *ebpf.Variable `ebpf:"unused_refusal"`
+	UnusedRefusalKey    *ebpf.Variable `ebpf:"unused_refusal_key"`
+	UnusedRefusalNote   *ebpf.Variable `ebpf:"unused_refusal_note"`
+	UnusedRing          *ebpf.Variable `ebpf:"unused_ring"`
 	UnusedRuleKey       *ebpf.Variable `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.Variable `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.Variable `ebpf:"unused_sample"`
 	UnusedSampleKind    *ebpf.Variable `ebpf:"unused_sample_kind"`
 	UnusedShape         *ebpf.Variable `ebpf:"unused_shape"`
+	UnusedSockState     *ebpf.Variable `ebpf:"unused_sock_state"`
 }
 
 // egressdPrograms contains all programs after they have been loaded into the kernel.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
@@ -19,8 +20,10 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultPinDir   = "/sys/fs/bpf/egressd"
-	DefaultMaxRules = 4096
+	DefaultPinDir        = "/sys/fs/bpf/egressd"
+	DefaultMaxRules      = 4096
+	DefaultSockTable     = 1 << 16
+	DefaultEventInterval = time.Second
 )
 
 // Config says where the datapath attaches and pins. Nil means defaults.
@@ -35,6 +38,15 @@ type Config struct {
 	// MaxRules sizes the rule tables. 0 means DefaultMaxRules. A datapath
 	// adopted from pins keeps the size it was created with.
 	MaxRules int
+	// SockTable is how many tracked sockets keep their state in the
+	// preallocated socket table (a power of two); the rest take socket
+	// storage, which costs more per connect(). 0 means DefaultSockTable.
+	// A datapath adopted from pins keeps its table.
+	SockTable int
+	// EventInterval is how often one process's refusals to one
+	// destination send an event (with the count since the last); 0
+	// means DefaultEventInterval.
+	EventInterval time.Duration
 	// VerifierLog puts the verifier's whole log into load errors.
 	VerifierLog bool
 }
@@ -50,8 +62,17 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.MaxRules == 0 {
 		out.MaxRules = DefaultMaxRules
 	}
-	if out.MaxRules < 1 || out.MaxRules > 1<<20 {
-		return out, fmt.Errorf("max rules %d: outside 1..%d", out.MaxRules, 1<<20)
+	if out.MaxRules < 1 || out.MaxRules > MaxRules {
+		return out, fmt.Errorf("max rules %d: outside 1..%d", out.MaxRules, MaxRules)
+	}
+	if out.SockTable == 0 {
+		out.SockTable = DefaultSockTable
+	}
+	if out.SockTable < 1 || out.SockTable > 1<<24 || out.SockTable&(out.SockTable-1) != 0 {
+		return out, fmt.Errorf("socket table %d: not a power of two in 1..%d", out.SockTable, 1<<24)
+	}
+	if out.EventInterval == 0 {
+		out.EventInterval = DefaultEventInterval
 	}
 	dir, err := cgroups.Resolve(out.Cgroup)
 	if err != nil {
@@ -69,6 +90,12 @@ const (
 	flagRequests = 1 << 3
 
 	ruleKeyFixedBits = 96
+
+	// A ring buffer record wakes its reader only if none did for
+	// wakeEvery, or wakeBytes wait; the reader polls for the rest. A
+	// storm of records costs a wakeup per wakeEvery, not one each.
+	wakeEvery = time.Millisecond
+	wakeBytes = 16 << 10
 )
 
 // Datapath is the loaded, attached and pinned kernel side. Its methods are
@@ -204,25 +231,50 @@ func ensureBPFFS(pinDir string) error {
 	return nil
 }
 
-// ruleTables are sized by MaxRules (latency by MaxRules per sample kind).
-var ruleTables = []string{"rule_keys", "scopes", "rules", "rule_metas", "rule_states", "rule_counters"}
+// ruleTables are sized by MaxRules (latency by MaxRules per sample kind),
+// keyTables by MaxRules * keysPerRule.
+var (
+	ruleTables = []string{"scopes", "rules", "rule_metas", "rule_states"}
+	keyTables  = []string{"rule_exact", "rule_prefixes"}
+)
+
+// keysPerRule is how many destinations each rule of a full table may have
+// on average: the key tables take memory only for the keys they hold.
+const keysPerRule = 4
+
+// pinnedSize reads the size of a pinned map, if there is one.
+func (d *Datapath) pinnedSize(name string) (int, bool) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(d.mapsDir(), name), nil)
+	if err != nil {
+		return 0, false
+	}
+	defer m.Close()
+	return int(m.MaxEntries()), true
+}
 
 func (d *Datapath) load() error {
 	spec, err := loadEgressd()
 	if err != nil {
 		return err
 	}
-	maxRules := d.cfg.MaxRules
-	if m, err := ebpf.LoadPinnedMap(filepath.Join(d.mapsDir(), "rules"), nil); err == nil {
-		maxRules = int(m.MaxEntries())
-		m.Close()
+	if n, ok := d.pinnedSize("rules"); ok {
+		d.cfg.MaxRules = n
 		d.adopted = true
 	}
-	d.cfg.MaxRules = maxRules
-	for _, name := range ruleTables {
-		spec.Maps[name].MaxEntries = uint32(maxRules)
+	if n, ok := d.pinnedSize("sock_table"); ok {
+		d.cfg.SockTable = n
 	}
-	spec.Maps["latency"].MaxEntries = uint32(maxRules) * uint32(egressdSampleKindSAMPLE_LEN)
+	for _, name := range ruleTables {
+		spec.Maps[name].MaxEntries = uint32(d.cfg.MaxRules)
+	}
+	for _, name := range keyTables {
+		spec.Maps[name].MaxEntries = uint32(d.cfg.MaxRules * keysPerRule)
+	}
+	spec.Maps["latency"].MaxEntries = uint32(d.cfg.MaxRules) * uint32(egressdSampleKindSAMPLE_LEN)
+	spec.Maps["sock_table"].MaxEntries = uint32(d.cfg.SockTable)
+	if err := spec.Variables["sock_table_mask"].Set(uint32(d.cfg.SockTable - 1)); err != nil {
+		return fmt.Errorf("socket table: %w", err)
+	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.mapsDir()}}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
 		var ve *ebpf.VerifierError

@@ -17,7 +17,7 @@ import (
 // kernel enforces, whatever user space believed.
 func (d *Datapath) readTable() (*table, error) {
 	n := d.cfg.MaxRules
-	t := newTable(n)
+	t := newTable(n, n*keysPerRule)
 	for i := range n {
 		idx := uint32(i)
 		var kr egressdRule
@@ -38,24 +38,26 @@ func (d *Datapath) readTable() (*table, error) {
 	}
 	t.nextGen++
 
-	// A rule's destinations are its keys in the trie.
-	var key egressdRuleKey
-	var idx uint32
-	it := d.objs.RuleKeys.Iterate()
-	for it.Next(&key, &idx) {
-		if int(idx) >= n || !t.slots[idx].active {
-			continue
+	// A rule's destinations are its keys.
+	for _, m := range []*ebpf.Map{d.objs.RuleExact, d.objs.RulePrefixes} {
+		var key egressdRuleKey
+		var idx uint32
+		it := m.Iterate()
+		for it.Next(&key, &idx) {
+			if int(idx) >= n || !t.slots[idx].active {
+				continue
+			}
+			addr := netip.AddrFrom16(key.Addr)
+			bits := int(key.Prefixlen) - ruleKeyFixedBits
+			if addr.Is4In6() && bits >= 96 {
+				addr, bits = addr.Unmap(), bits-96
+			}
+			r := &t.slots[idx].rule
+			r.Dests = append(r.Dests, netip.PrefixFrom(addr, bits))
 		}
-		addr := netip.AddrFrom16(key.Addr)
-		bits := int(key.Prefixlen) - ruleKeyFixedBits
-		if addr.Is4In6() && bits >= 96 {
-			addr, bits = addr.Unmap(), bits-96
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("read rule keys: %w", err)
 		}
-		r := &t.slots[idx].rule
-		r.Dests = append(r.Dests, netip.PrefixFrom(addr, bits))
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read rule keys: %w", err)
 	}
 	for i, s := range t.slots {
 		if s.active {
@@ -315,11 +317,14 @@ func (w *writer) rollback() error {
 // the table always says what the kernel enforces.
 func (d *Datapath) apply(p *plan) error {
 	w := &writer{fault: d.fault}
-	uses := d.t.usesAfter(p)
-	err := d.write(w, p, uses)
+	want := d.hints
+	if p.hintsChange() {
+		want = d.t.hintsAfter(p)
+	}
+	err := d.write(w, p, want)
 	if err == nil {
 		d.t.commit(p)
-		d.hints = uses.hints()
+		d.hints = want
 		return nil
 	}
 	undoErr := w.rollback()
@@ -355,28 +360,23 @@ func (d *Datapath) syncHints() error {
 	return nil
 }
 
-func (d *Datapath) write(w *writer, p *plan, uses uses) error {
+func (d *Datapath) write(w *writer, p *plan, want hints) error {
 	oldSlot := func(idx uint32) slot { return d.t.slots[idx] }
 	newSlot := map[uint32]slot{}
 	for _, c := range p.changes {
 		newSlot[c.idx] = c.new
 	}
 	if len(p.delKeys) > 0 {
-		keys := make([]egressdRuleKey, len(p.delKeys))
-		for i, k := range p.delKeys {
-			keys[i] = k.kernel()
-		}
 		err := w.do("delete rule keys", func() error {
-			for _, k := range keys {
-				if err := d.objs.RuleKeys.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			for _, k := range p.delKeys {
+				if err := d.keyMap(k).Delete(k.kernel()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 					return err
 				}
 			}
 			return nil
 		}, func() error {
-			for i, k := range keys {
-				idx := d.t.byKey[p.delKeys[i]]
-				if err := d.objs.RuleKeys.Update(&k, idx, ebpf.UpdateAny); err != nil {
+			for _, k := range p.delKeys {
+				if err := d.keyMap(k).Update(k.kernel(), d.t.byKey[k], ebpf.UpdateAny); err != nil {
 					return fmt.Errorf("put back rule key: %w", err)
 				}
 			}
@@ -399,12 +399,6 @@ func (d *Datapath) write(w *writer, p *plan, uses uses) error {
 		}, noUndo); err != nil {
 			return err
 		}
-		if err := w.do("reset counters", func() error {
-			_, err := d.objs.RuleCounters.BatchUpdate(p.fresh, make([]egressdCounters, len(p.fresh)*d.ncpu), nil)
-			return err
-		}, noUndo); err != nil {
-			return err
-		}
 		if err := w.do("reset latency", func() error {
 			_, err := d.objs.Latency.BatchUpdate(hist, make([]egressdHist, len(hist)), nil)
 			return err
@@ -423,24 +417,15 @@ func (d *Datapath) write(w *writer, p *plan, uses uses) error {
 		return err
 	}
 	if p.hintsChange() {
-		want := uses.hints()
 		if err := w.do("write lookup hints", func() error { return d.writeHints(d.hints, want, false) },
 			func() error { return d.writeHints(want, d.hints, false) }); err != nil {
 			return err
 		}
 	}
 	if len(p.putKeys) > 0 {
-		keys := make([]egressdRuleKey, len(p.putKeys))
-		idxs := make([]uint32, len(p.putKeys))
-		for i, k := range p.putKeys {
-			keys[i], idxs[i] = k.key.kernel(), k.idx
-		}
-		if err := w.do("write rule keys", func() error {
-			_, err := d.objs.RuleKeys.BatchUpdate(keys, idxs, nil)
-			return err
-		}, func() error {
-			for _, k := range keys {
-				if err := d.objs.RuleKeys.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := w.do("write rule keys", func() error { return d.putKeys(p.putKeys) }, func() error {
+			for _, k := range p.putKeys {
+				if err := d.keyMap(k.key).Delete(k.key.kernel()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 					return fmt.Errorf("take back rule key: %w", err)
 				}
 			}
@@ -449,9 +434,39 @@ func (d *Datapath) write(w *writer, p *plan, uses uses) error {
 			return err
 		}
 	}
-	if uses.requests != d.t.uses.requests {
-		return w.do("request programs", func() error { return d.syncRequestPrograms(uses.requests, false) },
+	if requests := d.t.requestsAfter(p); requests != d.t.uses.requests {
+		return w.do("request programs", func() error { return d.syncRequestPrograms(requests, false) },
 			func() error { return d.syncRequestPrograms(d.t.uses.requests, false) })
+	}
+	return nil
+}
+
+// keyMap is the kernel table that holds a key.
+func (d *Datapath) keyMap(k ruleKey) *ebpf.Map {
+	if k.exact() {
+		return d.objs.RuleExact
+	}
+	return d.objs.RulePrefixes
+}
+
+// putKeys writes keys, a batch per key table.
+func (d *Datapath) putKeys(puts []keyPut) error {
+	var exact, prefixes []egressdRuleKey
+	var exactIdx, prefixIdx []uint32
+	for _, k := range puts {
+		if k.key.exact() {
+			exact, exactIdx = append(exact, k.key.kernel()), append(exactIdx, k.idx)
+		} else {
+			prefixes, prefixIdx = append(prefixes, k.key.kernel()), append(prefixIdx, k.idx)
+		}
+	}
+	if len(exact) > 0 {
+		if err := batchUpdate(d.objs.RuleExact, exact, exactIdx); err != nil {
+			return err
+		}
+	}
+	if len(prefixes) > 0 {
+		return batchUpdate(d.objs.RulePrefixes, prefixes, prefixIdx)
 	}
 	return nil
 }
@@ -512,7 +527,7 @@ func (d *Datapath) readHints() (hints, error) {
 // but never skips a rule that exists. Writing want over old again undoes
 // it, however far it got.
 func (d *Datapath) writeHints(old, want hints, all bool) error {
-	widened := egressdDatapathConfig{Classes: old.classes | want.classes, ScopeLevels: old.levels | want.levels}
+	widened := d.kernelConfig(hints{classes: old.classes | want.classes, levels: old.levels | want.levels})
 	if err := d.objs.Config.Update(uint32(0), &widened, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
@@ -540,11 +555,21 @@ func (d *Datapath) writeHints(old, want hints, all bool) error {
 			return fmt.Errorf("delete scope: %w", err)
 		}
 	}
-	cfg := egressdDatapathConfig{Classes: want.classes, ScopeLevels: want.levels}
+	cfg := d.kernelConfig(want)
 	if err := d.objs.Config.Update(uint32(0), &cfg, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
 	return nil
+}
+
+func (d *Datapath) kernelConfig(h hints) egressdDatapathConfig {
+	return egressdDatapathConfig{
+		Classes:         h.classes,
+		ScopeLevels:     h.levels,
+		EventIntervalNs: uint64(d.cfg.EventInterval),
+		WakeEveryNs:     uint64(wakeEvery),
+		WakeBytes:       wakeBytes,
+	}
 }
 
 // Rules returns every rule, in slot order.

@@ -66,12 +66,69 @@ func TestRefusalErrnoAndEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Refusal{Time: e.Time, PID: uint32(os.Getpid()), Cgroup: cgID, Rule: "busy", Dest: srv, Shape: ShapeConcurrency}
+	want := Refusal{Time: e.Time, PID: uint32(os.Getpid()), Cgroup: cgID, Rule: "busy", Dest: srv, Shape: ShapeConcurrency, Count: 1}
 	if e != want {
 		t.Fatalf("event %+v, want %+v", e, want)
 	}
 	if e.Time.Before(before.Add(-10*time.Millisecond)) || e.Time.After(time.Now().Add(10*time.Millisecond)) {
 		t.Fatalf("event time %v, refused at %v", e.Time, before)
+	}
+
+	// The kernel notes the latest refusal of each process and destination
+	// before connect() returns, for the SDK's question.
+	last, ok, err := d.LastRefusal(uint32(os.Getpid()), srv)
+	if err != nil || !ok || last.Rule != "busy" || last.Time.Before(before.Add(-10*time.Millisecond)) || last.Shadow {
+		t.Fatalf("LastRefusal = %+v, %v, %v; want the refusal by busy", last, ok, err)
+	}
+	if _, ok, err := d.LastRefusal(uint32(os.Getpid()), netip.AddrPortFrom(srv.Addr(), srv.Port()+1)); ok || err != nil {
+		t.Fatalf("LastRefusal of another destination: %v, %v", ok, err)
+	}
+}
+
+// Refusals of one process to one destination send an event per interval
+// that counts them; none is lost from the counts.
+func TestRefusalEventsCount(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg := privtest.Cgroup(t, "events")
+	const interval = 200 * time.Millisecond
+	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(t), MaxRules: 4, EventInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	privtest.Join(t, cg)
+	put(t, d, Rule{Name: "none", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Limit: 0})
+	events, err := d.Refusals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { events.Close() })
+
+	const burst = 50
+	for range burst {
+		dialRefused(t, srv, syscall.EPERM)
+	}
+	// After an interval, one more refusal sends what the burst left.
+	time.Sleep(interval)
+	dialRefused(t, srv, syscall.EPERM)
+	var got uint64
+	var n int
+	events.SetDeadline(time.Now().Add(5 * time.Second))
+	for got < burst+1 {
+		e, err := events.Read()
+		if err != nil {
+			t.Fatalf("after %d events counting %d refusals: %v", n, got, err)
+		}
+		got += e.Count
+		n++
+	}
+	if s := stats(t, d, "none"); got != burst+1 || s.Refused != burst+1 {
+		t.Fatalf("events count %d refusals, the rule %d, want %d", got, s.Refused, burst+1)
+	}
+	t.Logf("%d refusals in %d events", got, n)
+	if n >= burst {
+		t.Fatalf("%d events for %d refusals: not aggregated", n, got)
 	}
 }
 

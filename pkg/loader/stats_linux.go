@@ -81,16 +81,7 @@ func (d *Datapath) stats(idx uint32) (Stats, error) {
 	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
 		return Stats{}, fmt.Errorf("read rule state: %w", err)
 	}
-	var perCPU []egressdCounters
-	if err := d.objs.RuleCounters.Lookup(idx, &perCPU); err != nil {
-		return Stats{}, fmt.Errorf("read counters: %w", err)
-	}
-	var c [egressdCounterCOUNTER_LEN]uint64
-	for _, pc := range perCPU {
-		for i, v := range pc.V {
-			c[i] += v
-		}
-	}
+	c := state.Counters
 	s := Stats{
 		Live:          state.Live,
 		Spent:         state.Spent,
@@ -104,7 +95,7 @@ func (d *Datapath) stats(idx uint32) (Stats, error) {
 		Requests:      c[egressdCounterCOUNTER_REQUESTS],
 		Responses:     c[egressdCounterCOUNTER_RESPONSES],
 		Aborted:       c[egressdCounterCOUNTER_ABORTED],
-		// Per-CPU +1s and -1s wrap individually; their sum is exact.
+		// Atomic +1s and -1s: as a signed number, exact.
 		InFlight: int64(c[egressdCounterCOUNTER_IN_FLIGHT]),
 	}
 	for kind, h := range []*Histogram{&s.ConnectLatency, &s.RequestLatency} {
@@ -119,23 +110,42 @@ func (d *Datapath) stats(idx uint32) (Stats, error) {
 
 // Lost reads how many events the kernel dropped.
 func (d *Datapath) Lost() (Lost, error) {
-	read := func(i egressdGlobalCounter) (uint64, error) {
-		var perCPU []uint64
-		if err := d.objs.GlobalCounters.Lookup(uint32(i), &perCPU); err != nil {
-			return 0, fmt.Errorf("read lost events: %w", err)
+	var l Lost
+	for _, c := range []struct {
+		i   egressdGlobalCounter
+		out *uint64
+	}{
+		{egressdGlobalCounterGLOBAL_REFUSALS_LOST, &l.Refusals},
+		{egressdGlobalCounterGLOBAL_SAMPLES_LOST, &l.Samples},
+		{egressdGlobalCounterGLOBAL_NOTES_LOST, &l.Notes},
+	} {
+		n, err := d.global(c.i)
+		if err != nil {
+			return Lost{}, err
 		}
-		var sum uint64
-		for _, v := range perCPU {
-			sum += v
-		}
-		return sum, nil
+		*c.out = n
 	}
-	refusals, err := read(egressdGlobalCounterGLOBAL_REFUSALS_LOST)
-	if err != nil {
-		return Lost{}, err
+	return l, nil
+}
+
+// StorageSockets reads how many tracked sockets have kept their state in
+// socket storage, because the socket table entry their cookie maps to was
+// held by another live socket. Many mean a socket table too small for the
+// connections the host keeps open.
+func (d *Datapath) StorageSockets() (uint64, error) {
+	return d.global(egressdGlobalCounterGLOBAL_STORAGE)
+}
+
+func (d *Datapath) global(i egressdGlobalCounter) (uint64, error) {
+	var perCPU []uint64
+	if err := d.objs.GlobalCounters.Lookup(uint32(i), &perCPU); err != nil {
+		return 0, fmt.Errorf("read global counters: %w", err)
 	}
-	samples, err := read(egressdGlobalCounterGLOBAL_SAMPLES_LOST)
-	return Lost{Refusals: refusals, Samples: samples}, err
+	var sum uint64
+	for _, v := range perCPU {
+		sum += v
+	}
+	return sum, nil
 }
 
 // ruleName resolves a kernel (slot, generation) pair; "" if the rule is gone.

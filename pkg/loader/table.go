@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/bits"
 	"slices"
 )
 
@@ -27,10 +26,12 @@ type table struct {
 	free    []uint32 // least recently freed first
 	nextGen uint32
 	uses    uses
+	// maxKeys is the size of each key table: whole addresses, prefixes.
+	maxKeys int
 }
 
-func newTable(size int) *table {
-	return &table{slots: make([]slot, size), byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}, uses: newUses()}
+func newTable(size, maxKeys int) *table {
+	return &table{slots: make([]slot, size), byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}, uses: newUses(), maxKeys: maxKeys}
 }
 
 // add records an active slot read back from the kernel.
@@ -76,13 +77,29 @@ type plan struct {
 // coming or going move them.
 func (p *plan) hintsChange() bool { return len(p.delKeys) > 0 || len(p.putKeys) > 0 }
 
-// usesAfter returns what the active rules use once p is applied.
-func (t *table) usesAfter(p *plan) uses {
+// hintsAfter returns the lookup hints once p is applied.
+func (t *table) hintsAfter(p *plan) hints {
 	u := t.uses.clone()
 	for _, c := range p.changes {
 		u.change(c)
 	}
-	return u
+	return u.hints()
+}
+
+// requestsAfter returns how many rules track requests once p is applied.
+func (t *table) requestsAfter(p *plan) int {
+	n := t.uses.requests
+	for _, c := range p.changes {
+		n += tracks(c.new) - tracks(c.old)
+	}
+	return n
+}
+
+func tracks(s slot) int {
+	if s.active && s.rule.Requests {
+		return 1
+	}
+	return 0
 }
 
 // plan works out the writes that put rules and delete the slots in gone,
@@ -147,7 +164,34 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 		return plan{}, err
 	}
 	p.writes()
+	if err := t.checkKeys(&p); err != nil {
+		return plan{}, err
+	}
 	return p, nil
+}
+
+// checkKeys refuses a plan whose keys would not fit the kernel's key
+// tables.
+func (t *table) checkKeys(p *plan) error {
+	exact, prefixes := t.uses.exact, t.uses.prefixes
+	for _, k := range p.delKeys {
+		if k.exact() {
+			exact--
+		} else {
+			prefixes--
+		}
+	}
+	for _, k := range p.putKeys {
+		if k.key.exact() {
+			exact++
+		} else {
+			prefixes++
+		}
+	}
+	if exact > t.maxKeys || prefixes > t.maxKeys {
+		return fmt.Errorf("%w: %d addresses and %d prefixes, the key tables hold %d each", ErrFull, exact, prefixes, t.maxKeys)
+	}
+	return nil
 }
 
 // deletion plans the removal of the rule in slot idx.
@@ -235,15 +279,25 @@ func restartsState(old, new *Rule) bool {
 	return old.Shape != new.Shape || old.Segments != new.Segments || old.Window != new.Window
 }
 
-// Key classes: which kinds of rule keys exist, so that connect() skips
-// lookups that cannot match. They mirror CLASS_* in egressd.c.
+// Key classes, so that connect() skips lookups that cannot match: scoped
+// or host-wide, a port or any port, each with a bit for whole addresses
+// (exact keys) and one for shorter prefixes. They mirror CLASS_*, EXACT
+// and PREFIX in egressd.c.
 const (
-	classScopedPort = 1 << 0
-	classScopedAny  = 1 << 1
-	classHostPort   = 1 << 2
-	classHostAny    = 1 << 3
-	classLen        = 4
+	classScopedPort = iota
+	classScopedAny
+	classHostPort
+	classHostAny
+	classLen
 )
+
+// classBit is the hint bit of a key of class c.
+func classBit(c int, exact bool) int {
+	if exact {
+		return c
+	}
+	return c + classLen
+}
 
 func (r *Rule) class() int {
 	switch {
@@ -257,21 +311,29 @@ func (r *Rule) class() int {
 	return classScopedPort
 }
 
-// uses counts what the active rules use, so that the lookup hints follow
-// a change without a walk over every rule.
+// exact reports whether a key is a whole address, kept in the kernel's
+// hash rather than its prefix trie.
+func (k ruleKey) exact() bool { return k.dest.Bits() == 128 }
+
+// uses counts what the active rules use, so that the lookup hints and the
+// key tables' occupancy follow a change without a walk over every rule.
 type uses struct {
-	classes  [classLen]int
+	bits     [2 * classLen]int
 	levels   [MaxScopeLevel + 1]int
-	scopes   map[uint64]*[classLen]int
+	scopes   map[uint64]*[2 * classLen]int
 	ports    map[uint16]int
 	requests int // rules that track requests
+	exact    int // keys in the kernel's hash
+	prefixes int // keys in its trie
 }
 
-func newUses() uses { return uses{scopes: map[uint64]*[classLen]int{}, ports: map[uint16]int{}} }
+func newUses() uses {
+	return uses{scopes: map[uint64]*[2 * classLen]int{}, ports: map[uint16]int{}}
+}
 
 func (u *uses) clone() uses {
 	c := *u
-	c.scopes = make(map[uint64]*[classLen]int, len(u.scopes))
+	c.scopes = make(map[uint64]*[2 * classLen]int, len(u.scopes))
 	for id, n := range u.scopes {
 		cp := *n
 		c.scopes[id] = &cp
@@ -290,22 +352,32 @@ func (u *uses) change(c change) {
 }
 
 func (u *uses) add(r *Rule, n int) {
-	bit := bits.TrailingZeros(uint(r.class()))
-	u.classes[bit] += n
 	if r.Requests {
 		u.requests += n
 	}
+	class := r.class()
+	for _, k := range r.keys() {
+		bit := classBit(class, k.exact())
+		u.bits[bit] += n
+		if k.exact() {
+			u.exact += n
+		} else {
+			u.prefixes += n
+		}
+		if !r.Scope.HostWide() {
+			sc := u.scopes[r.Scope.CgroupID]
+			if sc == nil {
+				sc = new([2 * classLen]int)
+				u.scopes[r.Scope.CgroupID] = sc
+			}
+			sc[bit] += n
+			if *sc == ([2 * classLen]int{}) {
+				delete(u.scopes, r.Scope.CgroupID)
+			}
+		}
+	}
 	if !r.Scope.HostWide() {
 		u.levels[r.Scope.Level] += n
-		sc := u.scopes[r.Scope.CgroupID]
-		if sc == nil {
-			sc = new([classLen]int)
-			u.scopes[r.Scope.CgroupID] = sc
-		}
-		sc[bit] += n
-		if *sc == ([classLen]int{}) {
-			delete(u.scopes, r.Scope.CgroupID)
-		}
 	}
 	if r.Port != 0 {
 		u.ports[r.Port] += n
@@ -325,7 +397,7 @@ type hints struct {
 
 func (u *uses) hints() hints {
 	h := hints{scopes: make(map[uint64]uint32, len(u.scopes))}
-	for bit, n := range u.classes {
+	for bit, n := range u.bits {
 		if n > 0 {
 			h.classes |= 1 << bit
 		}

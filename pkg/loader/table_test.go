@@ -19,7 +19,7 @@ func prefixes(ps ...string) []netip.Prefix {
 // committed as the loader would.
 func tableWith(t *testing.T, size int, rules ...Rule) *table {
 	t.Helper()
-	tb := newTable(size)
+	tb := newTable(size, 4*size)
 	for i := range size {
 		tb.free = append(tb.free, uint32(i))
 	}
@@ -182,7 +182,11 @@ func TestCommit(t *testing.T) {
 		got.ports != want.hints().ports || tb.uses.requests != 0 {
 		t.Fatalf("hints %+v, want %+v", got, want.hints())
 	}
-	if h := tb.uses.hints(); h.classes != classHostAny|classHostPort || h.ports[80/64] != 1<<(80%64) || h.ports[443/64] != 0 {
+	prefixBits := uint32(1<<classBit(classHostAny, false) | 1<<classBit(classHostPort, false))
+	if h := tb.uses.hints(); h.classes != prefixBits || h.ports[80/64] != 1<<(80%64) || h.ports[443/64] != 0 {
 		t.Fatalf("hints %+v", h)
+	}
+	if tb.uses.exact != 0 || tb.uses.prefixes != 2 {
+		t.Fatalf("%d exact keys and %d prefixes, want 0 and 2", tb.uses.exact, tb.uses.prefixes)
 	}
 }

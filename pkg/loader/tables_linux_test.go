@@ -18,7 +18,7 @@ func TestTablesMatchKernelEnums(t *testing.T) {
 		{"shapeNames", len(shapeNames), int(egressdShapeSHAPE_LEN)},
 		{"sampleKindNames", len(sampleKindNames), int(egressdSampleKindSAMPLE_LEN)},
 		{"Histogram.Buckets", HistogramBuckets, len(egressdHist{}.Buckets)},
-		{"counters", len(egressdCounters{}.V), int(egressdCounterCOUNTER_LEN)},
+		{"counters", len(egressdRuleState{}.Counters), int(egressdCounterCOUNTER_LEN)},
 		{"MaxSegments", MaxSegments, len(egressdRuleState{}.SegmentCount)},
 		{"ruleKeyFixedBits", ruleKeyFixedBits, int(unsafe.Sizeof(egressdRuleKey{}.Port)+unsafe.Sizeof(egressdRuleKey{}.Scope)) * 8},
 	}

@@ -43,6 +43,8 @@ const (
 	MaxSegments = 32
 	// MaxRate keeps the token arithmetic (elapsed ns × rate) inside 64 bits.
 	MaxRate = 1_000_000
+	// MaxRules is the most rules a datapath can be sized for.
+	MaxRules = 1 << 20
 	// MaxScopeLevel is the deepest cgroup a scope may name.
 	MaxScopeLevel   = 15
 	DefaultSegments = 8
@@ -331,10 +333,12 @@ type RuleStatus struct {
 	Stats Stats
 }
 
-// Lost counts events the kernel dropped because a ring buffer was full.
+// Lost counts events the kernel dropped because a ring buffer was full,
+// and refusals it could not note for attribution.
 type Lost struct {
 	Refusals uint64
 	Samples  uint64
+	Notes    uint64
 }
 
 // Refusal is one connect() the datapath refused (or, in shadow mode, would
@@ -351,6 +355,10 @@ type Refusal struct {
 	// RetryAfter is when a permit is expected back; 0 when the shape has
 	// no such hint (concurrency).
 	RetryAfter time.Duration
+	// Count is how many refusals of this process to this destination the
+	// event stands for: those since the pair's previous event, which the
+	// kernel sends at most once per Config.EventInterval.
+	Count uint64
 }
 
 // SampleKind says what a latency sample measured.
@@ -376,6 +384,8 @@ func (k SampleKind) String() string {
 
 // Sample is one latency measurement of a rule with Samples set.
 type Sample struct {
+	// Time is when the measured interval ended.
+	Time    time.Time
 	Rule    string
 	Kind    SampleKind
 	Latency time.Duration
