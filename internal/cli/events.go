@@ -13,7 +13,7 @@ import (
 func eventsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "events",
-		Usage: "show recent refused connections",
+		Usage: "show recent refused connections, an event per process and destination per second with its count",
 		Flags: []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing refusals as they happen"}, jsonFlag},
 		Action: func(c *cli.Context) error {
 			cl := client(c)
@@ -33,8 +33,12 @@ func eventsCommand() *cli.Command {
 				if r.RetryAfterSeconds > 0 {
 					retry = ", retry after " + seconds(r.RetryAfterSeconds)
 				}
-				_, err := fmt.Fprintf(c.App.Writer, "%s %s pid %d -> %s by rule %s (%s%s)\n",
-					r.Time.Format(time.RFC3339Nano), mode, r.PID, r.Dest, r.Rule, r.Shape, retry)
+				times := ""
+				if r.Count > 1 {
+					times = fmt.Sprintf(" %d times", r.Count)
+				}
+				_, err := fmt.Fprintf(c.App.Writer, "%s %s pid %d -> %s by rule %s (%s%s)%s\n",
+					r.Time.Format(time.RFC3339Nano), mode, r.PID, r.Dest, r.Rule, r.Shape, retry, times)
 				return err
 			})
 		},

@@ -292,6 +292,7 @@ func refusalView(e loader.Refusal) control.Refusal {
 		Shape:             e.Shape.String(),
 		Shadow:            e.Shadow,
 		RetryAfterSeconds: e.RetryAfter.Seconds(),
+		Count:             e.Count,
 	}
 }
 
@@ -311,7 +312,7 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 			return control.Attribution{}, control.Errorf(control.CodeForbidden, "may ask only about your own process")
 		}
 	}
-	e, ok := d.attribute(r.Context(), uint32(pid), netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
+	e, ok := d.attribute(uint32(pid), netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
 	if !ok {
 		return control.Attribution{}, nil
 	}

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"net/netip"
+
 	"github.com/egressd/egressd/pkg/loader"
 )
 
@@ -24,6 +26,9 @@ type datapath interface {
 	Status() ([]loader.RuleStatus, error)
 	Lost() (loader.Lost, error)
 	Recount() (map[string]loader.Recount, error)
+	// LastRefusal is the kernel's note of pid's latest refused connect()
+	// to dest.
+	LastRefusal(pid uint32, dest netip.AddrPort) (loader.Refusal, bool, error)
 	Refusals() (reader[loader.Refusal], error)
 	Samples() (reader[loader.Sample], error)
 	// Close leaves the datapath pinned and enforcing; Uninstall detaches

@@ -11,15 +11,13 @@ import (
 )
 
 const (
-	// eventsKept is how many recent refusals the daemon keeps for
-	// `egressd events` and for attribution.
+	// eventsKept is how many recent refusal events the daemon keeps for
+	// `egressd events`. An event stands for a process's refusals to one
+	// destination within a second (loader.Refusal.Count).
 	eventsKept = 4096
 	// attributionWindow is how recent a refusal must be to explain a
 	// caller's EPERM.
 	attributionWindow = 2 * time.Second
-	// attributionWait is how long a query waits for the refusal event to
-	// come through the ring buffer when it is not there yet.
-	attributionWait = 100 * time.Millisecond
 	// burstLogEvery bounds refusal logging to one line per rule per period.
 	burstLogEvery = 10 * time.Second
 )
@@ -30,13 +28,12 @@ type eventLog struct {
 	ring      []loader.Refusal
 	next      int
 	full      bool
-	arrived   chan struct{} // closed and replaced on every event
 	followers map[chan loader.Refusal]struct{}
 	closed    bool
 }
 
 func newEventLog() *eventLog {
-	return &eventLog{ring: make([]loader.Refusal, eventsKept), arrived: make(chan struct{}), followers: map[chan loader.Refusal]struct{}{}}
+	return &eventLog{ring: make([]loader.Refusal, eventsKept), followers: map[chan loader.Refusal]struct{}{}}
 }
 
 func (l *eventLog) add(r loader.Refusal) {
@@ -45,8 +42,6 @@ func (l *eventLog) add(r loader.Refusal) {
 	l.ring[l.next] = r
 	l.next = (l.next + 1) % len(l.ring)
 	l.full = l.full || l.next == 0
-	close(l.arrived)
-	l.arrived = make(chan struct{})
 	for f := range l.followers {
 		select {
 		case f <- r:
@@ -95,45 +90,19 @@ func (l *eventLog) close() {
 	}
 }
 
-// find returns the newest refusal of pid's connect() to dest since since.
-func (l *eventLog) find(pid uint32, dest netip.AddrPort, since time.Time) (loader.Refusal, bool, <-chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := l.next
-	if l.full {
-		n = len(l.ring)
+// attribute answers whether pid's connect() to dest was refused just now.
+// The kernel notes each (process, destination) pair's latest refusal
+// before connect() returns, so the answer needs no event and no wait.
+func (d *Daemon) attribute(pid uint32, dest netip.AddrPort) (loader.Refusal, bool) {
+	r, ok, err := d.dp.LastRefusal(pid, dest)
+	if err != nil {
+		d.log.Error("refusal attribution", "err", err)
+		return loader.Refusal{}, false
 	}
-	for i := 1; i <= n; i++ {
-		r := l.ring[(l.next-i+len(l.ring))%len(l.ring)]
-		if r.Time.Before(since) {
-			break
-		}
-		if r.PID == pid && r.Dest == dest && !r.Shadow {
-			return r, true, nil
-		}
+	if !ok || r.Shadow || r.Rule == "" || time.Since(r.Time) > attributionWindow {
+		return loader.Refusal{}, false
 	}
-	return loader.Refusal{}, false, l.arrived
-}
-
-// attribute answers whether pid's connect() to dest was refused just now,
-// waiting briefly for an event still on its way from the kernel.
-func (d *Daemon) attribute(ctx context.Context, pid uint32, dest netip.AddrPort) (loader.Refusal, bool) {
-	since := time.Now().Add(-attributionWindow)
-	deadline := time.NewTimer(attributionWait)
-	defer deadline.Stop()
-	for {
-		r, ok, arrived := d.events.find(pid, dest, since)
-		if ok {
-			return r, true
-		}
-		select {
-		case <-arrived:
-		case <-deadline.C:
-			return loader.Refusal{}, false
-		case <-ctx.Done():
-			return loader.Refusal{}, false
-		}
-	}
+	return r, true
 }
 
 // followRefusals reads refusal events from the kernel until rd is closed:
@@ -164,7 +133,7 @@ func (d *Daemon) followRefusals(rd reader[loader.Refusal]) {
 			b = &burst{}
 			bursts[r.Rule] = b
 		}
-		b.count++
+		b.count += int(r.Count)
 		if now := time.Now(); now.Sub(b.since) >= burstLogEvery {
 			d.log.Info("connections refused", "rule", r.Rule, "count", b.count, "shadow", r.Shadow, "last_pid", r.PID, "last_dest", r.Dest.String())
 			b.since, b.count = now, 0
@@ -192,7 +161,8 @@ func (d *Daemon) followSamples(rd reader[loader.Sample]) {
 		}
 		d.mu.Unlock()
 		if e != nil && e.ctrl != nil && s.Kind == want {
-			e.ctrl.Sample(time.Now(), s.Latency)
+			// The kernel's time: samples arrive in batches.
+			e.ctrl.Sample(s.Time, s.Latency)
 		}
 	}
 }

@@ -32,8 +32,8 @@ func TestRefusalAttribution(t *testing.T) {
 	pid := uint32(os.Getpid())
 	db := netip.MustParseAddrPort("10.0.0.1:5432")
 	web := netip.MustParseAddrPort("10.0.0.2:80")
-	td.fake.refusals.send(loader.Refusal{Time: time.Now(), PID: pid, Rule: "db", Dest: db, Shape: loader.ShapePerWindow, RetryAfter: 300 * time.Millisecond})
-	td.fake.refusals.send(loader.Refusal{Time: time.Now(), PID: pid, Rule: "web", Dest: web, Shape: loader.ShapeConcurrency, Shadow: true})
+	td.fake.refuse(loader.Refusal{Time: time.Now(), PID: pid, Rule: "db", Dest: db, Shape: loader.ShapePerWindow, RetryAfter: 300 * time.Millisecond})
+	td.fake.refuse(loader.Refusal{Time: time.Now(), PID: pid, Rule: "web", Dest: web, Shape: loader.ShapeConcurrency, Shadow: true})
 	c := td.client()
 	ctx := context.Background()
 	var listed []control.Refusal

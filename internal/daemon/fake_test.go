@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,9 @@ type fakeDatapath struct {
 	puts    int
 	failPut error // returned by Put and Sync while set
 	closed  string
+	// noted are the refusals the kernel noted, which LastRefusal reads:
+	// every refusal a test sends.
+	noted []loader.Refusal
 
 	refusals *fakeReader[loader.Refusal]
 	samples  *fakeReader[loader.Sample]
@@ -78,6 +82,18 @@ func (f *fakeDatapath) Put(r loader.Rule) error {
 	f.rules[r.Name] = r
 	f.puts++
 	return nil
+}
+
+// LastRefusal returns the newest refusal sent of pid's connect() to dest.
+func (f *fakeDatapath) LastRefusal(pid uint32, dest netip.AddrPort) (loader.Refusal, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range slices.Backward(f.noted) {
+		if r.PID == pid && r.Dest == dest {
+			return r, true, nil
+		}
+	}
+	return loader.Refusal{}, false, nil
 }
 
 func (f *fakeDatapath) Rule(name string) (loader.Rule, error) {
@@ -145,6 +161,15 @@ func (f *fakeDatapath) Samples() (reader[loader.Sample], error)   { return f.sam
 
 func (f *fakeDatapath) Close() error     { f.closed = "closed"; return nil }
 func (f *fakeDatapath) Uninstall() error { f.closed = "uninstalled"; return nil }
+
+// refuse is a refusal in the kernel: noted for LastRefusal, and sent as
+// an event.
+func (f *fakeDatapath) refuse(r loader.Refusal) {
+	f.mu.Lock()
+	f.noted = append(f.noted, r)
+	f.mu.Unlock()
+	f.refusals.send(r)
+}
 
 // set sets a rule's counts.
 func (f *fakeDatapath) set(name string, st loader.Stats) {

@@ -178,6 +178,9 @@ type Refusal struct {
 	// RetryAfterSeconds is when a permit is expected back; 0 when the
 	// shape gives no hint (concurrency).
 	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`
+	// Count is how many refusals of this process to this destination the
+	// event stands for: the kernel sends one event per pair per second.
+	Count uint64 `json:"count"`
 }
 
 // Attribution answers "did egressd refuse this process's connect() to this
