@@ -27,14 +27,16 @@
 // in socket storage only when its entry is held by another live socket:
 // creating socket storage costs more than the rest of the admission.
 //
-// Refusals: a refused connect() takes no state. It updates its (process,
-// destination) entry of refusal_notes, which user space reads to tell a
-// caller whether an EPERM was ours, and sends an event at most once per
-// event_interval_ns per entry, carrying the refusals since the last one.
-// A ring buffer record wakes user space only if none did for wake_every_ns
-// (or wake_bytes are waiting); user space polls for the rest. A refusal
-// storm costs no wakeups, and records still reach the daemon within
-// wake_every_ns while they keep coming.
+// Refusals: a refused connect() takes no state and sends nothing. It
+// notes itself in its CPU's refusal_log, a ring of records each folding a
+// run of refusals of one process to one destination (a storm from one
+// client is one record counting up). User space reads the logs: to tell a
+// caller whether an EPERM was ours, and, every tenth of a second, for the
+// events it shows. A refusal storm costs no wakeups and no ring buffer.
+//
+// Latency samples go to user space on a ring buffer. A record wakes the
+// reader only if none did for wake_every_ns (or wake_bytes are waiting);
+// the reader polls for the rest.
 //
 // Requests (cgroup_skb egress/ingress, attached only while a rule asks for
 // them): a socket is in flight from its first outbound payload after an
@@ -49,7 +51,6 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_core_read.h>
 
-#define EEXIST 17
 #define SOCK_STREAM 1
 #define IPPROTO_TCP 6
 #define SOL_TCP 6
@@ -92,10 +93,8 @@ enum counter {
 
 /* Host-wide counters. */
 enum global_counter {
-	GLOBAL_REFUSALS_LOST, /* refusal events dropped: ring buffer full */
-	GLOBAL_SAMPLES_LOST,  /* latency samples dropped: ring buffer full */
-	GLOBAL_NOTES_LOST,    /* refusals not noted for attribution: no memory */
-	GLOBAL_STORAGE,	      /* sockets tracked in socket storage: their table entry was held */
+	GLOBAL_SAMPLES_LOST, /* latency samples dropped: ring buffer full */
+	GLOBAL_STORAGE,	     /* sockets tracked in socket storage: their table entry was held */
 	GLOBAL_LEN,
 };
 
@@ -129,20 +128,14 @@ enum sample_kind {
 struct datapath_config {
 	__u32 classes;
 	__u32 scope_levels; /* bit L: some scoped rule names a cgroup at depth L */
-	/* A (process, destination) pair sends at most one refusal event per
-	 * interval, with the refusals since its last. */
-	__u64 event_interval_ns;
 	/* A record wakes the ring's reader if none did for this long, or
 	 * this much data waits; otherwise the reader polls. */
 	__u64 wake_every_ns;
 	__u64 wake_bytes;
 };
 
-enum ring {
-	RING_REFUSALS,
-	RING_SAMPLES,
-	RING_LEN,
-};
+/* Records of refusal_log per CPU; a power of two. */
+#define LOG_SLOTS 1024
 
 /* Rule key: scope and port match exactly, the address by prefix. The
  * first 96 bits (port, scope) are always inside the prefix. IPv4 is
@@ -227,31 +220,14 @@ struct sock_state {
 	__u64 _line[3];
 };
 
-/* refusal_notes key: who was refused where. */
-struct refusal_key {
-	__u32 pid;
-	__u16 port;
-	__u16 _pad;
-	__u8 addr[16];
-};
-
-/* The latest refusal of a (process, destination) pair. */
+/* A run of refusals of one process to one destination by one rule, on one
+ * CPU. A cache line. */
 struct refusal_note {
-	__u64 time_ns; /* CLOCK_MONOTONIC */
-	__u64 retry_after_ns;
-	__u64 event_ns; /* the last event sent */
-	__u64 pending;	/* refusals since that event */
-	__u32 rule;
-	__u32 gen;
-	__u8 shadow;
-	__u8 _pad[7];
-};
-
-struct refusal {
-	__u64 time_ns; /* CLOCK_MONOTONIC */
+	__u64 time_ns; /* CLOCK_MONOTONIC, the latest */
+	__u64 retry_after_ns; /* the latest; 0: no hint */
 	__u64 cgroup;
-	__u64 retry_after_ns; /* 0: no hint */
-	__u64 count; /* refusals of this process to this destination since its last event */
+	__u32 seq;   /* the run's number on its CPU, from 1; 0 while written */
+	__u32 count; /* refusals folded in */
 	__u32 pid;
 	__u32 rule;
 	__u32 gen;
@@ -259,6 +235,12 @@ struct refusal {
 	__u8 shape;
 	__u8 shadow;
 	__u8 addr[16];
+};
+
+/* A CPU's run in progress; it goes into refusal_log when another starts. */
+struct refusal_run {
+	struct refusal_note cur;
+	__u64 done; /* runs in refusal_log: cur.seq - 1 once cur is set */
 };
 
 struct sample {
@@ -279,9 +261,7 @@ struct iter_rec {
 
 const struct rule_key *unused_rule_key __attribute__((unused));
 const struct rule_meta *unused_rule_meta __attribute__((unused));
-const struct refusal_key *unused_refusal_key __attribute__((unused));
 const struct refusal_note *unused_refusal_note __attribute__((unused));
-const struct refusal *unused_refusal __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
 const struct iter_rec *unused_iter_rec __attribute__((unused));
 const struct sock_state *unused_sock_state __attribute__((unused));
@@ -289,7 +269,6 @@ const enum shape *unused_shape __attribute__((unused));
 const enum counter *unused_counter __attribute__((unused));
 const enum global_counter *unused_global_counter __attribute__((unused));
 const enum sample_kind *unused_sample_kind __attribute__((unused));
-const enum ring *unused_ring __attribute__((unused));
 
 /* sock_table has a power-of-two size; the loader sets its mask. */
 volatile const __u32 sock_table_mask = 0;
@@ -404,29 +383,30 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_states SEC(".maps");
 
-/* Forgetting the oldest note only costs the attribution of a refusal
- * that old: LRU suits it, unlike anything that counts. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct refusal_key);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct refusal_run);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} refusal_runs SEC(".maps");
+
+/* run seq of a CPU is at (seq - 1) % LOG_SLOTS */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LOG_SLOTS);
+	__type(key, __u32);
 	__type(value, struct refusal_note);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} refusal_notes SEC(".maps");
+} refusal_log SEC(".maps");
 
-/* ring -> when a record of it last woke the reader */
+/* when a sample last woke the reader */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RING_LEN);
+	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
 } woken SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 18);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} refusals SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -478,11 +458,10 @@ static __always_inline void count_global(__u32 idx)
 		__sync_fetch_and_add(v, 1);
 }
 
-static __always_inline __u64 wake_flags(void *ring, enum ring which, const struct datapath_config *cfg,
-					 __u64 now)
+static __always_inline __u64 wake_flags(void *ring, const struct datapath_config *cfg, __u64 now)
 {
-	__u32 idx = which;
-	__u64 *last = bpf_map_lookup_elem(&woken, &idx);
+	__u32 zero = 0;
+	__u64 *last = bpf_map_lookup_elem(&woken, &zero);
 
 	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) >= cfg->wake_bytes)
 		return BPF_RB_FORCE_WAKEUP;
@@ -545,7 +524,7 @@ static __always_inline void record_latency(__u32 slot, __u32 gen, __u8 flags,
 	s->rule = slot;
 	s->gen = gen;
 	s->kind = kind;
-	bpf_ringbuf_submit(s, wake_flags(&samples, RING_SAMPLES, cfg, now));
+	bpf_ringbuf_submit(s, wake_flags(&samples, cfg, now));
 }
 
 /* find_state returns the state of a tracked socket: its sock_table entry
@@ -624,6 +603,39 @@ static __always_inline int port_has_rules(__u32 port)
 	return bits && (*bits & (1ULL << (port % 64)));
 }
 
+/* scope_walk carries find_rule's scoped lookups through bpf_loop: one
+ * verified body for every level, where an unrolled loop of fifteen made the
+ * verifier walk a million instructions. */
+struct scope_walk {
+	struct rule_key key;
+	__u32 classes;
+	__u32 levels;
+	__u32 port;
+	long slot;
+};
+
+static long scope_step(__u64 i, struct scope_walk *w)
+{
+	int lvl = MAX_SCOPE_LEVEL - (int)i;
+
+	if (lvl < 1 || !(w->levels & (1u << lvl)))
+		return 0;
+	__u64 id = bpf_get_current_ancestor_cgroup_id(lvl);
+	if (!id)
+		return 0;
+	__u32 *cls = bpf_map_lookup_elem(&scopes, &id);
+	if (!cls)
+		return 0;
+	__u32 c = *cls & w->classes;
+	long slot = lookup_class(&w->key, c, CLASS_SCOPED_PORT, id, w->port);
+	if (slot < 0)
+		slot = lookup_class(&w->key, c, CLASS_SCOPED_ANY, id, 0);
+	if (slot < 0)
+		return 0;
+	w->slot = slot;
+	return 1;
+}
+
 /* Most specific first: a deeper scope over a shallower one over host-wide,
  * a port over any port, and within each the longest prefix (a whole
  * address in rule_exact over the trie's prefixes). The scope is the cgroup
@@ -639,21 +651,11 @@ static __always_inline long find_rule(struct rule_key *key, const struct datapat
 	if (!((classes & PORT_CLASSES) && port_has_rules(port)))
 		classes &= ~PORT_CLASSES;
 	if (classes & SCOPED_CLASSES) {
-		for (int lvl = MAX_SCOPE_LEVEL; lvl >= 1; lvl--) {
-			if (!(cfg->scope_levels & (1u << lvl)))
-				continue;
-			__u64 id = bpf_get_current_ancestor_cgroup_id(lvl);
-			if (!id)
-				continue;
-			__u32 *cls = bpf_map_lookup_elem(&scopes, &id);
-			if (!cls)
-				continue;
-			__u32 c = *cls & classes;
-			if ((slot = lookup_class(key, c, CLASS_SCOPED_PORT, id, port)) >= 0)
-				return slot;
-			if ((slot = lookup_class(key, c, CLASS_SCOPED_ANY, id, 0)) >= 0)
-				return slot;
-		}
+		struct scope_walk w = {.key = *key, .classes = classes, .levels = cfg->scope_levels, .port = port, .slot = -1};
+
+		bpf_loop(MAX_SCOPE_LEVEL, scope_step, &w, 0);
+		if (w.slot >= 0)
+			return w.slot;
 	}
 	if ((slot = lookup_class(key, classes, CLASS_HOST_PORT, 0, port)) >= 0)
 		return slot;
@@ -696,7 +698,8 @@ static __always_inline __u64 take_token(struct rule_state *st, const struct rule
 /* Sliding window of n segments. Segments are numbered from the clock
  * (now / segment_ns); slot i of segment_id/segment_count holds segment
  * number segment_id[i], and counts only while that segment is one of the
- * last n. Only the first n slots are read: fewer cache lines. Returns 0 to
+ * last n. Only the first n slots are read: fewer cache lines. Fixed-trip
+ * loops without breaks keep the verifier's work linear. Returns 0 to
  * admit, else the nanoseconds until the oldest counted segment leaves the
  * window. */
 static __always_inline __u64 take_window(struct rule_state *st, const struct rule *r, __u64 now)
@@ -723,7 +726,10 @@ static __always_inline __u64 take_window(struct rule_state *st, const struct rul
 		st->segment_id[idx] = cur;
 		st->segment_count[idx] = 0;
 	}
-	for (int i = 0; i < MAX_SEGMENTS && i < n; i++) {
+#pragma unroll
+	for (int i = 0; i < MAX_SEGMENTS; i++) {
+		if (i >= n)
+			continue;
 		__u64 id = st->segment_id[i];
 		__u32 c = st->segment_count[i];
 
@@ -741,67 +747,70 @@ static __always_inline __u64 take_window(struct rule_state *st, const struct rul
 	return wait;
 }
 
-static __always_inline void emit_refusal(const struct rule_key *key, __u32 slot, const struct rule *r,
-					 const struct datapath_config *cfg, __u32 pid, __u64 now,
-					 __u64 wait, int shadow, __u64 n)
+/* window_wait runs take_window for a rule slot as a global function: the
+ * verifier checks it once and sees its result as any number, where the
+ * states the window's loop leaves would multiply through the rest of
+ * connect(). */
+__attribute__((noinline)) __u64 window_wait(__u32 slot, __u64 now)
 {
-	struct refusal *e = bpf_ringbuf_reserve(&refusals, sizeof(*e), 0);
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 
-	if (!e) {
-		count_global(GLOBAL_REFUSALS_LOST);
-		return;
-	}
-	e->time_ns = now;
-	e->cgroup = bpf_get_current_cgroup_id();
-	e->retry_after_ns = wait;
-	e->count = n;
-	e->pid = pid;
-	e->rule = slot;
-	e->gen = r->gen;
-	e->port = key->port;
-	e->shape = r->shape;
-	e->shadow = shadow;
-	__builtin_memcpy(e->addr, key->addr, sizeof(e->addr));
-	bpf_ringbuf_submit(e, wake_flags(&refusals, RING_REFUSALS, cfg, now));
+	if (!r || !st)
+		return 0;
+	return take_window(st, r, now);
 }
 
-/* note_refusal records a refusal for attribution and sends an event when
- * its (process, destination) pair has sent none for an interval. */
-static __always_inline void note_refusal(const struct rule_key *key, __u32 slot, const struct rule *r,
-					 const struct datapath_config *cfg, __u64 now, __u64 wait,
-					 int shadow)
+static __always_inline int same_addr(const __u8 *a, const __u8 *b)
 {
-	struct refusal_key rk = {.pid = bpf_get_current_pid_tgid() >> 32, .port = key->port};
-	__builtin_memcpy(rk.addr, key->addr, sizeof(rk.addr));
-	struct refusal_note *n = bpf_map_lookup_elem(&refusal_notes, &rk);
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
 
-	if (!n) {
-		struct refusal_note fresh = {
-			.time_ns = now,
-			.retry_after_ns = wait,
-			.event_ns = now,
-			.rule = slot,
-			.gen = r->gen,
-			.shadow = shadow,
-		};
-		long err = bpf_map_update_elem(&refusal_notes, &rk, &fresh, BPF_NOEXIST);
-		if (err && err != -EEXIST) /* another CPU noted it first */
-			count_global(GLOBAL_NOTES_LOST);
-		emit_refusal(key, slot, r, cfg, rk.pid, now, wait, shadow, 1);
+	return x[0] == y[0] && x[1] == y[1];
+}
+
+/* note_refusal folds a refusal into its CPU's run in progress when that is
+ * the same process, destination and rule, and else moves the run into the
+ * log and starts another. Per-CPU data, written without atomics: should a
+ * preempted program share it, an event's count may miss a refusal (the
+ * rule's counts do not). */
+static __always_inline void note_refusal(const struct rule_key *key, __u32 slot, const struct rule *r,
+					 __u64 now, __u64 wait, int shadow)
+{
+	__u32 zero = 0;
+	struct refusal_run *run = bpf_map_lookup_elem(&refusal_runs, &zero);
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+
+	if (!run)
+		return;
+	struct refusal_note *n = &run->cur;
+	if (n->seq && n->pid == pid && n->port == key->port && n->rule == slot && n->gen == r->gen &&
+	    n->shadow == shadow && same_addr(n->addr, key->addr)) {
+		n->time_ns = now;
+		n->retry_after_ns = wait;
+		n->count++;
 		return;
 	}
+	if (n->seq) {
+		__u32 idx = (n->seq - 1) & (LOG_SLOTS - 1);
+		struct refusal_note *done = bpf_map_lookup_elem(&refusal_log, &idx);
+		if (done) {
+			*done = *n;
+			run->done = n->seq;
+		}
+	}
+	n->seq = 0;
 	n->time_ns = now;
 	n->retry_after_ns = wait;
+	n->cgroup = bpf_get_current_cgroup_id();
+	n->count = 1;
+	n->pid = pid;
 	n->rule = slot;
 	n->gen = r->gen;
+	n->port = key->port;
+	n->shape = r->shape;
 	n->shadow = shadow;
-	__sync_fetch_and_add(&n->pending, 1);
-	__u64 last = n->event_ns;
-	if (now - last < cfg->event_interval_ns)
-		return;
-	if (__sync_val_compare_and_swap(&n->event_ns, last, now) != last)
-		return; /* another CPU sends it */
-	emit_refusal(key, slot, r, cfg, rk.pid, now, wait, shadow, __sync_lock_test_and_set(&n->pending, 0));
+	__builtin_memcpy(n->addr, key->addr, sizeof(n->addr));
+	n->seq = run->done + 1;
 }
 
 /* claim_state finds an admitted socket a place for its state and marks it
@@ -883,7 +892,7 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 			__sync_fetch_and_add(&st->live, 1);
 		break;
 	case SHAPE_PER_WINDOW:
-		wait = take_window(st, r, now);
+		wait = window_wait(slot, now);
 		refuse = wait != 0;
 		if (!refuse || shadow)
 			__sync_fetch_and_add(&st->live, 1);
@@ -907,7 +916,7 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 
 	if (refuse) {
 		count(st, shadow ? COUNTER_SHADOW_REFUSED : COUNTER_REFUSED, 1);
-		note_refusal(key, slot, r, cfg, now, wait, shadow);
+		note_refusal(key, slot, r, now, wait, shadow);
 		if (!shadow) {
 			if (r->refuse_errno)
 				bpf_set_retval(-(int)r->refuse_errno);

@@ -44,7 +44,7 @@ func newMetrics(d *Daemon) *metrics {
 		probes:         prometheus.NewDesc("egressd_adaptive_probes_total", "Drain probes an adaptive rule's loop ended.", rule, nil),
 		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from connect() to ESTABLISHED.", rule, nil),
 		requestLatency: prometheus.NewDesc("egressd_request_latency_seconds", "Time from a request's first outbound payload to the next inbound payload.", rule, nil),
-		lost:           prometheus.NewDesc("egressd_events_lost_total", "What the kernel dropped, by kind: refusal events and latency samples because a ring buffer was full, attribution notes of refusals for want of memory.", []string{"kind"}, nil),
+		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events that never reached the daemon, by kind: refusal records the kernel overwrote before the daemon read them, latency samples dropped because the ring buffer was full.", []string{"kind"}, nil),
 		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "The kernel's live count minus the sockets counted at the last recount; nonzero for long means lost accounting.", rule, nil),
 		reloads:        prometheus.NewDesc("egressd_policy_reloads_total", "Policy loads, by outcome.", []string{"outcome"}, nil),
 		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
@@ -95,7 +95,6 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	if lost, err := m.d.dp.Lost(); err == nil {
 		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Refusals), "refusal")
 		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Samples), "sample")
-		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Notes), "attribution")
 	}
 	t := m.d.tableView()
 	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(t.installed), "installed")

@@ -31,22 +31,19 @@ const (
 )
 
 type egressdDatapathConfig struct {
-	_               structs.HostLayout
-	Classes         uint32
-	ScopeLevels     uint32
-	EventIntervalNs uint64
-	WakeEveryNs     uint64
-	WakeBytes       uint64
+	_           structs.HostLayout
+	Classes     uint32
+	ScopeLevels uint32
+	WakeEveryNs uint64
+	WakeBytes   uint64
 }
 
 type egressdGlobalCounter uint32
 
 const (
-	egressdGlobalCounterGLOBAL_REFUSALS_LOST egressdGlobalCounter = 0
-	egressdGlobalCounterGLOBAL_SAMPLES_LOST  egressdGlobalCounter = 1
-	egressdGlobalCounterGLOBAL_NOTES_LOST    egressdGlobalCounter = 2
-	egressdGlobalCounterGLOBAL_STORAGE       egressdGlobalCounter = 3
-	egressdGlobalCounterGLOBAL_LEN           egressdGlobalCounter = 4
+	egressdGlobalCounterGLOBAL_SAMPLES_LOST egressdGlobalCounter = 0
+	egressdGlobalCounterGLOBAL_STORAGE      egressdGlobalCounter = 1
+	egressdGlobalCounterGLOBAL_LEN          egressdGlobalCounter = 2
 )
 
 type egressdHist struct {
@@ -65,12 +62,13 @@ type egressdIterRec struct {
 	Pad      uint32
 }
 
-type egressdRefusal struct {
+type egressdRefusalNote struct {
 	_            structs.HostLayout
 	TimeNs       uint64
-	Cgroup       uint64
 	RetryAfterNs uint64
-	Count        uint64
+	Cgroup       uint64
+	Seq          uint32
+	Count        uint32
 	Pid          uint32
 	Rule         uint32
 	Gen          uint32
@@ -80,33 +78,11 @@ type egressdRefusal struct {
 	Addr         [16]uint8
 }
 
-type egressdRefusalKey struct {
+type egressdRefusalRun struct {
 	_    structs.HostLayout
-	Pid  uint32
-	Port uint16
-	Pad  uint16
-	Addr [16]uint8
+	Cur  egressdRefusalNote
+	Done uint64
 }
-
-type egressdRefusalNote struct {
-	_            structs.HostLayout
-	TimeNs       uint64
-	RetryAfterNs uint64
-	EventNs      uint64
-	Pending      uint64
-	Rule         uint32
-	Gen          uint32
-	Shadow       uint8
-	Pad          [7]uint8
-}
-
-type egressdRing uint32
-
-const (
-	egressdRingRING_REFUSALS egressdRing = 0
-	egressdRingRING_SAMPLES  egressdRing = 1
-	egressdRingRING_LEN      egressdRing = 2
-)
 
 type egressdRule struct {
 	_           structs.HostLayout
@@ -204,8 +180,8 @@ const (
 	egressdMapGlobalCounters      = "global_counters"
 	egressdMapLatency             = "latency"
 	egressdMapPorts               = "ports"
-	egressdMapRefusalNotes        = "refusal_notes"
-	egressdMapRefusals            = "refusals"
+	egressdMapRefusalLog          = "refusal_log"
+	egressdMapRefusalRuns         = "refusal_runs"
 	egressdMapRuleExact           = "rule_exact"
 	egressdMapRuleMetas           = "rule_metas"
 	egressdMapRulePrefixes        = "rule_prefixes"
@@ -227,10 +203,7 @@ const (
 	egressdVarUnusedCounter       = "unused_counter"
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
 	egressdVarUnusedIterRec       = "unused_iter_rec"
-	egressdVarUnusedRefusal       = "unused_refusal"
-	egressdVarUnusedRefusalKey    = "unused_refusal_key"
 	egressdVarUnusedRefusalNote   = "unused_refusal_note"
-	egressdVarUnusedRing          = "unused_ring"
 	egressdVarUnusedRuleKey       = "unused_rule_key"
 	egressdVarUnusedRuleMeta      = "unused_rule_meta"
 	egressdVarUnusedSample        = "unused_sample"
@@ -298,8 +271,8 @@ type egressdMapSpecs struct {
 	GlobalCounters *ebpf.MapSpec `ebpf:"global_counters"`
 	Latency        *ebpf.MapSpec `ebpf:"latency"`
 	Ports          *ebpf.MapSpec `ebpf:"ports"`
-	RefusalNotes   *ebpf.MapSpec `ebpf:"refusal_notes"`
-	Refusals       *ebpf.MapSpec `ebpf:"refusals"`
+	RefusalLog     *ebpf.MapSpec `ebpf:"refusal_log"`
+	RefusalRuns    *ebpf.MapSpec `ebpf:"refusal_runs"`
 	RuleExact      *ebpf.MapSpec `ebpf:"rule_exact"`
 	RuleMetas      *ebpf.MapSpec `ebpf:"rule_metas"`
 	RulePrefixes   *ebpf.MapSpec `ebpf:"rule_prefixes"`
@@ -320,10 +293,7 @@ type egressdVariableSpecs struct {
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
-	UnusedRefusal       *ebpf.VariableSpec `ebpf:"unused_refusal"`
-	UnusedRefusalKey    *ebpf.VariableSpec `ebpf:"unused_refusal_key"`
 	UnusedRefusalNote   *ebpf.VariableSpec `ebpf:"unused_refusal_note"`
-	UnusedRing          *ebpf.VariableSpec `ebpf:"unused_ring"`
 	UnusedRuleKey       *ebpf.VariableSpec `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.VariableSpec `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.VariableSpec `ebpf:"unused_sample"`
@@ -356,8 +326,8 @@ type egressdMaps struct {
 	GlobalCounters *ebpf.Map `ebpf:"global_counters"`
 	Latency        *ebpf.Map `ebpf:"latency"`
 	Ports          *ebpf.Map `ebpf:"ports"`
-	RefusalNotes   *ebpf.Map `ebpf:"refusal_notes"`
-	Refusals       *ebpf.Map `ebpf:"refusals"`
+	RefusalLog     *ebpf.Map `ebpf:"refusal_log"`
+	RefusalRuns    *ebpf.Map `ebpf:"refusal_runs"`
 	RuleExact      *ebpf.Map `ebpf:"rule_exact"`
 	RuleMetas      *ebpf.Map `ebpf:"rule_metas"`
 	RulePrefixes   *ebpf.Map `ebpf:"rule_prefixes"`
@@ -376,8 +346,8 @@ func (m *egressdMaps) Close() error {
 		m.GlobalCounters,
 		m.Latency,
 		m.Ports,
-		m.RefusalNotes,
-		m.Refusals,
+		m.RefusalLog,
+		m.RefusalRuns,
 		m.RuleExact,
 		m.RuleMetas,
 		m.RulePrefixes,
@@ -399,10 +369,7 @@ type egressdVariables struct {
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`
-	UnusedRefusal       *ebpf.Variable `ebpf:"unused_refusal"`
-	UnusedRefusalKey    *ebpf.Variable `ebpf:"unused_refusal_key"`
 	UnusedRefusalNote   *ebpf.Variable `ebpf:"unused_refusal_note"`
-	UnusedRing          *ebpf.Variable `ebpf:"unused_ring"`
 	UnusedRuleKey       *ebpf.Variable `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.Variable `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.Variable `ebpf:"unused_sample"`

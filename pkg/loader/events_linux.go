@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -70,78 +71,258 @@ func (r *ringReader) next(size int) ([]byte, error) {
 	}
 }
 
-// RefusalReader reads refusal events in the order the kernel wrote them.
-// Events written while no reader runs wait in the pinned ring buffer, up to
-// its size; what does not fit is counted in Lost. An event may stand for
-// many refusals (Refusal.Count), and reaches the reader within a tenth of a
-// second.
+// RefusalReader reads refusal events. The kernel notes refusals per CPU,
+// each record a run of one process's refusals to one destination: the run
+// in progress, then a log of the last logSlots. The reader reads them every
+// pollEvery and sends an event per pair at most once per
+// Config.EventInterval, counting the refusals since its last
+// (Refusal.Count), and the refusals of a pair's last interval once it has
+// passed. Refusals from before the reader opened are not sent. Runs the
+// kernel overwrote before the reader got to them are counted in Lost.
 type RefusalReader struct {
-	d  *Datapath
-	rd *ringReader
+	d        *Datapath
+	deadline time.Time
+	closed   chan struct{}
+	once     sync.Once
+
+	seen    []logPos // per CPU, the newest run read and its count
+	pairs   map[refusalPair]*pairState
+	pending []Refusal // read, not yet returned
+	read    time.Time // when the runs were last read
+}
+
+// logPos is how far a reader has read one CPU's runs.
+type logPos struct {
+	seq   uint32 // the newest run read
+	count uint32 // its refusals read
+}
+
+type refusalPair struct {
+	pid    uint32
+	dest   netip.AddrPort
+	rule   string
+	shadow bool
+}
+
+type pairState struct {
+	sent   time.Time // the last event
+	unsent Refusal   // the refusals since, Count 0 when none
 }
 
 // Refusals opens a reader of refusal events. Only one reader should run at
-// a time: each event is delivered once.
+// a time.
 func (d *Datapath) Refusals() (*RefusalReader, error) {
-	rd, err := newRingReader(d.objs.Refusals)
+	runs, err := d.refusalRuns()
 	if err != nil {
 		return nil, fmt.Errorf("refusal reader: %w", err)
 	}
-	return &RefusalReader{d: d, rd: rd}, nil
+	r := &RefusalReader{d: d, closed: make(chan struct{}), pairs: map[refusalPair]*pairState{}, seen: make([]logPos, len(runs))}
+	for cpu, run := range runs {
+		r.seen[cpu] = logPos{seq: run.Cur.Seq, count: run.Cur.Count}
+	}
+	return r, nil
 }
 
 // SetDeadline makes Read return ErrDeadline once t has passed; the zero
 // time blocks.
-func (r *RefusalReader) SetDeadline(t time.Time) { r.rd.deadline = t }
+func (r *RefusalReader) SetDeadline(t time.Time) { r.deadline = t }
+
+// Close unblocks a pending Read.
+func (r *RefusalReader) Close() error {
+	r.once.Do(func() { close(r.closed) })
+	return nil
+}
 
 // Read blocks for the next refusal event.
 func (r *RefusalReader) Read() (Refusal, error) {
-	raw, err := r.rd.next(int(unsafe.Sizeof(egressdRefusal{})))
-	if err != nil {
-		return Refusal{}, err
+	for len(r.pending) == 0 {
+		wait := time.Until(r.read.Add(pollEvery))
+		if !r.deadline.IsZero() {
+			if left := time.Until(r.deadline); left <= 0 {
+				return Refusal{}, ErrDeadline
+			} else if left < wait {
+				wait = left
+			}
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-r.closed:
+				t.Stop()
+				return Refusal{}, ErrClosed
+			case <-t.C:
+			}
+			continue
+		}
+		if err := r.scan(); err != nil {
+			return Refusal{}, err
+		}
 	}
-	e := (*egressdRefusal)(unsafe.Pointer(&raw[0]))
-	return Refusal{
-		Time:       monotonicToWall(e.TimeNs),
-		PID:        e.Pid,
-		Cgroup:     e.Cgroup,
-		Rule:       r.d.ruleName(e.Rule, e.Gen),
-		Dest:       netip.AddrPortFrom(netip.AddrFrom16(e.Addr).Unmap(), e.Port),
-		Shape:      Shape(e.Shape),
-		Shadow:     e.Shadow != 0,
-		RetryAfter: time.Duration(e.RetryAfterNs),
-		Count:      e.Count,
-	}, nil
+	e := r.pending[0]
+	r.pending = r.pending[1:]
+	return e, nil
 }
 
-// Close unblocks a pending Read.
-func (r *RefusalReader) Close() error { return r.rd.rd.Close() }
-
-// LastRefusal returns the latest refusal of process pid's connect() to
-// dest, if the kernel still remembers one: it keeps the latest of each
-// (process, destination) pair, forgetting the least recently refused
-// pairs beyond 16,384. It is written before connect() returns, so a
-// caller asking after its EPERM finds it at once. Shape and Cgroup are
-// not kept.
-func (d *Datapath) LastRefusal(pid uint32, dest netip.AddrPort) (Refusal, bool, error) {
-	key := egressdRefusalKey{Pid: pid, Port: dest.Port(), Addr: dest.Addr().As16()}
-	var n egressdRefusalNote
-	err := d.objs.RefusalNotes.Lookup(&key, &n)
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return Refusal{}, false, nil
+// scan reads what the runs gained since the last scan and queues the
+// events that are due.
+func (r *RefusalReader) scan() error {
+	r.read = time.Now()
+	select {
+	case <-r.closed:
+		return ErrClosed
+	default:
 	}
+	runs, err := r.d.refusalRuns()
 	if err != nil {
-		return Refusal{}, false, fmt.Errorf("read refusal note: %w", err)
+		return err
 	}
+	// The log is read only when a run finished since the last scan.
+	var log []egressdRefusalNote
+	for cpu, run := range runs {
+		if uint64(r.seen[cpu].seq) <= run.Done && log == nil {
+			if log, err = r.d.readLog(); err != nil {
+				return err
+			}
+		}
+	}
+	for cpu, run := range runs {
+		pos := r.seen[cpu]
+		cur := run.Cur.Seq
+		if cur == 0 {
+			continue
+		}
+		from := pos.seq
+		if cur-from > logSlots {
+			// Overwritten before we read them.
+			r.d.lostRefusals.Add(uint64(cur - from - logSlots))
+			from, pos.count = cur-logSlots, 0
+		}
+		for seq := max(from, 1); seq <= cur; seq++ {
+			n := run.Cur
+			if seq != cur {
+				n = log[int(logIndex(seq))*r.d.ncpu+cpu]
+			}
+			if n.Seq != seq {
+				continue // rewritten meanwhile: lost with the others
+			}
+			done := uint32(0)
+			if seq == pos.seq {
+				done = pos.count
+			}
+			if n.Count > done {
+				r.add(&n, n.Count-done)
+			}
+			pos = logPos{seq: seq, count: n.Count}
+		}
+		r.seen[cpu] = pos
+	}
+	now := time.Now()
+	for key, p := range r.pairs {
+		if now.Sub(p.sent) < r.d.cfg.EventInterval {
+			continue
+		}
+		if p.unsent.Count == 0 {
+			delete(r.pairs, key) // quiet for an interval: forgotten
+			continue
+		}
+		r.pending = append(r.pending, p.unsent)
+		p.sent, p.unsent = now, Refusal{}
+	}
+	return nil
+}
+
+// add takes count more refusals of a run.
+func (r *RefusalReader) add(n *egressdRefusalNote, count uint32) {
+	e := r.d.refusal(n)
+	e.Count = uint64(count)
+	key := refusalPair{pid: e.PID, dest: e.Dest, rule: e.Rule, shadow: e.Shadow}
+	p := r.pairs[key]
+	if p == nil {
+		// A new pair's first refusals go out at once.
+		r.pairs[key] = &pairState{sent: time.Now()}
+		r.pending = append(r.pending, e)
+		return
+	}
+	e.Count += p.unsent.Count
+	p.unsent = e
+}
+
+// refusal turns a run into a Refusal counting one refusal.
+func (d *Datapath) refusal(n *egressdRefusalNote) Refusal {
 	return Refusal{
 		Time:       monotonicToWall(n.TimeNs),
-		PID:        pid,
+		PID:        n.Pid,
+		Cgroup:     n.Cgroup,
 		Rule:       d.ruleName(n.Rule, n.Gen),
-		Dest:       dest,
+		Dest:       netip.AddrPortFrom(netip.AddrFrom16(n.Addr).Unmap(), n.Port),
+		Shape:      Shape(n.Shape),
 		Shadow:     n.Shadow != 0,
 		RetryAfter: time.Duration(n.RetryAfterNs),
 		Count:      1,
-	}, true, nil
+	}
+}
+
+// logSlots is LOG_SLOTS of egressd.c: finished runs kept per CPU.
+const logSlots = 1024
+
+func logIndex(seq uint32) uint32 { return (seq - 1) % logSlots }
+
+// refusalRuns reads every CPU's run in progress.
+func (d *Datapath) refusalRuns() ([]egressdRefusalRun, error) {
+	var runs []egressdRefusalRun
+	if err := d.objs.RefusalRuns.Lookup(uint32(0), &runs); err != nil {
+		return nil, fmt.Errorf("read refusal runs: %w", err)
+	}
+	return runs, nil
+}
+
+// readLog reads every CPU's log of finished runs: slot i of CPU c is at
+// i*ncpu + c.
+func (d *Datapath) readLog() ([]egressdRefusalNote, error) {
+	keys := make([]uint32, logSlots)
+	notes := make([]egressdRefusalNote, logSlots*d.ncpu)
+	var cursor ebpf.MapBatchCursor
+	n, err := d.objs.RefusalLog.BatchLookup(&cursor, keys, notes, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("read refusal log: %w", err)
+	}
+	if n != logSlots {
+		return nil, fmt.Errorf("read refusal log: %d records of %d", n, logSlots)
+	}
+	return notes, nil
+}
+
+// LastRefusal returns the latest refusal of process pid's connect() to
+// dest that the kernel still holds: the run in progress and the last 1024
+// finished runs of each CPU, a run being one process's refusals to one
+// destination in a row. The kernel notes a refusal before connect()
+// returns, so a caller asking after its EPERM finds it at once.
+func (d *Datapath) LastRefusal(pid uint32, dest netip.AddrPort) (Refusal, bool, error) {
+	runs, err := d.refusalRuns()
+	if err != nil {
+		return Refusal{}, false, err
+	}
+	addr := dest.Addr().As16()
+	match := func(n *egressdRefusalNote) bool {
+		return n.Seq != 0 && n.Pid == pid && n.Port == dest.Port() && n.Addr == addr
+	}
+	log, err := d.readLog()
+	if err != nil {
+		return Refusal{}, false, err
+	}
+	for i := range runs {
+		log = append(log, runs[i].Cur)
+	}
+	var last *egressdRefusalNote
+	for i := range log {
+		if n := &log[i]; match(n) && (last == nil || n.TimeNs > last.TimeNs) {
+			last = n
+		}
+	}
+	if last == nil {
+		return Refusal{}, false, nil
+	}
+	return d.refusal(last), true, nil
 }
 
 // SampleReader reads latency samples of rules with Samples set.

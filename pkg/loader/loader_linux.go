@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -117,6 +118,9 @@ type Datapath struct {
 	hints hints
 	// fault, set by tests, fails the kernel write it returns an error for.
 	fault func(step string) error
+	// lostRefusals counts refusal log records overwritten before a
+	// reader read them.
+	lostRefusals atomic.Uint64
 }
 
 func (d *Datapath) mapsDir() string  { return filepath.Join(d.cfg.PinDir, "maps") }

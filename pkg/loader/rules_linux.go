@@ -564,11 +564,10 @@ func (d *Datapath) writeHints(old, want hints, all bool) error {
 
 func (d *Datapath) kernelConfig(h hints) egressdDatapathConfig {
 	return egressdDatapathConfig{
-		Classes:         h.classes,
-		ScopeLevels:     h.levels,
-		EventIntervalNs: uint64(d.cfg.EventInterval),
-		WakeEveryNs:     uint64(wakeEvery),
-		WakeBytes:       wakeBytes,
+		Classes:     h.classes,
+		ScopeLevels: h.levels,
+		WakeEveryNs: uint64(wakeEvery),
+		WakeBytes:   wakeBytes,
 	}
 }
 

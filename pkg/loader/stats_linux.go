@@ -108,24 +108,12 @@ func (d *Datapath) stats(idx uint32) (Stats, error) {
 	return s, nil
 }
 
-// Lost reads how many events the kernel dropped.
+// Lost reads how many events were dropped: latency samples the kernel
+// could not queue, and refusal records it overwrote before a reader of
+// this Datapath read them.
 func (d *Datapath) Lost() (Lost, error) {
-	var l Lost
-	for _, c := range []struct {
-		i   egressdGlobalCounter
-		out *uint64
-	}{
-		{egressdGlobalCounterGLOBAL_REFUSALS_LOST, &l.Refusals},
-		{egressdGlobalCounterGLOBAL_SAMPLES_LOST, &l.Samples},
-		{egressdGlobalCounterGLOBAL_NOTES_LOST, &l.Notes},
-	} {
-		n, err := d.global(c.i)
-		if err != nil {
-			return Lost{}, err
-		}
-		*c.out = n
-	}
-	return l, nil
+	samples, err := d.global(egressdGlobalCounterGLOBAL_SAMPLES_LOST)
+	return Lost{Refusals: d.lostRefusals.Load(), Samples: samples}, err
 }
 
 // StorageSockets reads how many tracked sockets have kept their state in

@@ -333,12 +333,14 @@ type RuleStatus struct {
 	Stats Stats
 }
 
-// Lost counts events the kernel dropped because a ring buffer was full,
-// and refusals it could not note for attribution.
+// Lost counts events that never reached user space.
 type Lost struct {
+	// Refusals is refusal log records the kernel overwrote before they
+	// were read (since this process opened the datapath): their refusals
+	// are in the rule's counts but in no event.
 	Refusals uint64
-	Samples  uint64
-	Notes    uint64
+	// Samples is latency samples dropped because the ring buffer was full.
+	Samples uint64
 }
 
 // Refusal is one connect() the datapath refused (or, in shadow mode, would
@@ -356,8 +358,8 @@ type Refusal struct {
 	// no such hint (concurrency).
 	RetryAfter time.Duration
 	// Count is how many refusals of this process to this destination the
-	// event stands for: those since the pair's previous event, which the
-	// kernel sends at most once per Config.EventInterval.
+	// event stands for: those since the pair's previous event, sent at most
+	// once per Config.EventInterval.
 	Count uint64
 }
 
