@@ -87,8 +87,7 @@ enum counter {
 	COUNTER_REQUESTS,
 	COUNTER_RESPONSES,
 	COUNTER_ABORTED,	/* released while a request was in flight */
-	COUNTER_IN_FLIGHT,	/* gauge: +1 at request, -1 at response or abort */
-	COUNTER_LEN,
+	COUNTER_LEN,		/* in flight: requests - responses - aborted */
 };
 
 /* Host-wide counters. */
@@ -192,11 +191,11 @@ struct rule_state {
 	__u32 segment_count[MAX_SEGMENTS];
 };
 
+/* The count is the buckets' sum: one atomic less per sample. */
 struct hist {
-	__u64 count;
 	__u64 sum_ns;
 	__u64 buckets[HIST_BUCKETS]; /* bucket i: [2^(i-1), 2^i) microseconds */
-	__u64 _line[2];
+	__u64 _line[3];
 };
 
 /* sock_state.word: the owning socket's cookie << 2 | SS_AWAITING | SS_HELD.
@@ -442,6 +441,15 @@ static __always_inline __u8 cb_flags(const void *sk)
 	return tp->bpf_sock_ops_cb_flags;
 }
 
+/* cookie reads a tracked socket's cookie, which connect() generated: a
+ * load, where bpf_get_socket_cookie is a helper call. */
+static __always_inline __u64 cookie_of(const void *sk)
+{
+	const struct sock_common *skc = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock_common));
+
+	return skc->skc_cookie.counter;
+}
+
 static __always_inline void count(struct rule_state *st, enum counter c, __s64 delta)
 {
 	if (c < COUNTER_LEN)
@@ -505,7 +513,6 @@ static __always_inline void record_latency(__u32 slot, __u32 gen, __u8 flags,
 
 		if (b >= HIST_BUCKETS)
 			b = HIST_BUCKETS - 1;
-		__sync_fetch_and_add(&h->count, 1);
 		__sync_fetch_and_add(&h->sum_ns, ns);
 		__sync_fetch_and_add(&h->buckets[b], 1);
 	}
@@ -569,10 +576,8 @@ static __always_inline void release(struct sock_state *ss, __u64 cookie)
 	count(st, COUNTER_RELEASED, 1);
 	if (!ss->established)
 		count(st, COUNTER_CONNECT_FAILED, 1);
-	if (w & SS_AWAITING) {
-		count(st, COUNTER_IN_FLIGHT, -1);
+	if (w & SS_AWAITING)
 		count(st, COUNTER_ABORTED, 1);
-	}
 }
 
 static __always_inline long lookup_class(struct rule_key *key, __u32 cls, int c,
@@ -1051,34 +1056,51 @@ int egressd_sock_release(struct bpf_sock *sk)
 }
 
 /* TCP payload bytes of a (possibly GSO) skb; 0 for segments without payload
- * and for RST. cgroup_skb data starts at the network header. IPv6
- * extension headers are not parsed (such packets count as no payload). */
+ * and for RST. cgroup_skb data starts at the network header, which with the
+ * TCP header is in the linear data of every packet TCP builds; anything
+ * else is read through bpf_skb_load_bytes. IPv6 extension headers are not
+ * parsed (such packets count as no payload). */
 static __always_inline __u32 tcp_payload_len(struct __sk_buff *skb)
 {
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
 	__u32 nh;
-	__u8 b[2];
+	__u8 h[2];
 
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		__u8 ip[10];
+		__u8 *p = data;
 
-		if (bpf_skb_load_bytes(skb, 0, ip, sizeof(ip)) || ip[9] != IPPROTO_TCP)
+		if ((void *)(p + sizeof(ip)) <= end)
+			__builtin_memcpy(ip, p, sizeof(ip));
+		else if (bpf_skb_load_bytes(skb, 0, ip, sizeof(ip)))
+			return 0;
+		if (ip[9] != IPPROTO_TCP)
 			return 0;
 		nh = (ip[0] & 0xf) * 4;
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		__u8 next;
+		__u8 ip6[8];
+		__u8 *p = data;
 
-		if (bpf_skb_load_bytes(skb, 6, &next, 1) || next != IPPROTO_TCP)
+		if ((void *)(p + sizeof(ip6)) <= end)
+			__builtin_memcpy(ip6, p, sizeof(ip6));
+		else if (bpf_skb_load_bytes(skb, 0, ip6, sizeof(ip6)))
+			return 0;
+		if (ip6[6] != IPPROTO_TCP)
 			return 0;
 		nh = 40;
 	} else {
 		return 0;
 	}
 	/* byte 12: data offset in the upper nibble; byte 13: flags */
-	if (bpf_skb_load_bytes(skb, nh + 12, b, 2))
+	__u8 *t = (__u8 *)data + (nh & 0x3c) + 12;
+	if ((void *)(t + 2) <= end)
+		__builtin_memcpy(h, t, 2);
+	else if (bpf_skb_load_bytes(skb, nh + 12, h, 2))
 		return 0;
-	if (b[1] & 0x04)
+	if (h[1] & 0x04)
 		return 0;
-	__u32 l4 = nh + (b[0] >> 4) * 4;
+	__u32 l4 = nh + (h[0] >> 4) * 4;
 	return skb->len > l4 ? skb->len - l4 : 0;
 }
 
@@ -1093,7 +1115,7 @@ static __always_inline struct sock_state *skb_state(struct __sk_buff *skb, __u64
 	sk = bpf_sk_fullsock(sk);
 	if (!sk || sk->protocol != IPPROTO_TCP || !(cb_flags(sk) & TRACKED))
 		return 0;
-	*cookie = bpf_get_socket_cookie(skb);
+	*cookie = cookie_of(sk);
 	return find_state(sk, *cookie);
 }
 
@@ -1114,10 +1136,8 @@ int egressd_egress(struct __sk_buff *skb)
 	ss->sent_ns = bpf_ktime_get_ns();
 	__u32 slot = ss->rule;
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
-	if (st) {
-		count(st, COUNTER_IN_FLIGHT, 1);
+	if (st)
 		count(st, COUNTER_REQUESTS, 1);
-	}
 	return 1;
 }
 
@@ -1138,10 +1158,8 @@ int egressd_ingress(struct __sk_buff *skb)
 	__u32 slot = ss->rule;
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
-	if (st) {
-		count(st, COUNTER_IN_FLIGHT, -1);
+	if (st)
 		count(st, COUNTER_RESPONSES, 1);
-	}
 	if (r && r->gen == ss->gen)
 		record_latency(slot, ss->gen, r->flags, SAMPLE_REQUEST, now, now - ss->sent_ns);
 	return 1;

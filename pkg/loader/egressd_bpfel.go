@@ -26,8 +26,7 @@ const (
 	egressdCounterCOUNTER_REQUESTS       egressdCounter = 7
 	egressdCounterCOUNTER_RESPONSES      egressdCounter = 8
 	egressdCounterCOUNTER_ABORTED        egressdCounter = 9
-	egressdCounterCOUNTER_IN_FLIGHT      egressdCounter = 10
-	egressdCounterCOUNTER_LEN            egressdCounter = 11
+	egressdCounterCOUNTER_LEN            egressdCounter = 10
 )
 
 type egressdDatapathConfig struct {
@@ -48,10 +47,9 @@ const (
 
 type egressdHist struct {
 	_       structs.HostLayout
-	Count   uint64
 	SumNs   uint64
 	Buckets [28]uint64
-	Line    [2]uint64
+	Line    [3]uint64
 }
 
 type egressdIterRec struct {
@@ -126,7 +124,7 @@ type egressdRuleState struct {
 	Spent        uint64
 	Tokens       uint64
 	RefilledNs   uint64
-	Counters     [11]uint64
+	Counters     [10]uint64
 	SegmentId    [32]uint64
 	SegmentCount [32]uint32
 }

@@ -95,15 +95,18 @@ func (d *Datapath) stats(idx uint32) (Stats, error) {
 		Requests:      c[egressdCounterCOUNTER_REQUESTS],
 		Responses:     c[egressdCounterCOUNTER_RESPONSES],
 		Aborted:       c[egressdCounterCOUNTER_ABORTED],
-		// Atomic +1s and -1s: as a signed number, exact.
-		InFlight: int64(c[egressdCounterCOUNTER_IN_FLIGHT]),
+		// Every request ends once: in a response or an abort.
+		InFlight: int64(c[egressdCounterCOUNTER_REQUESTS] - c[egressdCounterCOUNTER_RESPONSES] - c[egressdCounterCOUNTER_ABORTED]),
 	}
 	for kind, h := range []*Histogram{&s.ConnectLatency, &s.RequestLatency} {
 		var kh egressdHist
 		if err := d.objs.Latency.Lookup(idx*uint32(egressdSampleKindSAMPLE_LEN)+uint32(kind), &kh); err != nil {
 			return Stats{}, fmt.Errorf("read latency: %w", err)
 		}
-		*h = Histogram{Count: kh.Count, Sum: time.Duration(kh.SumNs), Buckets: kh.Buckets}
+		*h = Histogram{Sum: time.Duration(kh.SumNs), Buckets: kh.Buckets}
+		for _, n := range kh.Buckets {
+			h.Count += n
+		}
 	}
 	return s, nil
 }
