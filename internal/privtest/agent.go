@@ -24,7 +24,13 @@ import (
 // runAgent dials and closes connections on command, one per line on stdin:
 // "dial ADDR TIMEOUT" answers "ok ID" or "err ERRNO"; "close ID" answers
 // "ok"; "loop ADDR N" connects and closes N times with bare syscalls and
-// answers "ok NS", the mean time of one connect()+close().
+// answers "ok NS", the mean time of one connect()+close(); "refused ADDR
+// N" does the same with connects that must fail with EPERM; "echo ADDR N"
+// opens one connection, sends a byte and reads one back N times, and
+// answers "ok NS", the mean round trip; "storm ADDR PORTS RATE DURATION"
+// connects at RATE per second for DURATION to ADDR's port and the next
+// PORTS-1, one after the other, and answers "ok N ERRS", the connects made
+// and how many failed with EPERM.
 func runAgent([]string) error {
 	conns := map[int]net.Conn{}
 	next := 0
@@ -45,12 +51,24 @@ func runAgent([]string) error {
 			conns[next] = c
 			fmt.Printf("ok %d\n", next)
 			next++
-		case len(f) == 3 && f[0] == "loop":
-			per, err := connectLoop(f[1], f[2])
+		case len(f) == 3 && (f[0] == "loop" || f[0] == "refused"):
+			per, err := connectLoop(f[1], f[2], f[0] == "refused")
 			if err != nil {
 				return err
 			}
 			fmt.Printf("ok %d\n", per.Nanoseconds())
+		case len(f) == 3 && f[0] == "echo":
+			per, err := echoLoop(f[1], f[2])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("ok %d\n", per.Nanoseconds())
+		case len(f) == 5 && f[0] == "storm":
+			n, refused, err := refusalStorm(f[1], f[2], f[3], f[4])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("ok %d %d\n", n, refused)
 		case len(f) == 2 && f[0] == "close":
 			id, _ := strconv.Atoi(f[1])
 			if c, ok := conns[id]; ok {
@@ -198,29 +216,103 @@ func (s *StormServer) Max() int64 { return s.max.Load() }
 // Total is how many connections said hello.
 func (s *StormServer) Total() int64 { return s.total.Load() }
 
-func connectLoop(addr, count string) (time.Duration, error) {
-	ap, err := netip.ParseAddrPort(addr)
+// connectLoop connects and closes count times; with refused, each
+// connect() must fail with EPERM instead.
+func connectLoop(addr, count string, refused bool) (time.Duration, error) {
+	sa, n, err := parseTarget(addr, count)
 	if err != nil {
 		return 0, err
 	}
-	n, err := strconv.Atoi(count)
-	if err != nil {
-		return 0, err
-	}
-	sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
 	start := time.Now()
 	for range n {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return 0, err
 		}
-		if err := unix.Connect(fd, sa); err != nil {
-			unix.Close(fd)
+		err = unix.Connect(fd, sa)
+		unix.Close(fd)
+		if refused && err != unix.EPERM {
+			return 0, fmt.Errorf("connect %s: %v, want EPERM", addr, err)
+		}
+		if !refused && err != nil {
 			return 0, fmt.Errorf("connect %s: %w", addr, err)
 		}
-		unix.Close(fd)
 	}
 	return time.Since(start) / time.Duration(n), nil
+}
+
+func parseTarget(addr, count string) (*unix.SockaddrInet4, int, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil {
+		return nil, 0, err
+	}
+	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, n, nil
+}
+
+// echoLoop makes count one-byte round trips on one connection.
+func echoLoop(addr, count string) (time.Duration, error) {
+	sa, n, err := parseTarget(addr, count)
+	if err != nil {
+		return 0, err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, sa); err != nil {
+		return 0, fmt.Errorf("connect %s: %w", addr, err)
+	}
+	buf := make([]byte, 1)
+	start := time.Now()
+	for range n {
+		if _, err := unix.Write(fd, buf); err != nil {
+			return 0, err
+		}
+		if m, err := unix.Read(fd, buf); err != nil || m != 1 {
+			return 0, fmt.Errorf("read: %d bytes, %v", m, err)
+		}
+	}
+	return time.Since(start) / time.Duration(n), nil
+}
+
+// refusalStorm connects at rate per second for d to ports consecutive
+// ports from addr's, in steps of a millisecond's worth.
+func refusalStorm(addr, ports, rate, d string) (n, refused int, err error) {
+	sa, nports, err := parseTarget(addr, ports)
+	if err != nil {
+		return 0, 0, err
+	}
+	perSecond, err := strconv.Atoi(rate)
+	if err != nil {
+		return 0, 0, err
+	}
+	dur, err := time.ParseDuration(d)
+	if err != nil {
+		return 0, 0, err
+	}
+	first := sa.Port
+	start := time.Now()
+	for elapsed := time.Duration(0); elapsed < dur; elapsed = time.Since(start) {
+		// Catch up to where the rate says we should be.
+		for due := int(elapsed.Seconds() * float64(perSecond)); n < due; n++ {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return n, refused, err
+			}
+			sa.Port = first + n%nports
+			if unix.Connect(fd, sa) == unix.EPERM {
+				refused++
+			}
+			unix.Close(fd)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return n, refused, nil
 }
 
 // runRequester runs N closed-loop clients against ADDR for DURATION: each

@@ -4,11 +4,17 @@ package loader
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/egressd/egressd/internal/privtest"
 )
@@ -19,75 +25,241 @@ func sinkServer(b *testing.B) netip.AddrPort {
 	return serve(b, "tcp4", "127.0.0.1:0", func(c net.Conn) { c.Close() })
 }
 
-// connectClose opens and closes one loopback connection.
-func connectClose(b *testing.B, target netip.AddrPort) {
-	c, err := connect(target)
+// costCase is one datapath whose BPF run time per connect() a benchmark
+// measures, from a helper process in a cgroup of its own.
+type costCase struct {
+	name  string
+	rule  *Rule
+	cmd   string // the agent's loop: "loop" admits, "refused" must fail
+	agent *privtest.Child
+	stats func() (map[string]ProgramStats, error)
+	// ns holds, per round, the run time per connect() summed over every
+	// program; progs the run time per connect() of each over all rounds.
+	ns    []float64
+	progs map[string]float64
+	runs  map[string]float64
+}
+
+// round runs n connects of the case's agent and records their cost.
+func (c *costCase) round(b *testing.B, target netip.AddrPort, n int) {
+	before, err := c.stats()
 	if err != nil {
 		b.Fatal(err)
 	}
-	c.Close()
+	if reply := c.agent.Call(b, "%s %s %d", c.cmd, target, n); !strings.HasPrefix(reply, "ok") {
+		b.Fatalf("%s: %s", c.name, reply)
+	}
+	after, err := c.stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total time.Duration
+	for name, a := range after {
+		d := a.Runtime - before[name].Runtime
+		total += d
+		c.progs[name] += float64(d) / float64(n)
+		c.runs[name] += float64(a.Runs-before[name].Runs) / float64(n)
+	}
+	c.ns = append(c.ns, float64(total)/float64(n))
 }
 
-// BenchmarkKernelCost reports the BPF programs' own run time per
-// connection (kernel.bpf_stats_enabled), summed over every program that
-// ran for it, for the datapath's common cases.
+func median(d []float64) float64 {
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// emptyPrograms attaches programs that only return 1 at the hooks the
+// datapath uses on every connection: what any program there costs, with
+// kernel.bpf_stats_enabled on, before it does anything.
+func emptyPrograms(b *testing.B, cg string) func() (map[string]ProgramStats, error) {
+	b.Helper()
+	progs := map[string]*ebpf.Program{}
+	for _, h := range []struct {
+		name   string
+		typ    ebpf.ProgramType
+		attach ebpf.AttachType
+	}{
+		{"connect4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect},
+		{"sockops", ebpf.SockOps, ebpf.AttachCGroupSockOps},
+		{"sock_release", ebpf.CGroupSock, ebpf.AttachCgroupInetSockRelease},
+	} {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: h.typ, AttachType: h.attach, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { p.Close() })
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: h.attach, Program: p})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { l.Close() })
+		progs[h.name] = p
+	}
+	return func() (map[string]ProgramStats, error) {
+		out := map[string]ProgramStats{}
+		for name, p := range progs {
+			st, err := p.Stats()
+			if err != nil {
+				return nil, err
+			}
+			out[name] = ProgramStats{Runs: st.RunCount, Runtime: st.Runtime}
+		}
+		return out, nil
+	}
+}
+
+// BenchmarkKernelCost reports the BPF programs' own run time per connect()
+// (kernel.bpf_stats_enabled), summed over every program that ran for it:
+// for each shape of rule, a connection no rule matches, one refused, and
+// empty programs at the same hooks (the floor any datapath pays). The cases
+// take turns, a round of 200 connects each, so that the machine's drift
+// falls on all alike; figures are medians over the rounds, and ratios are
+// to the no-rules case of the same run.
 func BenchmarkKernelCost(b *testing.B) {
 	privtest.RequireRoot(b)
-	cases := []struct {
-		name string
-		rule *Rule
-	}{
-		{"no-rules", nil},
-		{"no-match", &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1000}},
-		{"concurrency", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000}},
-		{"per-second", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapePerSecond, Limit: MaxRate}},
-		{"per-window", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapePerWindow, Limit: 1 << 30, Window: time.Second}},
-		{"granted", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Shape: ShapeGranted, Granted: 1 << 62}},
-		{"concurrency+requests", &Rule{Name: "c", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000, Requests: true}},
-	}
 	srv := sinkServer(b)
-	for _, tc := range cases {
-		b.Run(tc.name, func(b *testing.B) {
-			cg := privtest.Cgroup(b, "bench")
+	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	cases := []*costCase{
+		{name: "empty programs"},
+		{name: "no-rules"},
+		{name: "no-match", rule: &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1000}},
+		{name: "concurrency", rule: &Rule{Name: "c", Dests: local, Limit: 1000}},
+		{name: "per-second", rule: &Rule{Name: "c", Dests: local, Shape: ShapePerSecond, Limit: MaxRate}},
+		{name: "per-window", rule: &Rule{Name: "c", Dests: local, Shape: ShapePerWindow, Limit: 1 << 30, Window: time.Second}},
+		{name: "granted", rule: &Rule{Name: "c", Dests: local, Shape: ShapeGranted, Granted: 1 << 62}},
+		{name: "concurrency+requests", rule: &Rule{Name: "c", Dests: local, Limit: 1000, Requests: true}},
+		{name: "refused", rule: &Rule{Name: "c", Dests: local, Limit: 0}, cmd: "refused"},
+	}
+	for _, c := range cases {
+		cg := privtest.Cgroup(b, "bench")
+		c.progs, c.runs = map[string]float64{}, map[string]float64{}
+		if c.cmd == "" {
+			c.cmd = "loop"
+		}
+		if c.name == "empty programs" {
+			c.stats = emptyPrograms(b, cg)
+		} else {
 			d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { d.Uninstall() })
-			if tc.rule != nil {
-				if err := d.Put(*tc.rule); err != nil {
+			if c.rule != nil {
+				if err := d.Put(*c.rule); err != nil {
 					b.Fatal(err)
 				}
 			}
-			stats, err := EnableStats()
-			if err != nil {
-				b.Fatal(err)
+			c.stats = d.ProgramStats
+		}
+		c.agent = privtest.Spawn(b, cg, "agent")
+	}
+	stats, err := EnableStats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stats.Close()
+	const perRound = 200
+	rounds := 0
+	for b.Loop() {
+		for _, c := range cases {
+			c.round(b, srv, perRound)
+		}
+		rounds++
+	}
+
+	// go test keeps ten lines of a benchmark's log.
+	b.Logf("%-22s %9s %6s  per program: ns (runs); BPF run time per connect(), median of %d rounds of %d; x = times no-rules in the same round",
+		"case", "ns", "x", rounds, perRound)
+	for _, c := range cases {
+		ratios := make([]float64, rounds)
+		for i := range ratios {
+			ratios[i] = c.ns[i] / cases[1].ns[i]
+		}
+		var parts []string
+		for _, name := range slices.Sorted(maps.Keys(c.progs)) {
+			if c.runs[name] == 0 {
+				continue
 			}
-			defer stats.Close()
-			privtest.Join(b, cg)
+			parts = append(parts, fmt.Sprintf("%s %.0f (%.2f)", name, c.progs[name]/float64(rounds), c.runs[name]/float64(rounds)))
+		}
+		b.Logf("%-22s %9.0f %6.2f  %s", c.name, median(c.ns), median(ratios), strings.Join(parts, ", "))
+		b.ReportMetric(median(c.ns), strings.ReplaceAll(c.name, " ", "-")+"-ns")
+	}
+}
+
+// BenchmarkRequestTracking reports what tracking requests costs per
+// packet: one-byte round trips on a connection whose rule tracks requests,
+// and on one to a destination no rule names, with the per-packet programs
+// attached for both (some rule tracks requests). Rounds alternate; the
+// figures are the egress and ingress programs' run time per run, medians
+// over the rounds.
+func BenchmarkRequestTracking(b *testing.B) {
+	privtest.RequireRoot(b)
+	echo := func() netip.AddrPort {
+		return serve(b, "tcp4", "127.0.0.1:0", func(c net.Conn) {
+			buf := make([]byte, 1)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		})
+	}
+	tracked, untracked := echo(), echo()
+	cg := privtest.Cgroup(b, "requests")
+	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Uninstall() })
+	if err := d.Put(Rule{Name: "tracked", Dests: []netip.Prefix{netip.PrefixFrom(tracked.Addr(), 32)}, Port: tracked.Port(), Limit: 1000, Requests: true}); err != nil {
+		b.Fatal(err)
+	}
+	agent := privtest.Spawn(b, cg, "agent")
+	stats, err := EnableStats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stats.Close()
+	const perRound = 500
+	perRun := map[netip.AddrPort][]float64{}
+	runs := map[netip.AddrPort][]float64{}
+	for b.Loop() {
+		for _, target := range []netip.AddrPort{tracked, untracked} {
 			before, err := d.ProgramStats()
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.ResetTimer()
-			for b.Loop() {
-				connectClose(b, srv)
+			if reply := agent.Call(b, "echo %s %d", target, perRound); !strings.HasPrefix(reply, "ok") {
+				b.Fatal(reply)
 			}
-			b.StopTimer()
 			after, err := d.ProgramStats()
 			if err != nil {
 				b.Fatal(err)
 			}
-			var total time.Duration
-			for name, a := range after {
-				per := (a.Runtime - before[name].Runtime) / time.Duration(b.N)
-				b.ReportMetric(float64(per), name+"-ns/conn")
-				b.ReportMetric(float64(a.Runs-before[name].Runs)/float64(b.N), name+"-runs/conn")
-				total += a.Runtime - before[name].Runtime
+			var ns time.Duration
+			var n uint64
+			for _, name := range []string{"egress", "ingress"} {
+				ns += after[name].Runtime - before[name].Runtime
+				n += after[name].Runs - before[name].Runs
 			}
-			b.ReportMetric(float64(total)/float64(b.N), "kernel-ns/conn")
-		})
+			perRun[target] = append(perRun[target], float64(ns)/float64(n))
+			runs[target] = append(runs[target], float64(n)/perRound)
+		}
 	}
+	s, err := d.Stats("tracked")
+	if err != nil || s.Requests < uint64(perRound) || s.InFlight != 0 {
+		b.Fatalf("the tracked connection's requests: %+v, %v", s, err)
+	}
+	b.ReportMetric(median(perRun[tracked]), "tracked-ns/packet")
+	b.ReportMetric(median(perRun[untracked]), "untracked-ns/packet")
+	b.ReportMetric(median(perRun[tracked])-median(perRun[untracked]), "tracking-ns/packet")
+	b.ReportMetric(median(runs[tracked]), "packets/round-trip")
 }
 
 // BenchmarkConnectOverhead times connect()+close() on loopback from a
@@ -123,7 +295,6 @@ func BenchmarkConnectOverhead(b *testing.B) {
 			*side.out = append(*side.out, ns)
 		}
 	}
-	median := func(d []float64) float64 { slices.Sort(d); return d[len(d)/2] }
 	b.ReportMetric(median(plainNs), "plain-ns/conn")
 	b.ReportMetric(median(attachedNs), "attached-ns/conn")
 	b.ReportMetric(median(attachedNs)/median(plainNs), "ratio")
