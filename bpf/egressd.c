@@ -28,11 +28,14 @@
 // creating socket storage costs more than the rest of the admission.
 //
 // Refusals: a refused connect() takes no state and sends nothing. It
-// notes itself in its CPU's refusal_log, a ring of records each folding a
-// run of refusals of one process to one destination (a storm from one
-// client is one record counting up). User space reads the logs: to tell a
-// caller whether an EPERM was ours, and, every tenth of a second, for the
-// events it shows. A refusal storm costs no wakeups and no ring buffer.
+// notes itself in its CPU's run in progress, a record folding refusals of
+// one process to one destination in a row (a storm from one client is one
+// record counting up); another starts when another process or destination
+// is refused, the finished one going into the CPU's log of the last
+// LOG_SLOTS. User space maps both into memory and reads them, without a
+// system call: to tell a caller whether an EPERM was ours, and every tenth
+// of a second for the events it shows. A refusal storm costs no wakeups
+// and no ring buffer.
 //
 // Latency samples go to user space on a ring buffer. A record wakes the
 // reader only if none did for wake_every_ns (or wake_bytes are waiting);
@@ -133,8 +136,8 @@ struct datapath_config {
 	__u64 wake_bytes;
 };
 
-/* Records of refusal_log per CPU; a power of two. */
-#define LOG_SLOTS 1024
+/* Finished runs kept in refusal_log per CPU; a power of two. */
+#define LOG_SLOTS 2048
 
 /* Rule key: scope and port match exactly, the address by prefix. The
  * first 96 bits (port, scope) are always inside the prefix. IPv4 is
@@ -236,10 +239,12 @@ struct refusal_note {
 	__u8 addr[16];
 };
 
-/* A CPU's run in progress; it goes into refusal_log when another starts. */
+/* A CPU's run in progress; it goes into refusal_log when another starts.
+ * Two cache lines, so that CPUs do not share one. */
 struct refusal_run {
 	struct refusal_note cur;
 	__u64 done; /* runs in refusal_log: cur.seq - 1 once cur is set */
+	__u64 _line[7];
 };
 
 struct sample {
@@ -271,6 +276,8 @@ const enum sample_kind *unused_sample_kind __attribute__((unused));
 
 /* sock_table has a power-of-two size; the loader sets its mask. */
 volatile const __u32 sock_table_mask = 0;
+/* The refusal log has a part per possible CPU; the loader sets how many. */
+volatile const __u32 log_cpus = 1;
 
 /* The loader sets max_entries of the rule-indexed maps (MaxRules) and of
  * the key maps. Arrays the programs touch per connection are mmapable only
@@ -382,17 +389,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_states SEC(".maps");
 
+/* Per CPU by index, mapped into user space's memory (user space reads
+ * them without system calls): refusal_runs[cpu], and run seq of a CPU in
+ * refusal_log[cpu * LOG_SLOTS + (seq - 1) % LOG_SLOTS]. The loader sizes
+ * them for the possible CPUs. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct refusal_run);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } refusal_runs SEC(".maps");
 
-/* run seq of a CPU is at (seq - 1) % LOG_SLOTS */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, LOG_SLOTS);
 	__type(key, __u32);
 	__type(value, struct refusal_note);
@@ -775,20 +787,21 @@ static __always_inline int same_addr(const __u8 *a, const __u8 *b)
 
 /* note_refusal folds a refusal into its CPU's run in progress when that is
  * the same process, destination and rule, and else moves the run into the
- * log and starts another. Per-CPU data, written without atomics: should a
- * preempted program share it, an event's count may miss a refusal (the
- * rule's counts do not). */
-static __always_inline void note_refusal(const struct rule_key *key, __u32 slot, const struct rule *r,
-					 __u64 now, __u64 wait, int shadow)
+ * log and starts another. The CPU's own data, written without atomics:
+ * should a preempted program share it, an event's count may miss a refusal
+ * (the rule's counts do not). A run's seq is 0 while it is written and set
+ * last, with a barrier, for user space reading along. */
+static __always_inline void note_refusal(const struct rule_key *key, __u16 port, __u32 slot,
+					 const struct rule *r, __u64 now, __u64 wait, int shadow)
 {
-	__u32 zero = 0;
-	struct refusal_run *run = bpf_map_lookup_elem(&refusal_runs, &zero);
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct refusal_run *run = bpf_map_lookup_elem(&refusal_runs, &cpu);
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 
-	if (!run)
+	if (!run || cpu >= log_cpus)
 		return;
 	struct refusal_note *n = &run->cur;
-	if (n->seq && n->pid == pid && n->port == key->port && n->rule == slot && n->gen == r->gen &&
+	if (n->seq && n->pid == pid && n->port == port && n->rule == slot && n->gen == r->gen &&
 	    n->shadow == shadow && same_addr(n->addr, key->addr)) {
 		n->time_ns = now;
 		n->retry_after_ns = wait;
@@ -796,13 +809,26 @@ static __always_inline void note_refusal(const struct rule_key *key, __u32 slot,
 		return;
 	}
 	if (n->seq) {
-		__u32 idx = (n->seq - 1) & (LOG_SLOTS - 1);
+		__u32 idx = cpu * LOG_SLOTS + ((n->seq - 1) & (LOG_SLOTS - 1));
 		struct refusal_note *done = bpf_map_lookup_elem(&refusal_log, &idx);
 		if (done) {
-			*done = *n;
+			done->seq = 0;
+			done->time_ns = n->time_ns;
+			done->retry_after_ns = n->retry_after_ns;
+			done->cgroup = n->cgroup;
+			done->count = n->count;
+			done->pid = n->pid;
+			done->rule = n->rule;
+			done->gen = n->gen;
+			done->port = n->port;
+			done->shape = n->shape;
+			done->shadow = n->shadow;
+			__builtin_memcpy(done->addr, n->addr, sizeof(done->addr));
+			__sync_lock_test_and_set(&done->seq, n->seq);
 			run->done = n->seq;
 		}
 	}
+	__u32 seq = run->done + 1;
 	n->seq = 0;
 	n->time_ns = now;
 	n->retry_after_ns = wait;
@@ -811,11 +837,11 @@ static __always_inline void note_refusal(const struct rule_key *key, __u32 slot,
 	n->pid = pid;
 	n->rule = slot;
 	n->gen = r->gen;
-	n->port = key->port;
+	n->port = port;
 	n->shape = r->shape;
 	n->shadow = shadow;
 	__builtin_memcpy(n->addr, key->addr, sizeof(n->addr));
-	n->seq = run->done + 1;
+	__sync_lock_test_and_set(&n->seq, seq);
 }
 
 /* claim_state finds an admitted socket a place for its state and marks it
@@ -866,6 +892,8 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	struct datapath_config *cfg = get_config();
 	if (!cfg || !cfg->classes)
 		return 1;
+	/* The lookups write the port of each class they try into the key. */
+	__u16 port = key->port;
 	long found = find_rule(key, cfg);
 	if (found < 0)
 		return 1;
@@ -921,7 +949,7 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 
 	if (refuse) {
 		count(st, shadow ? COUNTER_SHADOW_REFUSED : COUNTER_REFUSED, 1);
-		note_refusal(key, slot, r, now, wait, shadow);
+		note_refusal(key, port, slot, r, now, wait, shadow);
 		if (!shadow) {
 			if (r->refuse_errno)
 				bpf_set_retval(-(int)r->refuse_errno);

@@ -12,8 +12,8 @@ import (
 
 const (
 	// eventsKept is how many recent refusal events the daemon keeps for
-	// `egressd events`. An event stands for a process's refusals to one
-	// destination within a second (loader.Refusal.Count).
+	// `egressd events`. An event stands for a process's refusals by one
+	// rule within a second (loader.Refusal.Count).
 	eventsKept = 4096
 	// attributionWindow is how recent a refusal must be to explain a
 	// caller's EPERM.

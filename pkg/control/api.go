@@ -178,8 +178,9 @@ type Refusal struct {
 	// RetryAfterSeconds is when a permit is expected back; 0 when the
 	// shape gives no hint (concurrency).
 	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`
-	// Count is how many refusals of this process to this destination the
-	// event stands for: the kernel sends one event per pair per second.
+	// Count is how many refusals of this process by this rule the event
+	// stands for: those since its previous event, at most one a second;
+	// Dest and the rest are the latest's.
 	Count uint64 `json:"count"`
 }
 

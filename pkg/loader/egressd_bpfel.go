@@ -80,6 +80,7 @@ type egressdRefusalRun struct {
 	_    structs.HostLayout
 	Cur  egressdRefusalNote
 	Done uint64
+	Line [7]uint64
 }
 
 type egressdRule struct {
@@ -197,6 +198,7 @@ const (
 	egressdProgEgressdRecount     = "egressd_recount"
 	egressdProgEgressdSockRelease = "egressd_sock_release"
 	egressdProgEgressdSockops     = "egressd_sockops"
+	egressdVarLogCpus             = "log_cpus"
 	egressdVarSockTableMask       = "sock_table_mask"
 	egressdVarUnusedCounter       = "unused_counter"
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
@@ -287,6 +289,7 @@ type egressdMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressdVariableSpecs struct {
+	LogCpus             *ebpf.VariableSpec `ebpf:"log_cpus"`
 	SockTableMask       *ebpf.VariableSpec `ebpf:"sock_table_mask"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
@@ -363,6 +366,7 @@ func (m *egressdMaps) Close() error {
 //
 // It can be passed to loadEgressdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressdVariables struct {
+	LogCpus             *ebpf.Variable `ebpf:"log_cpus"`
 	SockTableMask       *ebpf.Variable `ebpf:"sock_table_mask"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`

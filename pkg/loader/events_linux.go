@@ -74,10 +74,11 @@ func (r *ringReader) next(size int) ([]byte, error) {
 // RefusalReader reads refusal events. The kernel notes refusals per CPU,
 // each record a run of one process's refusals to one destination: the run
 // in progress, then a log of the last logSlots. The reader reads them every
-// pollEvery and sends an event per pair at most once per
-// Config.EventInterval, counting the refusals since its last
-// (Refusal.Count), and the refusals of a pair's last interval once it has
-// passed. Refusals from before the reader opened are not sent. Runs the
+// pollEvery (a tenth of that while they come fast) and sends an event per
+// process and rule at most once per Config.EventInterval: the latest
+// refusal, with Count the refusals since the last event, to whatever
+// destination of the rule. A pair's last counts go out once the interval
+// has passed. Refusals from before the reader opened are not sent. Runs the
 // kernel overwrote before the reader got to them are counted in Lost.
 type RefusalReader struct {
 	d        *Datapath
@@ -89,6 +90,8 @@ type RefusalReader struct {
 	pairs   map[refusalPair]*pairState
 	pending []Refusal // read, not yet returned
 	read    time.Time // when the runs were last read
+	busy    bool      // the last read found many runs: read again soon
+	log     []egressdRefusalNote
 }
 
 // logPos is how far a reader has read one CPU's runs.
@@ -97,16 +100,18 @@ type logPos struct {
 	count uint32 // its refusals read
 }
 
+// refusalPair is what an event is sent for: a process and the rule (slot
+// and generation) that refused it, in shadow mode or not.
 type refusalPair struct {
 	pid    uint32
-	dest   netip.AddrPort
-	rule   string
-	shadow bool
+	rule   [2]uint32
+	shadow uint8
 }
 
 type pairState struct {
 	sent   time.Time // the last event
-	unsent Refusal   // the refusals since, Count 0 when none
+	latest egressdRefusalNote
+	unsent uint64 // refusals since the last event
 }
 
 // Refusals opens a reader of refusal events. Only one reader should run at
@@ -136,7 +141,11 @@ func (r *RefusalReader) Close() error {
 // Read blocks for the next refusal event.
 func (r *RefusalReader) Read() (Refusal, error) {
 	for len(r.pending) == 0 {
-		wait := time.Until(r.read.Add(pollEvery))
+		every := pollEvery
+		if r.busy {
+			every = pollEvery / 10
+		}
+		wait := time.Until(r.read.Add(every))
 		if !r.deadline.IsZero() {
 			if left := time.Until(r.deadline); left <= 0 {
 				return Refusal{}, ErrDeadline
@@ -176,14 +185,8 @@ func (r *RefusalReader) scan() error {
 	if err != nil {
 		return err
 	}
-	// The log is read only when a run finished since the last scan.
-	var log []egressdRefusalNote
-	for cpu, run := range runs {
-		if uint64(r.seen[cpu].seq) <= run.Done && log == nil {
-			if log, err = r.d.readLog(); err != nil {
-				return err
-			}
-		}
+	if err := r.readFinished(runs); err != nil {
+		return err
 	}
 	for cpu, run := range runs {
 		pos := r.seen[cpu]
@@ -198,9 +201,9 @@ func (r *RefusalReader) scan() error {
 			from, pos.count = cur-logSlots, 0
 		}
 		for seq := max(from, 1); seq <= cur; seq++ {
-			n := run.Cur
+			n := &run.Cur
 			if seq != cur {
-				n = log[int(logIndex(seq))*r.d.ncpu+cpu]
+				n = &r.log[cpu*logSlots+int(logIndex(seq))]
 			}
 			if n.Seq != seq {
 				continue // rewritten meanwhile: lost with the others
@@ -210,41 +213,70 @@ func (r *RefusalReader) scan() error {
 				done = pos.count
 			}
 			if n.Count > done {
-				r.add(&n, n.Count-done)
+				r.add(n, n.Count-done)
 			}
 			pos = logPos{seq: seq, count: n.Count}
 		}
 		r.seen[cpu] = pos
 	}
-	now := time.Now()
 	for key, p := range r.pairs {
-		if now.Sub(p.sent) < r.d.cfg.EventInterval {
+		if r.read.Sub(p.sent) < r.d.cfg.EventInterval {
 			continue
 		}
-		if p.unsent.Count == 0 {
+		if p.unsent == 0 {
 			delete(r.pairs, key) // quiet for an interval: forgotten
 			continue
 		}
-		r.pending = append(r.pending, p.unsent)
-		p.sent, p.unsent = now, Refusal{}
+		r.emit(&p.latest, p.unsent)
+		p.sent, p.unsent = r.read, 0
+	}
+	return nil
+}
+
+// readFinished copies into r.log the runs finished since the last scan.
+func (r *RefusalReader) readFinished(runs []egressdRefusalRun) error {
+	if len(r.log) != logSlots*r.d.ncpu {
+		r.log = make([]egressdRefusalNote, logSlots*r.d.ncpu)
+	}
+	r.busy = false
+	for cpu, run := range runs {
+		seen := r.seen[cpu].seq
+		if run.Cur.Seq-seen > logSlots/32 {
+			r.busy = true
+		}
+		from := max(seen, run.Cur.Seq-min(run.Cur.Seq, logSlots)+1, 1)
+		// Slots from from to run.Done, wrapping at the end of the log.
+		for from <= uint32(run.Done) {
+			i := logIndex(from)
+			n := min(uint32(run.Done)-from+1, logSlots-i)
+			part := r.log[cpu*logSlots+int(i) : cpu*logSlots+int(i+n)]
+			if err := r.d.readLogRange(cpu, i, part); err != nil {
+				return err
+			}
+			from += n
+		}
 	}
 	return nil
 }
 
 // add takes count more refusals of a run.
 func (r *RefusalReader) add(n *egressdRefusalNote, count uint32) {
-	e := r.d.refusal(n)
-	e.Count = uint64(count)
-	key := refusalPair{pid: e.PID, dest: e.Dest, rule: e.Rule, shadow: e.Shadow}
+	key := refusalPair{pid: n.Pid, rule: [2]uint32{n.Rule, n.Gen}, shadow: n.Shadow}
 	p := r.pairs[key]
 	if p == nil {
 		// A new pair's first refusals go out at once.
-		r.pairs[key] = &pairState{sent: time.Now()}
-		r.pending = append(r.pending, e)
+		r.pairs[key] = &pairState{sent: r.read}
+		r.emit(n, uint64(count))
 		return
 	}
-	e.Count += p.unsent.Count
-	p.unsent = e
+	p.latest = *n
+	p.unsent += uint64(count)
+}
+
+func (r *RefusalReader) emit(n *egressdRefusalNote, count uint64) {
+	e := r.d.refusal(n)
+	e.Count = count
+	r.pending = append(r.pending, e)
 }
 
 // refusal turns a run into a Refusal counting one refusal.
@@ -263,37 +295,84 @@ func (d *Datapath) refusal(n *egressdRefusalNote) Refusal {
 }
 
 // logSlots is LOG_SLOTS of egressd.c: finished runs kept per CPU.
-const logSlots = 1024
+const logSlots = 2048
 
 func logIndex(seq uint32) uint32 { return (seq - 1) % logSlots }
 
-// refusalRuns reads every CPU's run in progress.
+// The refusal runs and log are mapped into memory: they are read with a
+// copy, not a system call. A record whose seq reads the same before and
+// after the copy was not being written meanwhile.
+var (
+	runSize  = int(unsafe.Sizeof(egressdRefusalRun{}))
+	noteSize = int(unsafe.Sizeof(egressdRefusalNote{}))
+	seqOff   = int(unsafe.Offsetof(egressdRefusalNote{}.Seq))
+)
+
+// refusalRuns reads every CPU's run in progress; a run being rewritten
+// reads with Seq 0.
 func (d *Datapath) refusalRuns() ([]egressdRefusalRun, error) {
-	var runs []egressdRefusalRun
-	if err := d.objs.RefusalRuns.Lookup(uint32(0), &runs); err != nil {
+	mem, err := d.objs.RefusalRuns.Memory()
+	if err != nil {
+		return nil, fmt.Errorf("map refusal runs: %w", err)
+	}
+	runs := make([]egressdRefusalRun, d.ncpu)
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(&runs[0])), runSize*d.ncpu)
+	if _, err := mem.ReadAt(buf, 0); err != nil {
 		return nil, fmt.Errorf("read refusal runs: %w", err)
+	}
+	for cpu := range runs {
+		if !stillSeq(mem, cpu*runSize+seqOff, runs[cpu].Cur.Seq) {
+			runs[cpu].Cur.Seq = 0
+		}
 	}
 	return runs, nil
 }
 
-// readLog reads every CPU's log of finished runs: slot i of CPU c is at
-// i*ncpu + c.
-func (d *Datapath) readLog() ([]egressdRefusalNote, error) {
-	keys := make([]uint32, logSlots)
-	notes := make([]egressdRefusalNote, logSlots*d.ncpu)
-	var cursor ebpf.MapBatchCursor
-	n, err := d.objs.RefusalLog.BatchLookup(&cursor, keys, notes, nil)
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, fmt.Errorf("read refusal log: %w", err)
+// readLogRange copies the log records of one CPU from slot i on into out;
+// a record being rewritten reads with Seq 0.
+func (d *Datapath) readLogRange(cpu int, i uint32, out []egressdRefusalNote) error {
+	mem, err := d.objs.RefusalLog.Memory()
+	if err != nil {
+		return fmt.Errorf("map refusal log: %w", err)
 	}
-	if n != logSlots {
-		return nil, fmt.Errorf("read refusal log: %d records of %d", n, logSlots)
+	if len(out) == 0 {
+		return nil
+	}
+	off := (cpu*logSlots + int(i)) * noteSize
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), noteSize*len(out))
+	if _, err := mem.ReadAt(buf, int64(off)); err != nil {
+		return fmt.Errorf("read refusal log: %w", err)
+	}
+	for j := range out {
+		if !stillSeq(mem, off+j*noteSize+seqOff, out[j].Seq) {
+			out[j].Seq = 0
+		}
+	}
+	return nil
+}
+
+func stillSeq(mem *ebpf.Memory, off int, seq uint32) bool {
+	var b [4]byte
+	if _, err := mem.ReadAt(b[:], int64(off)); err != nil {
+		return false
+	}
+	return *(*uint32)(unsafe.Pointer(&b[0])) == seq
+}
+
+// readLog reads every CPU's log of finished runs: slot i of CPU c is at
+// c*logSlots + i.
+func (d *Datapath) readLog() ([]egressdRefusalNote, error) {
+	notes := make([]egressdRefusalNote, logSlots*d.ncpu)
+	for cpu := range d.ncpu {
+		if err := d.readLogRange(cpu, 0, notes[cpu*logSlots:(cpu+1)*logSlots]); err != nil {
+			return nil, err
+		}
 	}
 	return notes, nil
 }
 
 // LastRefusal returns the latest refusal of process pid's connect() to
-// dest that the kernel still holds: the run in progress and the last 1024
+// dest that the kernel still holds: the run in progress and the last 2048
 // finished runs of each CPU, a run being one process's refusals to one
 // destination in a row. The kernel notes a refusal before connect()
 // returns, so a caller asking after its EPERM finds it at once.

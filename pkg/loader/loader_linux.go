@@ -44,9 +44,9 @@ type Config struct {
 	// storage, which costs more per connect(). 0 means DefaultSockTable.
 	// A datapath adopted from pins keeps its table.
 	SockTable int
-	// EventInterval is how often one process's refusals to one
-	// destination send an event (with the count since the last); 0
-	// means DefaultEventInterval.
+	// EventInterval is how often one process's refusals by one rule
+	// send an event (with the count since the last); 0 means
+	// DefaultEventInterval.
 	EventInterval time.Duration
 	// VerifierLog puts the verifier's whole log into load errors.
 	VerifierLog bool
@@ -276,6 +276,11 @@ func (d *Datapath) load() error {
 	}
 	spec.Maps["latency"].MaxEntries = uint32(d.cfg.MaxRules) * uint32(egressdSampleKindSAMPLE_LEN)
 	spec.Maps["sock_table"].MaxEntries = uint32(d.cfg.SockTable)
+	spec.Maps["refusal_runs"].MaxEntries = uint32(d.ncpu)
+	spec.Maps["refusal_log"].MaxEntries = uint32(d.ncpu * logSlots)
+	if err := spec.Variables["log_cpus"].Set(uint32(d.ncpu)); err != nil {
+		return fmt.Errorf("refusal log: %w", err)
+	}
 	if err := spec.Variables["sock_table_mask"].Set(uint32(d.cfg.SockTable - 1)); err != nil {
 		return fmt.Errorf("socket table: %w", err)
 	}

@@ -120,6 +120,9 @@ func TestRefusalEventsCount(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d events counting %d refusals: %v", n, got, err)
 		}
+		if e.Dest != srv {
+			t.Fatalf("event %+v: destination %v, want %v (the rule is for any port)", e, e.Dest, srv)
+		}
 		got += e.Count
 		n++
 	}

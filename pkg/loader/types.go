@@ -357,9 +357,9 @@ type Refusal struct {
 	// RetryAfter is when a permit is expected back; 0 when the shape has
 	// no such hint (concurrency).
 	RetryAfter time.Duration
-	// Count is how many refusals of this process to this destination the
-	// event stands for: those since the pair's previous event, sent at most
-	// once per Config.EventInterval.
+	// Count is how many refusals of this process by this rule the event
+	// stands for: those since the pair's previous event, sent at most once
+	// per Config.EventInterval. Dest and the rest are the latest's.
 	Count uint64
 }
 
