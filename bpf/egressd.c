@@ -256,6 +256,22 @@ struct sample {
 	__u8 _pad[7];
 };
 
+/* What a rule's state gained in one set of maps, for egressd_merge to add
+ * to another: the loader moves rules to tables of another size while the
+ * old programs run, and adds what they counted after its copy. */
+struct merge_args {
+	__u32 slot;
+	__u32 _pad;
+	__s64 live;
+	__s64 spent;
+	__u64 tokens; /* taken from the bucket: subtracted */
+	__u64 counters[COUNTER_LEN];
+	__u64 segment_id[MAX_SEGMENTS];
+	__u32 segment_count[MAX_SEGMENTS];
+	__u64 hist_sum[SAMPLE_LEN];
+	__u64 hist_buckets[SAMPLE_LEN][HIST_BUCKETS];
+};
+
 struct iter_rec {
 	__u32 rule;
 	__u32 gen;
@@ -269,6 +285,7 @@ const struct refusal_note *unused_refusal_note __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
 const struct iter_rec *unused_iter_rec __attribute__((unused));
 const struct sock_state *unused_sock_state __attribute__((unused));
+const struct merge_args *unused_merge_args __attribute__((unused));
 const enum shape *unused_shape __attribute__((unused));
 const enum counter *unused_counter __attribute__((unused));
 const enum global_counter *unused_global_counter __attribute__((unused));
@@ -1224,5 +1241,55 @@ int egressd_recount(struct bpf_iter__tcp *ctx)
 		.awaiting = !!(ss->word & SS_AWAITING),
 	};
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
+	return 0;
+}
+
+/* Run by the loader (BPF_PROG_TEST_RUN) when it moves the rule tables
+ * (the loops unrolled: the context is read at fixed offsets only):
+ * adds what a rule's state gained in the maps the programs left to the
+ * maps they now use. Counts add; the bucket loses the tokens taken; a
+ * window segment's count adds where the segment is the same, starts
+ * where the new state has not reached it yet, and is dropped where the
+ * new state has moved past it. */
+SEC("syscall")
+int egressd_merge(struct merge_args *a)
+{
+	__u32 slot = a->slot;
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+
+	if (!st)
+		return 1;
+	__sync_fetch_and_add(&st->live, a->live);
+	__sync_fetch_and_add(&st->spent, a->spent);
+#pragma unroll
+	for (int i = 0; i < COUNTER_LEN; i++)
+		__sync_fetch_and_add(&st->counters[i], a->counters[i]);
+	bpf_spin_lock(&st->lock);
+	st->tokens = st->tokens > a->tokens ? st->tokens - a->tokens : 0;
+#pragma unroll
+	for (int i = 0; i < MAX_SEGMENTS; i++) {
+		__u64 id = a->segment_id[i];
+
+		if (!a->segment_count[i] || st->segment_id[i] > id)
+			continue;
+		if (st->segment_id[i] < id) {
+			st->segment_id[i] = id;
+			st->segment_count[i] = 0;
+		}
+		st->segment_count[i] += a->segment_count[i];
+	}
+	bpf_spin_unlock(&st->lock);
+#pragma unroll
+	for (int k = 0; k < SAMPLE_LEN; k++) {
+		__u32 idx = slot * SAMPLE_LEN + k;
+		struct hist *h = bpf_map_lookup_elem(&latency, &idx);
+
+		if (!h)
+			continue;
+		__sync_fetch_and_add(&h->sum_ns, a->hist_sum[k]);
+#pragma unroll
+		for (int b = 0; b < HIST_BUCKETS; b++)
+			__sync_fetch_and_add(&h->buckets[b], a->hist_buckets[k][b]);
+	}
 	return 0;
 }

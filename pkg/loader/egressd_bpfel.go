@@ -60,6 +60,20 @@ type egressdIterRec struct {
 	Pad      uint32
 }
 
+type egressdMergeArgs struct {
+	_            structs.HostLayout
+	Slot         uint32
+	Pad          uint32
+	Live         int64
+	Spent        int64
+	Tokens       uint64
+	Counters     [10]uint64
+	SegmentId    [32]uint64
+	SegmentCount [32]uint32
+	HistSum      [2]uint64
+	HistBuckets  [2][28]uint64
+}
+
 type egressdRefusalNote struct {
 	_            structs.HostLayout
 	TimeNs       uint64
@@ -195,6 +209,7 @@ const (
 	egressdProgEgressdConnect6    = "egressd_connect6"
 	egressdProgEgressdEgress      = "egressd_egress"
 	egressdProgEgressdIngress     = "egressd_ingress"
+	egressdProgEgressdMerge       = "egressd_merge"
 	egressdProgEgressdRecount     = "egressd_recount"
 	egressdProgEgressdSockRelease = "egressd_sock_release"
 	egressdProgEgressdSockops     = "egressd_sockops"
@@ -203,6 +218,7 @@ const (
 	egressdVarUnusedCounter       = "unused_counter"
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
 	egressdVarUnusedIterRec       = "unused_iter_rec"
+	egressdVarUnusedMergeArgs     = "unused_merge_args"
 	egressdVarUnusedRefusalNote   = "unused_refusal_note"
 	egressdVarUnusedRuleKey       = "unused_rule_key"
 	egressdVarUnusedRuleMeta      = "unused_rule_meta"
@@ -258,6 +274,7 @@ type egressdProgramSpecs struct {
 	EgressdConnect6    *ebpf.ProgramSpec `ebpf:"egressd_connect6"`
 	EgressdEgress      *ebpf.ProgramSpec `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.ProgramSpec `ebpf:"egressd_ingress"`
+	EgressdMerge       *ebpf.ProgramSpec `ebpf:"egressd_merge"`
 	EgressdRecount     *ebpf.ProgramSpec `ebpf:"egressd_recount"`
 	EgressdSockRelease *ebpf.ProgramSpec `ebpf:"egressd_sock_release"`
 	EgressdSockops     *ebpf.ProgramSpec `ebpf:"egressd_sockops"`
@@ -294,6 +311,7 @@ type egressdVariableSpecs struct {
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
+	UnusedMergeArgs     *ebpf.VariableSpec `ebpf:"unused_merge_args"`
 	UnusedRefusalNote   *ebpf.VariableSpec `ebpf:"unused_refusal_note"`
 	UnusedRuleKey       *ebpf.VariableSpec `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.VariableSpec `ebpf:"unused_rule_meta"`
@@ -371,6 +389,7 @@ type egressdVariables struct {
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`
+	UnusedMergeArgs     *ebpf.Variable `ebpf:"unused_merge_args"`
 	UnusedRefusalNote   *ebpf.Variable `ebpf:"unused_refusal_note"`
 	UnusedRuleKey       *ebpf.Variable `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.Variable `ebpf:"unused_rule_meta"`
@@ -388,6 +407,7 @@ type egressdPrograms struct {
 	EgressdConnect6    *ebpf.Program `ebpf:"egressd_connect6"`
 	EgressdEgress      *ebpf.Program `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.Program `ebpf:"egressd_ingress"`
+	EgressdMerge       *ebpf.Program `ebpf:"egressd_merge"`
 	EgressdRecount     *ebpf.Program `ebpf:"egressd_recount"`
 	EgressdSockRelease *ebpf.Program `ebpf:"egressd_sock_release"`
 	EgressdSockops     *ebpf.Program `ebpf:"egressd_sockops"`
@@ -399,6 +419,7 @@ func (p *egressdPrograms) Close() error {
 		p.EgressdConnect6,
 		p.EgressdEgress,
 		p.EgressdIngress,
+		p.EgressdMerge,
 		p.EgressdRecount,
 		p.EgressdSockRelease,
 		p.EgressdSockops,

@@ -311,7 +311,7 @@ var (
 // refusalRuns reads every CPU's run in progress; a run being rewritten
 // reads with Seq 0.
 func (d *Datapath) refusalRuns() ([]egressdRefusalRun, error) {
-	mem, err := d.objs.RefusalRuns.Memory()
+	mem, err := d.maps().RefusalRuns.Memory()
 	if err != nil {
 		return nil, fmt.Errorf("map refusal runs: %w", err)
 	}
@@ -331,7 +331,7 @@ func (d *Datapath) refusalRuns() ([]egressdRefusalRun, error) {
 // readLogRange copies the log records of one CPU from slot i on into out;
 // a record being rewritten reads with Seq 0.
 func (d *Datapath) readLogRange(cpu int, i uint32, out []egressdRefusalNote) error {
-	mem, err := d.objs.RefusalLog.Memory()
+	mem, err := d.maps().RefusalLog.Memory()
 	if err != nil {
 		return fmt.Errorf("map refusal log: %w", err)
 	}
@@ -413,7 +413,7 @@ type SampleReader struct {
 // Samples opens a reader of latency samples. Only one reader should run at
 // a time. Samples reach it within a tenth of a second, in batches.
 func (d *Datapath) Samples() (*SampleReader, error) {
-	rd, err := newRingReader(d.objs.Samples)
+	rd, err := newRingReader(d.maps().Samples)
 	if err != nil {
 		return nil, fmt.Errorf("sample reader: %w", err)
 	}
@@ -458,7 +458,10 @@ func monotonicToWall(ns uint64) time.Time {
 // not an atomic snapshot: connections that open or close during the walk
 // show as drift that the next pass does not repeat.
 func (d *Datapath) Recount() (map[string]Recount, error) {
-	it, err := link.AttachIter(link.IterOptions{Program: d.objs.EgressdRecount})
+	d.mu.Lock()
+	prog := d.objs.EgressdRecount
+	d.mu.Unlock()
+	it, err := link.AttachIter(link.IterOptions{Program: prog})
 	if err != nil {
 		return nil, fmt.Errorf("attach recount: %w", err)
 	}

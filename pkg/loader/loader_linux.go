@@ -36,8 +36,10 @@ type Config struct {
 	// PinDir is the bpffs directory that keeps maps and links alive across
 	// restarts. Empty means DefaultPinDir.
 	PinDir string
-	// MaxRules sizes the rule tables. 0 means DefaultMaxRules. A datapath
-	// adopted from pins keeps the size it was created with.
+	// MaxRules sizes the rule tables, up to MaxRules. 0 means
+	// DefaultMaxRules for a new datapath and the size it has for one
+	// adopted from pins; another size moves an adopted datapath's rules
+	// to tables of that size, enforcing all along (see Datapath.Resize).
 	MaxRules int
 	// SockTable is how many tracked sockets keep their state in the
 	// preallocated socket table (a power of two); the rest take socket
@@ -60,10 +62,7 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.PinDir == "" {
 		out.PinDir = DefaultPinDir
 	}
-	if out.MaxRules == 0 {
-		out.MaxRules = DefaultMaxRules
-	}
-	if out.MaxRules < 1 || out.MaxRules > MaxRules {
+	if out.MaxRules < 0 || out.MaxRules > MaxRules {
 		return out, fmt.Errorf("max rules %d: outside 1..%d", out.MaxRules, MaxRules)
 	}
 	if out.SockTable == 0 {
@@ -155,6 +154,7 @@ func Open(cfg *Config) (*Datapath, error) {
 	if d.lock, err = lockDir(c.PinDir); err != nil {
 		return nil, err
 	}
+	want := c.MaxRules
 	if err := d.load(); err != nil {
 		d.lock.Close()
 		return nil, err
@@ -174,6 +174,12 @@ func Open(cfg *Config) (*Datapath, error) {
 	if err := d.syncRequestPrograms(d.t.uses.requests, true); err != nil {
 		d.closeFDs()
 		return nil, err
+	}
+	if want != 0 {
+		if err := d.resize(want); err != nil {
+			d.closeFDs()
+			return nil, err
+		}
 	}
 	return d, nil
 }
@@ -257,35 +263,51 @@ func (d *Datapath) pinnedSize(name string) (int, bool) {
 }
 
 func (d *Datapath) load() error {
-	spec, err := loadEgressd()
-	if err != nil {
-		return err
-	}
+	want := d.cfg.MaxRules
 	if n, ok := d.pinnedSize("rules"); ok {
 		d.cfg.MaxRules = n
 		d.adopted = true
+	} else if want == 0 {
+		d.cfg.MaxRules = DefaultMaxRules
 	}
 	if n, ok := d.pinnedSize("sock_table"); ok {
 		d.cfg.SockTable = n
 	}
+	spec, err := d.spec(d.cfg.MaxRules)
+	if err != nil {
+		return err
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.mapsDir()}}
+	return d.loadSpec(spec, &d.objs, opts)
+}
+
+// spec is the datapath's collection with rule tables of maxRules.
+func (d *Datapath) spec(maxRules int) (*ebpf.CollectionSpec, error) {
+	spec, err := loadEgressd()
+	if err != nil {
+		return nil, err
+	}
 	for _, name := range ruleTables {
-		spec.Maps[name].MaxEntries = uint32(d.cfg.MaxRules)
+		spec.Maps[name].MaxEntries = uint32(maxRules)
 	}
 	for _, name := range keyTables {
-		spec.Maps[name].MaxEntries = uint32(d.cfg.MaxRules * keysPerRule)
+		spec.Maps[name].MaxEntries = uint32(maxRules * keysPerRule)
 	}
-	spec.Maps["latency"].MaxEntries = uint32(d.cfg.MaxRules) * uint32(egressdSampleKindSAMPLE_LEN)
+	spec.Maps["latency"].MaxEntries = uint32(maxRules) * uint32(egressdSampleKindSAMPLE_LEN)
 	spec.Maps["sock_table"].MaxEntries = uint32(d.cfg.SockTable)
 	spec.Maps["refusal_runs"].MaxEntries = uint32(d.ncpu)
 	spec.Maps["refusal_log"].MaxEntries = uint32(d.ncpu * logSlots)
 	if err := spec.Variables["log_cpus"].Set(uint32(d.ncpu)); err != nil {
-		return fmt.Errorf("refusal log: %w", err)
+		return nil, fmt.Errorf("refusal log: %w", err)
 	}
 	if err := spec.Variables["sock_table_mask"].Set(uint32(d.cfg.SockTable - 1)); err != nil {
-		return fmt.Errorf("socket table: %w", err)
+		return nil, fmt.Errorf("socket table: %w", err)
 	}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.mapsDir()}}
-	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+	return spec, nil
+}
+
+func (d *Datapath) loadSpec(spec *ebpf.CollectionSpec, objs *egressdObjects, opts *ebpf.CollectionOptions) error {
+	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) && d.cfg.VerifierLog {
 			return fmt.Errorf("load programs: %+v", ve)

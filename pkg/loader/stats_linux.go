@@ -129,7 +129,7 @@ func (d *Datapath) StorageSockets() (uint64, error) {
 
 func (d *Datapath) global(i egressdGlobalCounter) (uint64, error) {
 	var perCPU []uint64
-	if err := d.objs.GlobalCounters.Lookup(uint32(i), &perCPU); err != nil {
+	if err := d.maps().GlobalCounters.Lookup(uint32(i), &perCPU); err != nil {
 		return 0, fmt.Errorf("read global counters: %w", err)
 	}
 	var sum uint64

@@ -34,6 +34,23 @@ func newTable(size, maxKeys int) *table {
 	return &table{slots: make([]slot, size), byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}, uses: newUses(), maxKeys: maxKeys}
 }
 
+// resize makes the table n slots and maxKeys keys each for whole
+// addresses and prefixes. New slots are free, after those free already;
+// slots cut off must be free.
+func (t *table) resize(n, maxKeys int) {
+	old := len(t.slots)
+	if n > old {
+		t.slots = append(t.slots, make([]slot, n-old)...)
+		for i := old; i < n; i++ {
+			t.free = append(t.free, uint32(i))
+		}
+	} else {
+		t.slots = t.slots[:n]
+		t.free = slices.DeleteFunc(t.free, func(i uint32) bool { return int(i) >= n })
+	}
+	t.maxKeys = maxKeys
+}
+
 // add records an active slot read back from the kernel.
 func (t *table) add(idx uint32, s slot) {
 	t.slots[idx] = s

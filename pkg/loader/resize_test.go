@@ -1,0 +1,106 @@
+//go:build linux
+
+package loader
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/privtest"
+)
+
+// Resizing the rule tables under churn loses no count: the connections
+// the old programs admitted give their slots back to the new tables, the
+// limit holds throughout, a restart asking for another size gets it, and
+// a size that would cut off a rule is refused.
+func TestResizeCarriesCounts(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg, pins := privtest.Cgroup(t, "resize"), privtest.PinDir(t)
+	d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	// The churn's servers close at once: 20,000 held would run out of
+	// descriptors.
+	closing := func(c net.Conn) { c.Close() }
+	other := serve(t, "tcp4", "127.0.0.1:0", closing)
+	busy := serve(t, "tcp4", "127.0.0.1:0", closing)
+	const limit = 5
+	put(t, d, Rule{Name: "conc", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: limit})
+	put(t, d, Rule{Name: "window", Dests: []netip.Prefix{netip.PrefixFrom(other.Addr(), 32)}, Port: other.Port(), Shape: ShapePerWindow, Limit: 1 << 20, Window: time.Minute})
+	put(t, d, Rule{Name: "busy", Dests: []netip.Prefix{netip.PrefixFrom(busy.Addr(), 32)}, Port: busy.Port(), Limit: 1000})
+	privtest.Join(t, cg)
+	var held []io.Closer
+	for range 3 {
+		held = append(held, dial(t, srv))
+	}
+
+	// Helpers churn through two rules while the tables move.
+	done := make(chan string, 2)
+	for _, target := range []netip.AddrPort{other, busy} {
+		churn := privtest.Spawn(t, cg, "agent")
+		go func() { done <- churn.Call(t, "loop %s 10000", target) }()
+	}
+	for _, n := range []int{64, 16, 4096} {
+		if err := d.Resize(n); err != nil {
+			t.Fatalf("resize to %d: %v", n, err)
+		}
+		if d.MaxRules() != n {
+			t.Fatalf("MaxRules %d after resizing to %d", d.MaxRules(), n)
+		}
+		if s := stats(t, d, "conc"); s.Live != 3 {
+			t.Fatalf("after resizing to %d: live %d, want the 3 held", n, s.Live)
+		}
+		t.Logf("resized to %d with %d of the churn's connects made", n, stats(t, d, "busy").Admitted)
+	}
+	for range 2 {
+		if reply := <-done; !strings.HasPrefix(reply, "ok") {
+			t.Fatalf("churn: %s", reply)
+		}
+	}
+	held = append(held, dial(t, srv), dial(t, srv))
+	dialRefused(t, srv, syscall.EPERM)
+	if w := stats(t, d, "window"); w.Admitted != 10000 || w.Live != 0 {
+		t.Fatalf("window rule after the churn: %+v, want 10000 admitted and none live", w)
+	}
+	if b := waitLive(t, d, "busy", 0); b.Admitted != 10000 || b.Released != 10000 {
+		t.Fatalf("busy rule after the churn: %+v, want 10000 admitted and released", b)
+	}
+
+	// A restart that asks for another size gets it, counts and all.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d, err = Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := d.pinnedSize("rules"); d.MaxRules() != 32 || n != 32 {
+		t.Fatalf("adopted with MaxRules 32: size %d, pinned %d", d.MaxRules(), n)
+	}
+	if s := stats(t, d, "conc"); s.Live != limit {
+		t.Fatalf("after the restart: live %d, want %d", s.Live, limit)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	s := waitLive(t, d, "conc", 0)
+	if s.Admitted != s.Released || s.Admitted != limit {
+		t.Fatalf("conc: %+v, want %d admitted and released", s, limit)
+	}
+	checkRecount(t, d, "conc", 0)
+
+	// Slots keep their numbers: a size below a rule's slot is refused.
+	put(t, d, Rule{Name: "late", Dests: prefixes("10.9.0.0/16"), Limit: 1})
+	if err := d.Resize(2); !errors.Is(err, ErrFull) {
+		t.Fatalf("resize below a rule's slot: %v, want ErrFull", err)
+	}
+}
