@@ -23,10 +23,31 @@ import (
 // from the CLI merged into the running set — and applies the same checks as
 // [Parse].
 func (p *Policy) Validate() error {
-	if problems := check(p.Rules, nil); len(problems) > 0 {
+	problems := append(check(p.Rules, nil), checkCapacity(len(p.Rules), p.MaxRules, nil)...)
+	if len(problems) > 0 {
 		return &Error{Problems: problems}
 	}
 	return nil
+}
+
+// checkCapacity reports a policy whose rules would not fit the kernel's
+// tables: more than maxRules, when it is set, or than any datapath holds.
+func checkCapacity(rules, maxRules int, at *yaml.Node) []Problem {
+	p := Problem{}
+	if at != nil {
+		p.Line, p.Column = at.Line, at.Column
+	}
+	switch {
+	case maxRules < 0 || maxRules > loader.MaxRules:
+		p.Msg = fmt.Sprintf("maxRules %d is outside 1..%d", maxRules, loader.MaxRules)
+	case maxRules > 0 && rules > maxRules:
+		p.Msg = fmt.Sprintf("%d rules do not fit maxRules %d", rules, maxRules)
+	case rules > loader.MaxRules:
+		p.Msg = fmt.Sprintf("%d rules do not fit: a datapath holds at most %d", rules, loader.MaxRules)
+	default:
+		return nil
+	}
+	return []Problem{p}
 }
 
 // where remembers where a parsed rule's fields were written, so that a

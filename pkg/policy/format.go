@@ -15,7 +15,7 @@ import (
 // the CLI can be pasted into a policy file as it is. Fields at their
 // defaults are left out, so the file keeps following the defaults.
 func Format(p *Policy) ([]byte, error) {
-	file := fileYAML{Rules: make([]ruleYAML, len(p.Rules))}
+	file := fileYAML{MaxRules: p.MaxRules, Rules: make([]ruleYAML, len(p.Rules))}
 	for i, r := range p.Rules {
 		file.Rules[i] = formatRule(r)
 	}
@@ -46,7 +46,8 @@ func encode(v any, what string) ([]byte, error) {
 // one line each, as the examples in the docs are.
 type (
 	fileYAML struct {
-		Rules []ruleYAML `yaml:"rules"`
+		MaxRules int        `yaml:"maxRules,omitempty"`
+		Rules    []ruleYAML `yaml:"rules"`
 	}
 	ruleYAML struct {
 		Name        string         `yaml:"name"`

@@ -66,7 +66,7 @@ func everyField(t *testing.T) []Rule {
 // TestDocsNameEveryField: docs/policy.md mentions every field a policy
 // can have, as Format writes them.
 func TestDocsNameEveryField(t *testing.T) {
-	data, err := Format(&Policy{Rules: everyField(t)})
+	data, err := Format(&Policy{Rules: everyField(t), MaxRules: 10_000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,11 +93,13 @@ func TestDocsNameEveryField(t *testing.T) {
 
 func TestFormatRoundTrip(t *testing.T) {
 	tests := []struct {
-		name  string
-		rules []Rule
+		name     string
+		rules    []Rule
+		maxRules int
 	}{
 		{name: "empty"},
 		{name: "every shape and field", rules: everyField(t)},
+		{name: "maxRules", rules: everyField(t), maxRules: 100},
 		{
 			// Strings YAML would read as something else unless quoted.
 			name: "strings that look like other things",
@@ -113,7 +115,7 @@ func TestFormatRoundTrip(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := &Policy{Rules: tt.rules}
+			p := &Policy{Rules: tt.rules, MaxRules: tt.maxRules}
 			if err := p.Validate(); err != nil {
 				t.Fatalf("test policy is invalid: %v", err)
 			}

@@ -35,19 +35,22 @@ func Parse(data []byte) (*Policy, error) {
 	var d decoder
 	rules, wheres := d.document(data)
 	problems := append(d.problems, check(rules, wheres)...)
+	problems = append(problems, checkCapacity(len(rules), d.maxRules, d.maxRulesAt)...)
 	if len(problems) > 0 {
 		slices.SortStableFunc(problems, func(a, b Problem) int {
 			return cmp.Or(cmp.Compare(a.Line, b.Line), cmp.Compare(a.Column, b.Column))
 		})
 		return nil, &Error{Problems: problems}
 	}
-	return &Policy{Rules: rules}, nil
+	return &Policy{Rules: rules, MaxRules: d.maxRules}, nil
 }
 
 // decoder turns YAML nodes into rules, collecting the problems of form —
 // unknown fields, wrong types, two limits — that leave no value to check.
 type decoder struct {
-	problems []Problem
+	problems   []Problem
+	maxRules   int
+	maxRulesAt *yaml.Node
 }
 
 const (
@@ -83,7 +86,12 @@ func (d *decoder) document(data []byte) ([]Rule, []*where) {
 	var rules []Rule
 	var wheres []*where
 	top := fields{d: d, w: newWhere(nil)}
-	top.mapping(root, "", "a policy", []string{"rules"}, func(_ string, _, v *yaml.Node) {
+	top.mapping(root, "", "a policy", []string{"rules", "maxRules"}, func(key string, _, v *yaml.Node) {
+		if key == "maxRules" {
+			d.maxRulesAt = v
+			d.maxRules, _ = top.defaulted(key, v)
+			return
+		}
 		if v.ShortTag() == nullTag {
 			return
 		}

@@ -202,6 +202,21 @@ func TestParseBad(t *testing.T) {
 		want []Problem
 	}{
 		{
+			name: "more rules than maxRules",
+			in:   "maxRules: 1\nrules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 1}\n",
+			want: []Problem{{Line: 1, Column: 11, Msg: "2 rules do not fit maxRules 1"}},
+		},
+		{
+			name: "maxRules beyond a datapath",
+			in:   "maxRules: 2000000\n",
+			want: []Problem{{Line: 1, Column: 11, Msg: "maxRules 2000000 is outside 1..1048576"}},
+		},
+		{
+			name: "maxRules 0",
+			in:   "maxRules: 0\n",
+			want: []Problem{{Line: 1, Column: 11, Msg: "maxRules 0 is not allowed; leave it out for the default"}},
+		},
+		{
 			name: "unknown top-level field",
 			in:   "Rules: []\nversion: 2\n",
 			want: []Problem{
@@ -544,7 +559,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "policy not a mapping",
 			in:   "- name: a\n",
-			want: []Problem{{Line: 1, Column: 1, Msg: "a policy must be a mapping of rules"}},
+			want: []Problem{{Line: 1, Column: 1, Msg: "a policy must be a mapping of rules, maxRules"}},
 		},
 		{
 			name: "second document",

@@ -15,6 +15,10 @@ import (
 // Policy is valid and limits nothing.
 type Policy struct {
 	Rules []Rule
+	// MaxRules is how many rules the kernel's tables hold, up to
+	// loader.MaxRules; 0 lets the daemon size them from the policy. Rules
+	// set at run time take slots too.
+	MaxRules int
 }
 
 // Rule is one limit on the connections a scope opens to a destination.
