@@ -76,6 +76,9 @@ type Config struct {
 	// Resolver looks host names up; nil is /etc/hosts then the servers of
 	// /etc/resolv.conf.
 	Resolver *dns.Resolver
+	// MaxRules sizes the kernel's rule tables, up to loader.MaxRules; 0
+	// takes the policy's maxRules, else sizes them from the policy.
+	MaxRules int
 	// HostID names this host to the others sharing a budget (its slots
 	// in Redis are its own); empty is the host name. Two daemons sharing
 	// a budget must not have the same one.
@@ -160,6 +163,9 @@ func (c *Config) validate() error {
 	}
 	if c.Refresh < 0 {
 		problems = append(problems, fmt.Sprintf("refresh %v is negative", c.Refresh))
+	}
+	if c.MaxRules < 0 || c.MaxRules > loader.MaxRules {
+		problems = append(problems, fmt.Sprintf("max rules %d is outside 1..%d", c.MaxRules, loader.MaxRules))
 	}
 	if c.HostID == "" || strings.ContainsFunc(c.HostID, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) {
 		problems = append(problems, fmt.Sprintf("host id %q must be non-empty, printable and without whitespace", c.HostID))

@@ -18,6 +18,10 @@ type datapath interface {
 	// one rule in place.
 	Sync(rules []loader.Rule) error
 	Put(r loader.Rule) error
+	// MaxRules is the size of the rule tables; Resize moves the rules to
+	// tables of n slots, enforcing all along.
+	MaxRules() int
+	Resize(n int) error
 	Rule(name string) (loader.Rule, error)
 	// Reclaim takes a granted rule's unspent permits back, but keep.
 	Reclaim(name string, keep uint64) (taken, granted uint64, err error)

@@ -26,6 +26,11 @@ type fakeDatapath struct {
 	puts    int
 	failPut error // returned by Put and Sync while set
 	closed  string
+	// maxRules is the rule tables' size: a Sync of more rules than it
+	// holds is refused, as the loader refuses it. resizes are the sizes
+	// asked of Resize.
+	maxRules int
+	resizes  []int
 	// noted are the refusals the kernel noted, which LastRefusal reads:
 	// every refusal a test sends.
 	noted []loader.Refusal
@@ -36,7 +41,7 @@ type fakeDatapath struct {
 
 func newFake() *fakeDatapath {
 	return &fakeDatapath{
-		rules: map[string]loader.Rule{}, stats: map[string]loader.Stats{},
+		rules: map[string]loader.Rule{}, stats: map[string]loader.Stats{}, maxRules: loader.DefaultMaxRules,
 		refusals: newFakeReader[loader.Refusal](), samples: newFakeReader[loader.Sample](),
 	}
 }
@@ -54,6 +59,9 @@ func (f *fakeDatapath) Sync(rules []loader.Rule) error {
 	defer f.mu.Unlock()
 	if f.failPut != nil {
 		return f.failPut
+	}
+	if len(rules) > f.maxRules {
+		return fmt.Errorf("%w (%d rules)", loader.ErrFull, f.maxRules)
 	}
 	next := map[string]loader.Rule{}
 	for _, r := range rules {
@@ -81,6 +89,25 @@ func (f *fakeDatapath) Put(r loader.Rule) error {
 	}
 	f.rules[r.Name] = r
 	f.puts++
+	return nil
+}
+
+func (f *fakeDatapath) MaxRules() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.maxRules
+}
+
+// Resize refuses a size that would not hold the rules, as the loader
+// refuses one below a rule's slot.
+func (f *fakeDatapath) Resize(n int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resizes = append(f.resizes, n)
+	if n < len(f.rules) {
+		return fmt.Errorf("%w: %d rules, %d slots", loader.ErrFull, len(f.rules), n)
+	}
+	f.maxRules = n
 	return nil
 }
 
@@ -176,6 +203,12 @@ func (f *fakeDatapath) set(name string, st loader.Stats) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.stats[name] = st
+}
+
+func (f *fakeDatapath) ruleCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.rules)
 }
 
 // rule returns a rule and whether the kernel has it.

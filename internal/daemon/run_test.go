@@ -89,8 +89,8 @@ func TestNewChecksConfig(t *testing.T) {
 		want []string
 	}{
 		{"defaults", Config{HostID: "h"}, nil},
-		{"everything wrong", Config{Socket: "/" + strings.Repeat("s", 200), SocketMode: 0o4777, Refresh: -time.Second, HostID: "a host", MetricsAddr: "localhost"},
-			[]string{"socket path", "socket mode", "refresh", `host id "a host"`, `metrics address "localhost"`}},
+		{"everything wrong", Config{Socket: "/" + strings.Repeat("s", 200), SocketMode: 0o4777, Refresh: -time.Second, HostID: "a host", MetricsAddr: "localhost", MaxRules: -1},
+			[]string{"socket path", "socket mode", "refresh", `host id "a host"`, `metrics address "localhost"`, "max rules -1"}},
 		{"a control character", Config{HostID: "h\x00"}, []string{`host id "h\x00"`}},
 	}
 	for _, tt := range tests {

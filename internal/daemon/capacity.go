@@ -1,0 +1,47 @@
+package daemon
+
+import (
+	"errors"
+
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+// ruleSlots is the size of the kernel's rule tables for a policy with
+// rules kernel rules: egressd run --max-rules, else the policy's maxRules
+// (explicit), else twice the rules, at least loader.DefaultMaxRules, in a
+// power of two.
+func (d *Daemon) ruleSlots(p *policy.Policy, rules int) (n int, explicit bool) {
+	switch {
+	case d.cfg.MaxRules > 0:
+		return d.cfg.MaxRules, true
+	case p.MaxRules > 0:
+		return p.MaxRules, true
+	}
+	n = loader.DefaultMaxRules
+	for n < 2*rules && n < loader.MaxRules {
+		n *= 2
+	}
+	return n, false
+}
+
+// fitTables resizes the rule tables, enforcing all along, to an explicit
+// size, or up when the size taken from the policy outgrew them. Tables that
+// hold a rule beyond an explicit smaller size stay as they are.
+func (d *Daemon) fitTables(p *policy.Policy, rules int) error {
+	n, explicit := d.ruleSlots(p, rules)
+	cur := d.dp.MaxRules()
+	if n == cur || (!explicit && n < cur) {
+		return nil
+	}
+	err := d.dp.Resize(n)
+	switch {
+	case err == nil:
+		d.log.Info("rule tables resized", "from", cur, "to", n)
+		return nil
+	case explicit && n < cur && errors.Is(err, loader.ErrFull):
+		d.log.Warn("rule tables kept at their size: a rule's slot is beyond the size asked", "size", cur, "asked", n, "err", err)
+		return nil
+	}
+	return err
+}

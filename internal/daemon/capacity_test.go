@@ -1,0 +1,71 @@
+package daemon
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
+)
+
+func TestRuleSlots(t *testing.T) {
+	tests := []struct {
+		name     string
+		flag     int
+		policy   int
+		rules    int
+		want     int
+		explicit bool
+	}{
+		{"the flag wins", 100, 200, 50, 100, true},
+		{"then the policy", 0, 200, 50, 200, true},
+		{"a small policy", 0, 0, 10, loader.DefaultMaxRules, false},
+		{"twice the rules, a power of two", 0, 0, 5000, 16384, false},
+		{"up to the most a datapath holds", 0, 0, loader.MaxRules, loader.MaxRules, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &Daemon{cfg: Config{MaxRules: tt.flag}}
+			n, explicit := d.ruleSlots(&policy.Policy{MaxRules: tt.policy}, tt.rules)
+			if n != tt.want || explicit != tt.explicit {
+				t.Errorf("ruleSlots = %d, %v; want %d, %v", n, explicit, tt.want, tt.explicit)
+			}
+		})
+	}
+}
+
+// manyRules is a policy of n host-wide rules on distinct addresses.
+func manyRules(n int, maxRules int) string {
+	var b strings.Builder
+	if maxRules > 0 {
+		fmt.Fprintf(&b, "maxRules: %d\n", maxRules)
+	}
+	b.WriteString("rules:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - {name: r%d, destination: 10.%d.%d.%d, port: 80, concurrency: 10}\n", i, i>>16&255, i>>8&255, i&255)
+	}
+	return b.String()
+}
+
+// A policy bigger than the tables grows them before its rules are
+// written, and never shrink; an explicit maxRules sizes them.
+func TestTablesFollowThePolicy(t *testing.T) {
+	td := newTestDaemon(t)
+	check := func(what string, size, rules int) {
+		t.Helper()
+		if n, got := td.fake.MaxRules(), td.fake.ruleCount(); n != size || got != rules {
+			t.Fatalf("%s: tables of %d holding %d rules, want %d and %d", what, n, got, size, rules)
+		}
+	}
+	td.apply(t, manyRules(5000, 0))
+	check("5,000 rules", 16384, 5000)
+	td.apply(t, manyRules(9000, 0))
+	check("9,000 rules", 32768, 9000)
+	td.apply(t, manyRules(10, 0))
+	check("10 rules, the size from the policy", 32768, 10)
+	td.apply(t, manyRules(10, 50_000))
+	check("maxRules 50000", 50_000, 10)
+	td.apply(t, manyRules(10, 100))
+	check("maxRules 100", 100, 10)
+}
