@@ -7,7 +7,9 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -330,26 +332,133 @@ func BenchmarkRuleUpdate(b *testing.B) {
 	b.ReportMetric(float64(took[len(took)*99/100]), "p99-ns")
 }
 
-// BenchmarkLoad10kRules loads 10,000 rules in one batch into an empty
-// datapath.
-func BenchmarkLoad10kRules(b *testing.B) {
+// mixedRules makes n rules as a large policy might have them: host-wide
+// and scoped, a port or any, IPv4 and IPv6 addresses (what host names
+// resolve to) and prefixes of several lengths.
+func mixedRules(n int, scopes []Scope) []Rule {
+	rules := make([]Rule, n)
+	for i := range rules {
+		r := Rule{Name: fmt.Sprintf("m%d", i), Port: uint16(1 + i%2000), Limit: 100}
+		v4 := [4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}
+		v6 := netip.MustParseAddr("2001:db8::").As16()
+		v6[5], v6[6], v6[7] = byte(i>>16), byte(i>>8), byte(i)
+		switch i % 20 {
+		case 0, 1:
+			r.Dests = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom16(v6), 128)}
+		case 2:
+			r.Dests = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom16(v6), 64).Masked()}
+		case 3:
+			r.Dests = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{11, byte(i >> 16), byte(i >> 8), 0}), 24)}
+		case 4:
+			r.Dests = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{12, byte(i >> 16), byte(i >> 8), byte(i & 0xf0)}), 28)}
+		default:
+			r.Dests = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4(v4), 32)}
+		}
+		if i%10 == 5 {
+			r.Port = 0
+		}
+		if i%10 == 7 && len(scopes) > 0 {
+			r.Scope = scopes[i%len(scopes)]
+		}
+		rules[i] = r
+	}
+	return rules
+}
+
+// BenchmarkRuleScale sets 100,000 rules beside 10 and reports what the
+// number costs: the BPF run time of a connect() that a rule admits (a
+// whole address) and of one no rule matches, alternating rounds between
+// the two datapaths; loading the 100,000 into an empty datapath; and the
+// kernel memory of the rule tables per slot and per destination, from
+// each map's fdinfo.
+func BenchmarkRuleScale(b *testing.B) {
 	privtest.RequireRoot(b)
-	rules := manyRules(10_000)
-	cg, pins := privtest.Cgroup(b, "load"), privtest.PinDir(b)
-	for b.Loop() {
-		b.StopTimer()
-		d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 10_000})
+	srv, none := sinkServer(b), sinkServer(b)
+	const large = 100_000
+	// Scoped rules name cgroups at the depths the helpers run at, so that
+	// connect() walks the scopes.
+	parent := privtest.Cgroup(b, "scale")
+	var scopes []Scope
+	for i := range 8 {
+		scopes = append(scopes, scopeOf(b, privtest.SubCgroup(b, parent, fmt.Sprint("s", i))))
+	}
+	target := Rule{Name: "target", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1 << 20}
+	type side struct {
+		rules           int
+		d               *Datapath
+		admit, nomatch  *costCase
+		load            time.Duration
+		memEmpty, memIn int
+	}
+	sides := []*side{{rules: 10}, {rules: large}}
+	for _, s := range sides {
+		cg := privtest.SubCgroup(b, parent, fmt.Sprint("r", s.rules))
+		d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 131072})
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.StartTimer()
-		if err := d.PutMany(rules); err != nil {
+		b.Cleanup(func() { d.Uninstall() })
+		s.d = d
+		s.memEmpty = kernelMemory(b, d)
+		start := time.Now()
+		if err := d.PutMany(append(mixedRules(s.rules, scopes), target)); err != nil {
 			b.Fatal(err)
 		}
-		b.StopTimer()
-		if err := d.Uninstall(); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
+		s.load = time.Since(start)
+		s.memIn = kernelMemory(b, d)
+		agent := privtest.Spawn(b, cg, "agent")
+		s.admit = &costCase{name: "admitted", cmd: "loop", agent: agent, stats: d.ProgramStats, progs: map[string]float64{}, runs: map[string]float64{}}
+		s.nomatch = &costCase{name: "no-match", cmd: "loop", agent: agent, stats: d.ProgramStats, progs: map[string]float64{}, runs: map[string]float64{}}
 	}
+	stats, err := EnableStats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stats.Close()
+	for b.Loop() {
+		for _, s := range sides {
+			s.admit.round(b, srv, 200)
+			s.nomatch.round(b, none, 200)
+		}
+	}
+	small, big := sides[0], sides[1]
+	ratio := func(a, b []float64) float64 {
+		r := make([]float64, len(a))
+		for i := range a {
+			r[i] = b[i] / a[i]
+		}
+		return median(r)
+	}
+	b.ReportMetric(median(small.admit.ns), "10-rules-admitted-ns")
+	b.ReportMetric(median(big.admit.ns), "100k-rules-admitted-ns")
+	b.ReportMetric(ratio(small.admit.ns, big.admit.ns), "admitted-100k/10")
+	b.ReportMetric(median(small.nomatch.ns), "10-rules-no-match-ns")
+	b.ReportMetric(median(big.nomatch.ns), "100k-rules-no-match-ns")
+	b.ReportMetric(ratio(small.nomatch.ns, big.nomatch.ns), "no-match-100k/10")
+	b.ReportMetric(big.load.Seconds(), "load-100k-s")
+	b.ReportMetric(float64(big.memEmpty)/131072, "bytes/slot")
+	b.ReportMetric(float64(big.memIn-big.memEmpty)/large, "bytes/rule-keys")
+}
+
+// kernelMemory sums the kernel's memlock account of the datapath's maps
+// (/proc/self/fdinfo), which for each map is its memory in use.
+func kernelMemory(b *testing.B, d *Datapath) int {
+	b.Helper()
+	total := 0
+	for name, m := range d.namedMaps() {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", m.FD()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var n int
+		for _, l := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(l, "memlock:"); ok {
+				if n, err = strconv.Atoi(strings.TrimSpace(v)); err != nil {
+					b.Fatalf("%s: %v", name, err)
+				}
+			}
+		}
+		total += n
+	}
+	return total
 }

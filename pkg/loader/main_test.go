@@ -198,7 +198,7 @@ func dialRefused(t *testing.T, ap netip.AddrPort, want syscall.Errno) {
 	}
 }
 
-func scopeOf(t *testing.T, dir string) Scope {
+func scopeOf(t testing.TB, dir string) Scope {
 	t.Helper()
 	id, err := cgroups.ID(dir)
 	if err != nil {

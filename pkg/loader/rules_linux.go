@@ -18,23 +18,23 @@ import (
 func (d *Datapath) readTable() (*table, error) {
 	n := d.cfg.MaxRules
 	t := newTable(n, n*keysPerRule)
+	krs := make([]egressdRule, n)
+	if err := batchRead(d.objs.Rules, krs); err != nil {
+		return nil, fmt.Errorf("read rules: %w", err)
+	}
+	metas := make([]egressdRuleMeta, n)
+	if err := batchRead(d.objs.RuleMetas, metas); err != nil {
+		return nil, fmt.Errorf("read rule metadata: %w", err)
+	}
 	for i := range n {
-		idx := uint32(i)
-		var kr egressdRule
-		if err := d.objs.Rules.Lookup(idx, &kr); err != nil {
-			return nil, fmt.Errorf("read rule %d: %w", i, err)
-		}
+		kr := &krs[i]
 		t.nextGen = max(t.nextGen, kr.Gen)
 		t.slots[i] = slot{gen: kr.Gen, epoch: kr.Epoch}
 		if kr.Flags&flagActive == 0 {
-			t.free = append(t.free, idx)
+			t.free = append(t.free, uint32(i))
 			continue
 		}
-		var meta egressdRuleMeta
-		if err := d.objs.RuleMetas.Lookup(idx, &meta); err != nil {
-			return nil, fmt.Errorf("read rule %d: %w", i, err)
-		}
-		t.slots[i] = slot{rule: ruleFromKernel(&kr, &meta), gen: kr.Gen, epoch: kr.Epoch, active: true}
+		t.slots[i] = slot{rule: ruleFromKernel(kr, &metas[i]), gen: kr.Gen, epoch: kr.Epoch, active: true}
 	}
 	t.nextGen++
 

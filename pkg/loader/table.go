@@ -30,8 +30,10 @@ type table struct {
 	maxKeys int
 }
 
+// newTable makes an empty table. Generations start at 1: a slot of
+// generation 0 was never used, and its counts are zero.
 func newTable(size, maxKeys int) *table {
-	return &table{slots: make([]slot, size), byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}, uses: newUses(), maxKeys: maxKeys}
+	return &table{slots: make([]slot, size), byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}, uses: newUses(), maxKeys: maxKeys, nextGen: 1}
 }
 
 // resize makes the table n slots and maxKeys keys each for whole
@@ -84,7 +86,7 @@ type plan struct {
 	taken   int // free slots used, from the head of the queue
 
 	delKeys []ruleKey
-	fresh   []uint32 // slots whose state, counters and latency start at zero
+	fresh   []uint32 // used slots whose state, counters and latency start again at zero
 	metas   []uint32 // slots whose metadata is written
 	rules   []uint32 // slots whose rule is written (every change)
 	putKeys []keyPut
@@ -123,8 +125,8 @@ func tracks(s slot) int {
 // checking conflicts and capacity, without touching the kernel or the
 // table. New rules take free slots from the head of the queue.
 func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
-	var p plan
-	inBatch := map[string]bool{}
+	p := plan{changes: make([]change, 0, len(gone)+len(rules))}
+	inBatch := make(map[string]bool, len(rules)+len(gone))
 	for _, r := range rules {
 		inBatch[r.Name] = true
 	}
@@ -133,7 +135,7 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 		inBatch[old.rule.Name] = true
 		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
 	}
-	claimed := map[ruleKey]string{}
+	claimed := make(map[ruleKey]string, len(rules))
 	gen := t.nextGen
 	var errs []error
 	for _, r := range rules {
@@ -161,6 +163,9 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 		}
 		if idx, ok := t.byName[r.Name]; ok {
 			old := t.slots[idx]
+			if sameRule(&old.rule, &r) {
+				continue // nothing to write
+			}
 			next := slot{rule: r, gen: old.gen, epoch: old.epoch, active: true}
 			if restartsState(&old.rule, &r) {
 				next.epoch++
@@ -233,7 +238,8 @@ func (p *plan) writes() {
 				p.putKeys = append(p.putKeys, keyPut{key: k, idx: c.idx})
 			}
 		}
-		if c.create {
+		// A slot never used since its table was made is zero already.
+		if c.create && c.old.gen != 0 {
 			p.fresh = append(p.fresh, c.idx)
 		}
 		if c.create || (c.new.active && c.new.rule.meta() != c.old.rule.meta()) {
@@ -289,6 +295,15 @@ type ruleMeta struct {
 }
 
 func (r *Rule) meta() ruleMeta { return ruleMeta{name: r.Name, scope: r.Scope, port: r.Port} }
+
+// sameRule reports whether two rules, with their defaults, are the same:
+// a plan writes nothing for a rule that does not change.
+func sameRule(a, b *Rule) bool {
+	return a.Name == b.Name && a.Scope == b.Scope && a.Port == b.Port && a.Shape == b.Shape &&
+		a.Limit == b.Limit && a.Burst == b.Burst && a.Window == b.Window && a.Segments == b.Segments &&
+		a.Granted == b.Granted && a.Shadow == b.Shadow && a.Errno == b.Errno && a.Samples == b.Samples &&
+		a.Requests == b.Requests && slices.Equal(a.Dests, b.Dests)
+}
 
 // restartsState reports whether moving from old to new parameters must
 // restart the bucket or window (a shape or segment layout change).

@@ -73,7 +73,6 @@ func TestPlanWrites(t *testing.T) {
 			rules:   []Rule{{Name: "a", Dests: prefixes("10.5.0.0/16"), Limit: 1}, {Name: "d", Dests: prefixes("10.0.0.0/8"), Limit: 4}},
 			delKeys: []ruleKey{keyOf("10.0.0.0/8", 0)},
 			putKeys: []keyPut{{keyOf("10.5.0.0/16", 0), 0}, {keyOf("10.0.0.0/8", 0), 3}},
-			fresh:   []uint32{3},
 			metas:   []uint32{3},
 			rules2:  []uint32{0, 3},
 			hints:   true,
@@ -111,6 +110,26 @@ func TestPlanWrites(t *testing.T) {
 				t.Errorf("plan: del %v put %v fresh %v metas %v rules %v hints %v", p.delKeys, p.putKeys, p.fresh, p.metas, p.rules, p.hintsChange())
 			}
 		})
+	}
+}
+
+// A slot used before starts its counts afresh; one never used is zero.
+func TestPlanResetsUsedSlots(t *testing.T) {
+	tb := tableWith(t, 3, Rule{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 1})
+	p := tb.deletion(tb.byName["a"])
+	tb.commit(&p)
+	p, err := tb.plan([]Rule{{Name: "b", Dests: prefixes("10.1.0.0/16"), Limit: 1}, {Name: "c", Dests: prefixes("10.2.0.0/16"), Limit: 1}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Free slots in order: 1 and 2 never used, then 0.
+	tb.commit(&p)
+	p, err = tb.plan([]Rule{{Name: "d", Dests: prefixes("10.3.0.0/16"), Limit: 1}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(p.fresh, []uint32{0}) {
+		t.Fatalf("fresh %v, want slot 0, which a used", p.fresh)
 	}
 }
 
@@ -171,7 +190,7 @@ func TestCommit(t *testing.T) {
 	if _, ok := tb.byName["b"]; ok || tb.byName["c"] != 2 || tb.byKey[keyOf("10.2.0.0/16", 80)] != 2 || len(tb.byKey) != 2 {
 		t.Fatalf("names %v keys %v", tb.byName, tb.byKey)
 	}
-	if !slices.Equal(tb.free, []uint32{3, 1}) || tb.nextGen != 3 || tb.slots[1].active || tb.slots[1].gen != 1 {
+	if !slices.Equal(tb.free, []uint32{3, 1}) || tb.nextGen != 4 || tb.slots[1].active || tb.slots[1].gen != 2 {
 		t.Fatalf("free %v next gen %d slot 1 %+v", tb.free, tb.nextGen, tb.slots[1])
 	}
 	want := newUses()
