@@ -9,8 +9,8 @@ import (
 
 // ruleSlots is the size of the kernel's rule tables for a policy with
 // rules kernel rules: egressd run --max-rules, else the policy's maxRules
-// (explicit), else twice the rules, at least loader.DefaultMaxRules, in a
-// power of two.
+// (explicit), else the rules and a quarter more, in whole multiples of
+// loader.DefaultMaxRules.
 func (d *Daemon) ruleSlots(p *policy.Policy, rules int) (n int, explicit bool) {
 	switch {
 	case d.cfg.MaxRules > 0:
@@ -18,11 +18,9 @@ func (d *Daemon) ruleSlots(p *policy.Policy, rules int) (n int, explicit bool) {
 	case p.MaxRules > 0:
 		return p.MaxRules, true
 	}
-	n = loader.DefaultMaxRules
-	for n < 2*rules && n < loader.MaxRules {
-		n *= 2
-	}
-	return n, false
+	step := loader.DefaultMaxRules
+	n = max(step, (rules+rules/4+step-1)/step*step)
+	return min(n, loader.MaxRules), false
 }
 
 // fitTables resizes the rule tables, enforcing all along, to an explicit

@@ -21,7 +21,8 @@ func TestRuleSlots(t *testing.T) {
 		{"the flag wins", 100, 200, 50, 100, true},
 		{"then the policy", 0, 200, 50, 200, true},
 		{"a small policy", 0, 0, 10, loader.DefaultMaxRules, false},
-		{"twice the rules, a power of two", 0, 0, 5000, 16384, false},
+		{"a quarter more, in steps of 4096", 0, 0, 5000, 8192, false},
+		{"100,000 rules", 0, 0, 100_000, 126976, false},
 		{"up to the most a datapath holds", 0, 0, loader.MaxRules, loader.MaxRules, false},
 	}
 	for _, tt := range tests {
@@ -59,13 +60,25 @@ func TestTablesFollowThePolicy(t *testing.T) {
 		}
 	}
 	td.apply(t, manyRules(5000, 0))
-	check("5,000 rules", 16384, 5000)
+	check("5,000 rules", 8192, 5000)
 	td.apply(t, manyRules(9000, 0))
-	check("9,000 rules", 32768, 9000)
+	check("9,000 rules", 12288, 9000)
 	td.apply(t, manyRules(10, 0))
-	check("10 rules, the size from the policy", 32768, 10)
+	check("10 rules, the size from the policy", 12288, 10)
 	td.apply(t, manyRules(10, 50_000))
 	check("maxRules 50000", 50_000, 10)
 	td.apply(t, manyRules(10, 100))
 	check("maxRules 100", 100, 10)
+}
+
+// The datapath is opened at the size the policy wants, not resized after:
+// with the size taken from the policy, an adopted datapath's larger tables
+// stay.
+func TestTablesMadeAtThePolicysSize(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.cfg.PolicyFile, manyRules(5000, 0))
+	td.start(t)
+	if n := td.fake.MaxRules(); n != 8192 || len(td.fake.resizes) != 0 || !td.fake.growOnly {
+		t.Fatalf("opened with tables of %d (grow only %v), then resized to %v; want 8192 at once", n, td.fake.growOnly, td.fake.resizes)
+	}
 }

@@ -31,6 +31,7 @@ type fakeDatapath struct {
 	// asked of Resize.
 	maxRules int
 	resizes  []int
+	growOnly bool // as the last open was asked
 	// noted are the refusals the kernel noted, which LastRefusal reads:
 	// every refusal a test sends.
 	noted []loader.Refusal
@@ -48,8 +49,16 @@ func newFake() *fakeDatapath {
 
 var _ datapath = (*fakeDatapath)(nil)
 
-// open is a Config.open that returns f.
-func (f *fakeDatapath) open(*loader.Config) (datapath, error) { return f, nil }
+// open is a Config.open that returns f, with tables of the size asked.
+func (f *fakeDatapath) open(cfg *loader.Config) (datapath, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.growOnly = cfg.GrowOnly
+	if cfg.MaxRules > 0 && !(cfg.GrowOnly && cfg.MaxRules < f.maxRules) {
+		f.maxRules = cfg.MaxRules
+	}
+	return f, nil
+}
 
 func (f *fakeDatapath) Adopted() bool  { return f.adopted }
 func (f *fakeDatapath) PinDir() string { return "/sys/fs/bpf/fake" }

@@ -66,7 +66,10 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		return ln.Close()
 	})
-	dp, err := d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir})
+	// Tables of the size the policy wants from the start: a resize is
+	// without a gap, but not free.
+	slots, explicit := d.ruleSlots(pol, len(pol.Rules)+len(d.overrides.Set))
+	dp, err := d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir, MaxRules: slots, GrowOnly: !explicit})
 	if err != nil {
 		return fmt.Errorf("datapath: %w", err)
 	}

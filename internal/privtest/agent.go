@@ -30,7 +30,8 @@ import (
 // answers "ok NS", the mean round trip; "storm ADDR PORTS RATE DURATION"
 // connects at RATE per second for DURATION to ADDR's port and the next
 // PORTS-1, one after the other, and answers "ok N ERRS", the connects made
-// and how many failed with EPERM.
+// and how many failed with EPERM; "until-refused ADDR TIMEOUT" connects and
+// closes until a connect fails with EPERM and answers "ok", or "timeout".
 func runAgent([]string) error {
 	conns := map[int]net.Conn{}
 	next := 0
@@ -63,6 +64,20 @@ func runAgent([]string) error {
 				return err
 			}
 			fmt.Printf("ok %d\n", per.Nanoseconds())
+		case len(f) == 3 && f[0] == "until-refused":
+			timeout, err := time.ParseDuration(f[2])
+			if err != nil {
+				return err
+			}
+			refused, err := untilRefused(f[1], timeout)
+			if err != nil {
+				return err
+			}
+			if refused {
+				fmt.Println("ok")
+			} else {
+				fmt.Println("timeout")
+			}
 		case len(f) == 5 && f[0] == "storm":
 			n, refused, err := refusalStorm(f[1], f[2], f[3], f[4])
 			if err != nil {
@@ -251,6 +266,28 @@ func parseTarget(addr, count string) (*unix.SockaddrInet4, int, error) {
 		return nil, 0, err
 	}
 	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, n, nil
+}
+
+// untilRefused connects and closes until a connect fails with EPERM, for
+// at most timeout.
+func untilRefused(addr string, timeout time.Duration) (bool, error) {
+	sa, _, err := parseTarget(addr, "1")
+	if err != nil {
+		return false, err
+	}
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return false, err
+		}
+		err = unix.Connect(fd, sa)
+		unix.Close(fd)
+		if err == unix.EPERM {
+			return true, nil
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return false, nil
 }
 
 // echoLoop makes count one-byte round trips on one connection.

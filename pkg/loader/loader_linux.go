@@ -41,6 +41,9 @@ type Config struct {
 	// adopted from pins; another size moves an adopted datapath's rules
 	// to tables of that size, enforcing all along (see Datapath.Resize).
 	MaxRules int
+	// GrowOnly keeps an adopted datapath's tables when they are larger
+	// than MaxRules.
+	GrowOnly bool
 	// SockTable is how many tracked sockets keep their state in the
 	// preallocated socket table (a power of two); the rest take socket
 	// storage, which costs more per connect(). 0 means DefaultSockTable.
@@ -175,7 +178,7 @@ func Open(cfg *Config) (*Datapath, error) {
 		d.closeFDs()
 		return nil, err
 	}
-	if want != 0 {
+	if want != 0 && !(c.GrowOnly && want < d.cfg.MaxRules) {
 		if err := d.resize(want); err != nil {
 			d.closeFDs()
 			return nil, err
@@ -270,6 +273,7 @@ func (d *Datapath) load() error {
 	} else if want == 0 {
 		d.cfg.MaxRules = DefaultMaxRules
 	}
+	// A new datapath is made at the size wanted.
 	if n, ok := d.pinnedSize("sock_table"); ok {
 		d.cfg.SockTable = n
 	}
