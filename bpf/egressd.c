@@ -576,34 +576,37 @@ static __always_inline struct sock_state *find_state(void *sk, __u64 cookie)
 }
 
 /* Gives back the socket's slot; every path calls this, only the first
- * caller does anything. */
+ * caller does anything. What the state says of the slot is read while the
+ * socket holds it: once released, a table entry may pass to another
+ * socket at once. */
 static __always_inline void release(struct sock_state *ss, __u64 cookie)
 {
 	__u64 w = ss->word;
+	__u32 slot = ss->rule, gen = ss->gen, established = ss->established;
+	int done = 0;
 
 	/* Bounded: each failed swap means the word changed under us, which
-	 * only disarming a request does, once. */
-	for (int i = 0; i < 3; i++) {
+	 * only arming or disarming a request does. */
+	for (int i = 0; i < 8 && !done; i++) {
 		if (w >> 2 != cookie || !(w & SS_HELD))
 			return;
 		__u64 got = __sync_val_compare_and_swap(&ss->word, w, cookie << 2);
-		if (got == w)
-			break;
-		w = got;
+		done = got == w;
+		if (!done)
+			w = got;
 	}
-	if (w >> 2 != cookie || !(w & SS_HELD))
-		return;
+	if (!done)
+		return; /* still held: the next path releases it */
 
-	__u32 slot = ss->rule;
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
-	if (!r || r->gen != ss->gen)
+	if (!r || r->gen != gen)
 		return; /* a retired rule's socket: nothing of the slot's rule now */
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (!st)
 		return;
 	__sync_fetch_and_add(&st->live, -1);
 	count(st, COUNTER_RELEASED, 1);
-	if (!ss->established)
+	if (!established)
 		count(st, COUNTER_CONNECT_FAILED, 1);
 	if (w & SS_AWAITING)
 		count(st, COUNTER_ABORTED, 1);

@@ -31,10 +31,16 @@ import (
 // connects at RATE per second for DURATION to ADDR's port and the next
 // PORTS-1, one after the other, and answers "ok N ERRS", the connects made
 // and how many failed with EPERM; "until-refused ADDR TIMEOUT" connects and
-// closes until a connect fails with EPERM and answers "ok", or "timeout".
+// closes until a connect fails with EPERM and answers "ok", or "timeout";
+// "hold ADDR N" opens N sockets and connects each to ADDR, port after port,
+// keeping them whether connect() succeeds or fails, and answers "ok N"
+// with the connects that did not fail with EPERM; "release" closes them;
+// "accept ADDR N" listens on ADDR and accepts N connections in the
+// background, keeping them, and answers "ok" once it listens.
 func runAgent([]string) error {
 	conns := map[int]net.Conn{}
 	next := 0
+	var held []int
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
@@ -78,6 +84,41 @@ func runAgent([]string) error {
 			} else {
 				fmt.Println("timeout")
 			}
+		case len(f) == 3 && f[0] == "hold":
+			fds, err := hold(f[1], f[2])
+			held = append(held, fds...)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("ok %d\n", len(fds))
+		case len(f) == 3 && f[0] == "accept":
+			n, err := strconv.Atoi(f[2])
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp4", f[1])
+			if err != nil {
+				return err
+			}
+			go func() {
+				var kept []net.Conn
+				for len(kept) < n {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					kept = append(kept, c)
+				}
+				ln.Close()
+				select {} // keep them until the helper ends
+			}()
+			fmt.Println("ok")
+		case len(f) == 1 && f[0] == "release":
+			for _, fd := range held {
+				unix.Close(fd)
+			}
+			held = nil
+			fmt.Println("ok")
 		case len(f) == 5 && f[0] == "storm":
 			n, refused, err := refusalStorm(f[1], f[2], f[3], f[4])
 			if err != nil {
@@ -266,6 +307,31 @@ func parseTarget(addr, count string) (*unix.SockaddrInet4, int, error) {
 		return nil, 0, err
 	}
 	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, n, nil
+}
+
+// hold opens n sockets connected (or failing to connect) to addr's port
+// and those after it, round robin over eight, and keeps them; it returns
+// those a rule did not refuse. N must fit its descriptor limit.
+func hold(addr, count string) ([]int, error) {
+	sa, n, err := parseTarget(addr, count)
+	if err != nil {
+		return nil, err
+	}
+	first := sa.Port
+	fds := make([]int, 0, n)
+	for i := range n {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fds, err
+		}
+		sa.Port = first + i%8
+		if unix.Connect(fd, sa) == unix.EPERM {
+			unix.Close(fd)
+			continue
+		}
+		fds = append(fds, fd)
+	}
+	return fds, nil
 }
 
 // untilRefused connects and closes until a connect fails with EPERM, for

@@ -75,7 +75,7 @@ func put(t *testing.T, d *Datapath, r Rule) {
 	}
 }
 
-func stats(t *testing.T, d *Datapath, name string) Stats {
+func stats(t testing.TB, d *Datapath, name string) Stats {
 	t.Helper()
 	s, err := d.Stats(name)
 	if err != nil {
@@ -86,7 +86,7 @@ func stats(t *testing.T, d *Datapath, name string) Stats {
 
 // waitLive polls until the rule's live count is want: releases at TCP_CLOSE
 // happen in softirq context shortly after close() returns.
-func waitLive(t *testing.T, d *Datapath, name string, want int64) Stats {
+func waitLive(t testing.TB, d *Datapath, name string, want int64) Stats {
 	t.Helper()
 	var s Stats
 	for range 200 {
