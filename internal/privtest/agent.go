@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,7 +37,8 @@ import (
 // keeping them whether connect() succeeds or fails, and answers "ok N"
 // with the connects that did not fail with EPERM; "release" closes them;
 // "accept ADDR N" listens on ADDR and accepts N connections in the
-// background, keeping them, and answers "ok" once it listens.
+// background, keeping them, and answers "ok" once it listens; "pin CPU"
+// keeps the helper's commands on one CPU.
 func runAgent([]string) error {
 	conns := map[int]net.Conn{}
 	next := 0
@@ -112,6 +114,18 @@ func runAgent([]string) error {
 				ln.Close()
 				select {} // keep them until the helper ends
 			}()
+			fmt.Println("ok")
+		case len(f) == 2 && f[0] == "pin":
+			cpu, err := strconv.Atoi(f[1])
+			if err != nil {
+				return err
+			}
+			runtime.LockOSThread() // the commands run on this goroutine
+			var set unix.CPUSet
+			set.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				return fmt.Errorf("pin: %w", err)
+			}
 			fmt.Println("ok")
 		case len(f) == 1 && f[0] == "release":
 			for _, fd := range held {
