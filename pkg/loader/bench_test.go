@@ -189,6 +189,7 @@ func BenchmarkKernelCost(b *testing.B) {
 		}
 		b.Logf("%-22s %9.0f %6.2f  %s", c.name, median(c.ns), median(ratios), strings.Join(parts, ", "))
 		b.ReportMetric(median(c.ns), strings.ReplaceAll(c.name, " ", "-")+"-ns")
+		b.ReportMetric(median(ratios), strings.ReplaceAll(c.name, " ", "-")+"-x")
 	}
 }
 
