@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
@@ -201,7 +203,27 @@ func checkFeatures() error {
 	if err := features.HaveV3ISA(); err != nil {
 		return fmt.Errorf("atomics: %w", errors.Join(ErrNotSupported, err))
 	}
-	return nil
+	return haveSockOpsFlagsOption()
+}
+
+// haveSockOpsFlagsOption checks that bpf_setsockopt takes
+// TCP_BPF_SOCK_OPS_CB_FLAGS (Linux 6.12), with which connect() marks the
+// sockets it tracks: before it, the call fails at run time, and every
+// admitted connection would go untracked.
+func haveSockOpsFlagsOption() error {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return fmt.Errorf("kernel BTF: %w", errors.Join(ErrNotSupported, err))
+	}
+	for typ, err := range spec.All() {
+		if err != nil {
+			return fmt.Errorf("kernel BTF: %w", err)
+		}
+		if e, ok := typ.(*btf.Enum); ok && slices.ContainsFunc(e.Values, func(v btf.EnumValue) bool { return v.Name == "TCP_BPF_SOCK_OPS_CB_FLAGS" }) {
+			return nil
+		}
+	}
+	return fmt.Errorf("bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS): %w (Linux 6.12 or later)", ErrNotSupported)
 }
 
 // lockDir takes an exclusive lock on the pin directory for the life of the
