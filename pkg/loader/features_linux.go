@@ -182,12 +182,14 @@ func helperName(fn asm.BuiltinFunc) string {
 // link is asked for against a descriptor that is not a cgroup. A kernel
 // that knows the attach point fails that with EBADF, looking up the
 // cgroup; one that does not, with EINVAL, checking the attach type first.
-// An iterator needs only to load: its target is resolved then.
+// An iterator needs only to load: its target is resolved then; so does a
+// syscall program, which is run (BPF_PROG_TEST_RUN), never attached.
 func probeAttach(p *ebpf.ProgramSpec) error {
 	prog, err := ebpf.NewProgramWithOptions(&ebpf.ProgramSpec{
 		Type:         p.Type,
 		AttachType:   p.AttachType,
 		AttachTo:     p.AttachTo,
+		Flags:        p.Flags, // a syscall program must be sleepable
 		License:      "GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
 	}, ebpf.ProgramOptions{LogDisabled: true})
@@ -198,7 +200,7 @@ func probeAttach(p *ebpf.ProgramSpec) error {
 		return classify(err)
 	}
 	defer prog.Close()
-	if p.Type == ebpf.Tracing {
+	if p.Type == ebpf.Tracing || p.Type == ebpf.Syscall {
 		return nil
 	}
 	notCgroup, err := os.Open(os.DevNull)
@@ -295,20 +297,26 @@ func pinNames(dir string) ([]string, error) {
 }
 
 // compatible checks the pinned maps against this build's, sized as Open
-// sizes them when it adopts: by the pinned rule table.
+// sizes them when it adopts: by the pinned rule and socket tables, and for
+// this machine's possible CPUs.
 func compatible(dir string, pinned []string) (maxRules int, _ error) {
-	spec, err := loadEgressd()
+	opts := &ebpf.LoadPinOptions{ReadOnly: true}
+	size := func(name string, def int) int {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), opts)
+		if err != nil {
+			return def
+		}
+		defer m.Close()
+		return int(m.MaxEntries())
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return 0, fmt.Errorf("possible cpus: %w", err)
+	}
+	maxRules = size("rules", 0)
+	spec, err := sizedSpec(cmp.Or(maxRules, DefaultMaxRules), size("sock_table", DefaultSockTable), ncpu)
 	if err != nil {
 		return 0, err
-	}
-	opts := &ebpf.LoadPinOptions{ReadOnly: true}
-	if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "rules"), opts); err == nil {
-		maxRules = int(m.MaxEntries())
-		m.Close()
-		for _, name := range ruleTables {
-			spec.Maps[name].MaxEntries = uint32(maxRules)
-		}
-		spec.Maps["latency"].MaxEntries = uint32(maxRules) * uint32(egressdSampleKindSAMPLE_LEN)
 	}
 	var errs []error
 	for _, name := range pinned {

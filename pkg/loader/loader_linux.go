@@ -309,6 +309,12 @@ func (d *Datapath) load() error {
 
 // spec is the datapath's collection with rule tables of maxRules.
 func (d *Datapath) spec(maxRules int) (*ebpf.CollectionSpec, error) {
+	return sizedSpec(maxRules, d.cfg.SockTable, d.ncpu)
+}
+
+// sizedSpec is the datapath's collection with rule tables of maxRules, a
+// socket table of sockTable entries and a refusal log for ncpu CPUs.
+func sizedSpec(maxRules, sockTable, ncpu int) (*ebpf.CollectionSpec, error) {
 	spec, err := loadEgressd()
 	if err != nil {
 		return nil, err
@@ -320,13 +326,13 @@ func (d *Datapath) spec(maxRules int) (*ebpf.CollectionSpec, error) {
 		spec.Maps[name].MaxEntries = uint32(maxRules * keysPerRule)
 	}
 	spec.Maps["latency"].MaxEntries = uint32(maxRules) * uint32(egressdSampleKindSAMPLE_LEN)
-	spec.Maps["sock_table"].MaxEntries = uint32(d.cfg.SockTable)
-	spec.Maps["refusal_runs"].MaxEntries = uint32(d.ncpu)
-	spec.Maps["refusal_log"].MaxEntries = uint32(d.ncpu * logSlots)
-	if err := spec.Variables["log_cpus"].Set(uint32(d.ncpu)); err != nil {
+	spec.Maps["sock_table"].MaxEntries = uint32(sockTable)
+	spec.Maps["refusal_runs"].MaxEntries = uint32(ncpu)
+	spec.Maps["refusal_log"].MaxEntries = uint32(ncpu * logSlots)
+	if err := spec.Variables["log_cpus"].Set(uint32(ncpu)); err != nil {
 		return nil, fmt.Errorf("refusal log: %w", err)
 	}
-	if err := spec.Variables["sock_table_mask"].Set(uint32(d.cfg.SockTable - 1)); err != nil {
+	if err := spec.Variables["sock_table_mask"].Set(uint32(sockTable - 1)); err != nil {
 		return nil, fmt.Errorf("socket table: %w", err)
 	}
 	return spec, nil
