@@ -146,9 +146,9 @@ func (r doctorReport) print(w io.Writer) {
 }
 
 // minKernel is the oldest kernel with everything the datapath uses
-// (bpf_set_retval in connect4/6 came last, in 5.18). The version alone
-// decides nothing: the probes do.
-var minKernel = [2]int{5, 18}
+// (bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS) came last, in 6.12). The
+// version alone decides nothing: the probes do.
+var minKernel = [2]int{6, 12}
 
 func checkKernel() check {
 	c := check{Name: "kernel"}
@@ -165,7 +165,7 @@ func checkKernel() check {
 	case v[0] < minKernel[0] || v[0] == minKernel[0] && v[1] < minKernel[1]:
 		c.Status = statusWarn
 		c.Detail = fmt.Sprintf("Linux %s (%s) is older than %d.%d, where the datapath's newest need arrived; the probes below say whether it was backported", release, machine, minKernel[0], minKernel[1])
-		c.Fix = fmt.Sprintf("run a kernel >= %d.%d (Debian 12's 6.1 or later)", minKernel[0], minKernel[1])
+		c.Fix = fmt.Sprintf("run a kernel >= %d.%d (Debian 13's 6.12 or later)", minKernel[0], minKernel[1])
 	default:
 		c.Status, c.Detail = statusPass, fmt.Sprintf("Linux %s (%s); each feature is probed below", release, machine)
 	}
@@ -265,7 +265,7 @@ var featureCheckNames = map[string]string{
 	loader.FeatureLoad:        "datapath load",
 }
 
-const newerKernel = "run a kernel >= 5.18 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF and CONFIG_BPF_JIT (Debian 12's 6.1 has them all)"
+const newerKernel = "run a kernel >= 6.12 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF and CONFIG_BPF_JIT (Debian 13's 6.12 has them all)"
 
 func checkFeatures(kind string, features []loader.Feature) check {
 	c := check{Name: featureCheckNames[kind]}

@@ -40,6 +40,7 @@ func ProbeFeatures() []Feature {
 	out = append(out, probeMapTypes(spec)...)
 	out = append(out, probeProgramTypes(progs)...)
 	out = append(out, probeHelpers(progs)...)
+	out = append(out, probeSockOpsFlags(progs))
 	for _, p := range progs {
 		out = append(out, Feature{Kind: FeatureAttach, Name: p.SectionName, Used: []string{p.Name}, Err: probeAttach(p)})
 	}
@@ -157,6 +158,20 @@ func probeHelpers(progs []*ebpf.ProgramSpec) []Feature {
 		})
 	}
 	return out
+}
+
+// probeSockOpsFlags: connect() marks the sockets it tracks with
+// bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS) (Linux 6.12). An older kernel
+// loads the programs all the same, but the call fails as they run, and
+// every admitted connection would go untracked.
+func probeSockOpsFlags(progs []*ebpf.ProgramSpec) Feature {
+	var used []string
+	for _, p := range progs {
+		if p.Type == ebpf.CGroupSockAddr {
+			used = append(used, p.Name)
+		}
+	}
+	return Feature{Kind: FeatureHelper, Name: "bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS) in CGroupSockAddr", Used: used, Err: haveSockOpsFlagsOption()}
 }
 
 // helperName turns asm's FnSetRetval into the C name, bpf_set_retval.
