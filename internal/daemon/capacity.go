@@ -7,11 +7,11 @@ import (
 	"github.com/egressd/egressd/pkg/policy"
 )
 
-// ruleSlots is the size of the kernel's rule tables for a policy with
-// rules kernel rules: egressd run --max-rules, else the policy's maxRules
-// (explicit), else the rules and a quarter more, in whole multiples of
-// loader.DefaultMaxRules.
-func (d *Daemon) ruleSlots(p *policy.Policy, rules int) (n int, explicit bool) {
+// ruleSlots is the size of the kernel's rule tables for a policy whose
+// kernel rules need need slots (loader.SlotsFor): egressd run
+// --max-rules, else the policy's maxRules (explicit), else what they need
+// and a quarter more, in whole multiples of loader.DefaultMaxRules.
+func (d *Daemon) ruleSlots(p *policy.Policy, need int) (n int, explicit bool) {
 	switch {
 	case d.cfg.MaxRules > 0:
 		return d.cfg.MaxRules, true
@@ -19,15 +19,15 @@ func (d *Daemon) ruleSlots(p *policy.Policy, rules int) (n int, explicit bool) {
 		return p.MaxRules, true
 	}
 	step := loader.DefaultMaxRules
-	n = max(step, (rules+rules/4+step-1)/step*step)
+	n = max(step, (need+need/4+step-1)/step*step)
 	return min(n, loader.MaxRules), false
 }
 
 // fitTables resizes the rule tables, enforcing all along, to an explicit
 // size, or up when the size taken from the policy outgrew them. Tables that
 // hold a rule beyond an explicit smaller size stay as they are.
-func (d *Daemon) fitTables(p *policy.Policy, rules int) error {
-	n, explicit := d.ruleSlots(p, rules)
+func (d *Daemon) fitTables(p *policy.Policy, kernel []loader.Rule) error {
+	n, explicit := d.ruleSlots(p, loader.SlotsFor(kernel))
 	cur := d.dp.MaxRules()
 	if n == cur || (!explicit && n < cur) {
 		return nil

@@ -82,3 +82,32 @@ func TestTablesMadeAtThePolicysSize(t *testing.T) {
 		t.Fatalf("opened with tables of %d (grow only %v), then resized to %v; want 8192 at once", n, td.fake.growOnly, td.fake.resizes)
 	}
 }
+
+// Host names that resolve to many addresses take the keys of many slots:
+// 70 names of 256 addresses each, 17,920 keys, need more than the 4096
+// slots a 70-rule policy would otherwise get; the tables grow to hold
+// them.
+func TestTablesHoldResolvedAddresses(t *testing.T) {
+	td := newTestDaemon(t)
+	var hosts, pol strings.Builder
+	pol.WriteString("rules:\n")
+	for i := range 70 {
+		for j := range 256 {
+			fmt.Fprintf(&hosts, "10.%d.%d.%d n%d.test\n", 100+i/256, i%256, j, i)
+		}
+		fmt.Fprintf(&pol, "  - {name: n%d, destination: n%d.test, port: 80, concurrency: 10}\n", i, i)
+	}
+	writeFile(t, td.hosts, hosts.String())
+	td.apply(t, pol.String())
+	keys := 0
+	for i := range 70 {
+		r, ok := td.fake.rule(fmt.Sprint("n", i))
+		if !ok {
+			t.Fatalf("rule n%d not in the kernel", i)
+		}
+		keys += len(r.Dests)
+	}
+	if n := td.fake.MaxRules(); n != 8192 || keys != 70*256 {
+		t.Fatalf("tables of %d holding %d addresses; want 8192 and %d", n, keys, 70*256)
+	}
+}

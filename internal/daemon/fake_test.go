@@ -26,8 +26,8 @@ type fakeDatapath struct {
 	puts    int
 	failPut error // returned by Put and Sync while set
 	closed  string
-	// maxRules is the rule tables' size: a Sync of more rules than it
-	// holds is refused, as the loader refuses it. resizes are the sizes
+	// maxRules is the rule tables' size: a Sync of rules that need more
+	// (loader.SlotsFor) is refused, as the loader refuses it. resizes are the sizes
 	// asked of Resize.
 	maxRules int
 	resizes  []int
@@ -69,7 +69,7 @@ func (f *fakeDatapath) Sync(rules []loader.Rule) error {
 	if f.failPut != nil {
 		return f.failPut
 	}
-	if len(rules) > f.maxRules {
+	if loader.SlotsFor(rules) > f.maxRules {
 		return fmt.Errorf("%w (%d rules)", loader.ErrFull, f.maxRules)
 	}
 	next := map[string]loader.Rule{}

@@ -123,7 +123,7 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 			kernel = append(kernel, e.kernel)
 		}
 	}
-	if err := d.fitTables(p, len(kernel)); err != nil {
+	if err := d.fitTables(p, kernel); err != nil {
 		return nil, err
 	}
 	if err := d.dp.Sync(kernel); err != nil {

@@ -273,10 +273,6 @@ var (
 	keyTables  = []string{"rule_exact", "rule_prefixes"}
 )
 
-// keysPerRule is how many destinations each rule of a full table may have
-// on average: the key tables take memory only for the keys they hold.
-const keysPerRule = 4
-
 // pinnedSize reads the size of a pinned map, if there is one.
 func (d *Datapath) pinnedSize(name string) (int, bool) {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(d.mapsDir(), name), nil)

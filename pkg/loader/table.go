@@ -30,6 +30,28 @@ type table struct {
 	maxKeys int
 }
 
+// keysPerRule is how many destinations each rule of a full table may have
+// on average: the key tables take memory only for the keys they hold.
+const keysPerRule = 4
+
+// SlotsFor is the fewest rule slots whose tables hold rules: one a rule,
+// and keysPerRule whole addresses and as many prefixes a slot (a rule
+// whose host name resolves to many addresses takes more keys).
+func SlotsFor(rules []Rule) int {
+	var exact, prefixes int
+	for i := range rules {
+		for _, k := range rules[i].keys() {
+			if k.exact() {
+				exact++
+			} else {
+				prefixes++
+			}
+		}
+	}
+	perSlot := func(keys int) int { return (keys + keysPerRule - 1) / keysPerRule }
+	return max(len(rules), perSlot(exact), perSlot(prefixes))
+}
+
 // newTable makes an empty table. Generations start at 1: a slot of
 // generation 0 was never used, and its counts are zero.
 func newTable(size, maxKeys int) *table {

@@ -19,7 +19,7 @@ func prefixes(ps ...string) []netip.Prefix {
 // committed as the loader would.
 func tableWith(t *testing.T, size int, rules ...Rule) *table {
 	t.Helper()
-	tb := newTable(size, 4*size)
+	tb := newTable(size, keysPerRule*size)
 	for i := range size {
 		tb.free = append(tb.free, uint32(i))
 	}
@@ -207,5 +207,58 @@ func TestCommit(t *testing.T) {
 	}
 	if tb.uses.exact != 0 || tb.uses.prefixes != 2 {
 		t.Fatalf("%d exact keys and %d prefixes, want 0 and 2", tb.uses.exact, tb.uses.prefixes)
+	}
+}
+
+// SlotsFor is the fewest slots whose tables hold the rules: planned into
+// tables of that size they fit, into one slot fewer they do not.
+func TestSlotsFor(t *testing.T) {
+	addrs := func(n int, v6 bool) []netip.Prefix {
+		out := make([]netip.Prefix, n)
+		for i := range out {
+			a := netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)})
+			if v6 {
+				b := netip.MustParseAddr("2001:db8::").As16()
+				b[14], b[15] = byte(i>>8), byte(i)
+				a = netip.AddrFrom16(b)
+			}
+			out[i] = netip.PrefixFrom(a, a.BitLen())
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		rules []Rule
+		want  int
+	}{
+		{"a slot a rule", []Rule{
+			{Name: "a", Dests: prefixes("10.0.0.1/32"), Limit: 1},
+			{Name: "b", Dests: prefixes("10.0.0.0/8"), Limit: 1},
+			{Name: "c", Dests: prefixes("10.1.0.0/16", "10.2.0.1/32"), Limit: 1},
+		}, 3},
+		{"a host name of 256 addresses", []Rule{
+			{Name: "cdn", Dests: addrs(256, false), Limit: 1},
+			{Name: "b", Dests: prefixes("10.0.0.0/8"), Limit: 1},
+		}, 64},
+		{"addresses of both families", []Rule{
+			{Name: "v4", Dests: addrs(9, false), Limit: 1},
+			{Name: "v6", Dests: addrs(9, true), Limit: 1},
+		}, 5},
+		{"prefixes", []Rule{
+			{Name: "p", Dests: prefixes("10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16", "10.4.0.0/16", "10.5.0.0/16"), Limit: 1},
+		}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := SlotsFor(tt.rules)
+			if n != tt.want {
+				t.Fatalf("SlotsFor = %d, want %d", n, tt.want)
+			}
+			for size, fits := range map[int]bool{n: true, n - 1: false} {
+				if _, err := tableWith(t, size).plan(tt.rules, nil); (err == nil) != fits || (err != nil && !errors.Is(err, ErrFull)) {
+					t.Errorf("%d slots: %v, want fits %v", size, err, fits)
+				}
+			}
+		})
 	}
 }
