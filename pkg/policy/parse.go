@@ -99,6 +99,9 @@ func (d *decoder) document(data []byte) ([]Rule, []*where) {
 			top.problem(v, "rules", "rules must be a list")
 			return
 		}
+		if len(v.Content) > 0 {
+			rules, wheres = make([]Rule, 0, len(v.Content)), make([]*where, 0, len(v.Content))
+		}
 		for i, n := range v.Content {
 			r, w := d.rule(n, i)
 			rules = append(rules, r)
