@@ -96,11 +96,10 @@ func TestLimitersReachNoKernelNorSDK(t *testing.T) {
 		{"pkg/limit/...", nil},
 		{"pkg/shared/...", nil},
 		{"pkg/partition/...", nil},
-		// policy compiles rules to the loader's types, which links
-		// cilium/ebpf into anything that parses a policy. Moving the rule
-		// types and limits to a leaf package that policy and loader share
-		// is the lead's part of issue #13.
-		{"pkg/policy/...", []string{module + "pkg/loader", "github.com/cilium/ebpf"}},
+		// policy compiles rules to package kernelrule's types, which the
+		// loader shares: parsing a policy links no eBPF.
+		{"pkg/policy/...", nil},
+		{"pkg/kernelrule/...", nil},
 		// serve's options and edge headers are the SDK's Criticality,
 		// ParseCriticality, ParseTimeout and header names, and the SDK
 		// imports the control API for its kernel-refusal attribution.

@@ -95,7 +95,7 @@ func ruleFromKernel(kr *egressdRule, meta *egressdRuleMeta) Rule {
 	return r
 }
 
-func (r *Rule) kernel(gen, epoch uint32) egressdRule {
+func encodeRule(r *Rule, gen, epoch uint32) egressdRule {
 	kr := egressdRule{
 		Gen:         gen,
 		Shape:       uint8(r.Shape),
@@ -134,7 +134,7 @@ func (k ruleKey) kernel() egressdRuleKey {
 	}
 }
 
-func (r Rule) kernelMeta() egressdRuleMeta {
+func encodeMeta(r Rule) egressdRuleMeta {
 	m := egressdRuleMeta{Scope: r.Scope.CgroupID, ScopeLevel: r.Scope.Level, Port: uint32(r.Port)}
 	copy(m.Name[:], r.Name)
 	return m
@@ -143,7 +143,7 @@ func (r Rule) kernelMeta() egressdRuleMeta {
 // kernelRule is what the kernel holds for a slot: an inactive slot keeps
 // its generation, so that the sockets of a retired rule stay told apart.
 func (s slot) kernelRule() egressdRule {
-	kr := s.rule.kernel(s.gen, s.epoch)
+	kr := encodeRule(&s.rule, s.gen, s.epoch)
 	if !s.active {
 		kr.Flags = 0
 	}
@@ -407,8 +407,8 @@ func (d *Datapath) write(w *writer, p *plan, want hints) error {
 		}
 	}
 	if err := writeSlots(w, "rule metadata", d.objs.RuleMetas, p.metas, func(idx uint32) egressdRuleMeta {
-		return newSlot[idx].rule.kernelMeta()
-	}, func(idx uint32) egressdRuleMeta { return oldSlot(idx).rule.kernelMeta() }); err != nil {
+		return encodeMeta(newSlot[idx].rule)
+	}, func(idx uint32) egressdRuleMeta { return encodeMeta(oldSlot(idx).rule) }); err != nil {
 		return err
 	}
 	if err := writeSlots(w, "rules", d.objs.Rules, p.rules, func(idx uint32) egressdRule {

@@ -40,7 +40,7 @@ const keysPerRule = 4
 func SlotsFor(rules []Rule) int {
 	var exact, prefixes int
 	for i := range rules {
-		for _, k := range rules[i].keys() {
+		for _, k := range ruleKeys(&rules[i]) {
 			if k.exact() {
 				exact++
 			} else {
@@ -79,7 +79,7 @@ func (t *table) resize(n, maxKeys int) {
 func (t *table) add(idx uint32, s slot) {
 	t.slots[idx] = s
 	t.byName[s.rule.Name] = idx
-	for _, k := range s.rule.keys() {
+	for _, k := range ruleKeys(&s.rule) {
 		t.byKey[k] = idx
 	}
 	t.uses.add(&s.rule, 1)
@@ -161,9 +161,9 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 	gen := t.nextGen
 	var errs []error
 	for _, r := range rules {
-		r = r.withDefaults()
+		r = r.WithDefaults()
 		conflict := false
-		for _, k := range r.keys() {
+		for _, k := range ruleKeys(&r) {
 			other, ok := claimed[k]
 			if !ok {
 				// A key held by a rule outside the batch stays held; one
@@ -264,7 +264,7 @@ func (p *plan) writes() {
 		if c.create && c.old.gen != 0 {
 			p.fresh = append(p.fresh, c.idx)
 		}
-		if c.create || (c.new.active && c.new.rule.meta() != c.old.rule.meta()) {
+		if c.create || (c.new.active && metaOf(&c.new.rule) != metaOf(&c.old.rule)) {
 			p.metas = append(p.metas, c.idx)
 		}
 		p.rules = append(p.rules, c.idx)
@@ -276,7 +276,7 @@ func keysOf(s slot) []ruleKey {
 	if !s.active {
 		return nil
 	}
-	return s.rule.keys()
+	return ruleKeys(&s.rule)
 }
 
 // commit makes the table what p makes the kernel.
@@ -285,7 +285,7 @@ func (t *table) commit(p *plan) {
 	for _, c := range p.changes {
 		if c.old.active {
 			delete(t.byName, c.old.rule.Name)
-			for _, k := range c.old.rule.keys() {
+			for _, k := range ruleKeys(&c.old.rule) {
 				delete(t.byKey, k)
 			}
 		}
@@ -301,7 +301,7 @@ func (t *table) commit(p *plan) {
 	for _, c := range p.changes {
 		if c.new.active {
 			t.byName[c.new.rule.Name] = c.idx
-			for _, k := range c.new.rule.keys() {
+			for _, k := range ruleKeys(&c.new.rule) {
 				t.byKey[k] = c.idx
 			}
 		}
@@ -316,7 +316,7 @@ type ruleMeta struct {
 	port  uint16
 }
 
-func (r *Rule) meta() ruleMeta { return ruleMeta{name: r.Name, scope: r.Scope, port: r.Port} }
+func metaOf(r *Rule) ruleMeta { return ruleMeta{name: r.Name, scope: r.Scope, port: r.Port} }
 
 // sameRule reports whether two rules, with their defaults, are the same:
 // a plan writes nothing for a rule that does not change.
@@ -353,7 +353,7 @@ func classBit(c int, exact bool) int {
 	return c + classLen
 }
 
-func (r *Rule) class() int {
+func classOf(r *Rule) int {
 	switch {
 	case r.Scope.HostWide() && r.Port == 0:
 		return classHostAny
@@ -409,8 +409,8 @@ func (u *uses) add(r *Rule, n int) {
 	if r.Requests {
 		u.requests += n
 	}
-	class := r.class()
-	for _, k := range r.keys() {
+	class := classOf(r)
+	for _, k := range ruleKeys(r) {
 		bit := classBit(class, k.exact())
 		u.bits[bit] += n
 		if k.exact() {

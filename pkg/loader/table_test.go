@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 func prefixes(ps ...string) []netip.Prefix {
@@ -32,7 +34,7 @@ func tableWith(t *testing.T, size int, rules ...Rule) *table {
 }
 
 func keyOf(p string, port uint16) ruleKey {
-	return ruleKey{dest: mapped(netip.MustParsePrefix(p)), port: port}
+	return ruleKey{dest: kernelrule.Mapped(netip.MustParsePrefix(p)), port: port}
 }
 
 // The writes of a plan: keys that stop matching go, new ones come, fresh

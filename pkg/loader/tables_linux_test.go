@@ -5,6 +5,8 @@ package loader
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 // The Go tables indexed by kernel enums must cover each enum exactly: the
@@ -15,8 +17,8 @@ func TestTablesMatchKernelEnums(t *testing.T) {
 		got  int
 		want int
 	}{
-		{"shapeNames", len(shapeNames), int(egressdShapeSHAPE_LEN)},
-		{"sampleKindNames", len(sampleKindNames), int(egressdSampleKindSAMPLE_LEN)},
+		{"kernelrule.ShapeLen", int(kernelrule.ShapeLen), int(egressdShapeSHAPE_LEN)},
+		{"kernelrule.SampleKindLen", int(kernelrule.SampleKindLen), int(egressdSampleKindSAMPLE_LEN)},
 		{"Histogram.Buckets", HistogramBuckets, len(egressdHist{}.Buckets)},
 		{"counters", len(egressdRuleState{}.Counters), int(egressdCounterCOUNTER_LEN)},
 		{"MaxSegments", MaxSegments, len(egressdRuleState{}.SegmentCount)},

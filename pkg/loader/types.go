@@ -2,115 +2,39 @@ package loader
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
-	"strings"
-	"syscall"
 	"time"
+
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
-// Shape is how a rule limits connections. A rule has exactly one.
-type Shape uint8
+// The rule's types and bounds are package kernelrule's, which has no eBPF
+// in it so that policy checks can share them; they are the loader's too.
+type (
+	Shape      = kernelrule.Shape
+	Scope      = kernelrule.Scope
+	Rule       = kernelrule.Rule
+	RuleError  = kernelrule.RuleError
+	SampleKind = kernelrule.SampleKind
+)
 
 const (
-	// ShapeConcurrency bounds live connections. Adaptive rules are
-	// concurrency rules whose limit the daemon moves.
-	ShapeConcurrency Shape = iota
-	// ShapePerSecond is a token bucket of new connections per second.
-	ShapePerSecond
-	// ShapePerWindow is a sliding window of new connections.
-	ShapePerWindow
-	// ShapeGranted admits new connections while fewer than Granted have
-	// been admitted: user space hands out the permits, as a host's share
-	// of a budget that other hosts spend too.
-	ShapeGranted
+	ShapeConcurrency = kernelrule.ShapeConcurrency
+	ShapePerSecond   = kernelrule.ShapePerSecond
+	ShapePerWindow   = kernelrule.ShapePerWindow
+	ShapeGranted     = kernelrule.ShapeGranted
+
+	SampleConnect = kernelrule.SampleConnect
+	SampleRequest = kernelrule.SampleRequest
+
+	MaxNameLen      = kernelrule.MaxNameLen
+	MaxSegments     = kernelrule.MaxSegments
+	MaxRate         = kernelrule.MaxRate
+	MaxRules        = kernelrule.MaxRules
+	MaxScopeLevel   = kernelrule.MaxScopeLevel
+	MaxDests        = kernelrule.MaxDests
+	DefaultSegments = kernelrule.DefaultSegments
 )
-
-// shapeNames is indexed by Shape; a test checks it against SHAPE_LEN.
-var shapeNames = [...]string{"concurrency", "per_second", "per_window", "granted"}
-
-func (s Shape) String() string {
-	if int(s) < len(shapeNames) {
-		return shapeNames[s]
-	}
-	return fmt.Sprintf("shape(%d)", uint8(s))
-}
-
-// Limits the kernel enforces; user space validates against them so a rule
-// the kernel would mishandle is refused up front.
-const (
-	MaxNameLen  = 63
-	MaxSegments = 32
-	// MaxRate keeps the token arithmetic (elapsed ns × rate) inside 64 bits.
-	MaxRate = 1_000_000
-	// MaxRules is the most rules a datapath can be sized for.
-	MaxRules = 1 << 20
-	// MaxScopeLevel is the deepest cgroup a scope may name.
-	MaxScopeLevel   = 15
-	DefaultSegments = 8
-	minSegment      = time.Millisecond
-)
-
-// Errnos a rule may refuse with instead of EPERM. Each is one a connect()
-// caller already handles as "not now".
-var allowedErrnos = map[syscall.Errno]bool{
-	syscall.EPERM:        true,
-	syscall.EACCES:       true,
-	syscall.ECONNREFUSED: true,
-	syscall.EAGAIN:       true,
-	syscall.ENOBUFS:      true,
-	syscall.ETIMEDOUT:    true,
-	syscall.EHOSTUNREACH: true,
-	syscall.ENETUNREACH:  true,
-}
-
-// Scope limits a rule to the sockets of one cgroup and its descendants.
-// The zero Scope is host-wide: every socket below the attach cgroup.
-type Scope struct {
-	CgroupID uint64
-	// Level is the cgroup's depth below the cgroup2 root (1 for
-	// /system.slice). The kernel walks a socket's ancestors by level.
-	Level uint32
-}
-
-// HostWide reports whether the scope is the whole host.
-func (s Scope) HostWide() bool { return s.CgroupID == 0 }
-
-// Rule is one limit on connections from a scope to a destination.
-type Rule struct {
-	Name  string
-	Scope Scope
-	// Dests are the destination prefixes, one budget for all of them: a
-	// host name's addresses share its limit. IPv4 prefixes also match the
-	// same addresses written as v4-mapped IPv6.
-	Dests []netip.Prefix
-	// Port is the destination port; 0 means any port.
-	Port  uint16
-	Shape Shape
-	// Limit is live connections (concurrency; 0 refuses every new one),
-	// permits per second (per second), or permits per window (per window).
-	Limit uint32
-	// Burst is the per-second bucket size; 0 means one second of permits.
-	Burst uint32
-	// Window and Segments describe a per-window rule; Segments 0 means 8.
-	Window   time.Duration
-	Segments uint32
-	// Granted is the permits a granted rule has been given since it was
-	// created; compare Stats.Spent. Raise it to grant more; lowering it
-	// takes back only what is not yet spent (see Datapath.Reclaim).
-	Granted uint64
-	// Shadow counts what would be refused and refuses nothing.
-	Shadow bool
-	// Errno is what a refused connect() returns; 0 means EPERM.
-	Errno syscall.Errno
-	// Samples sends each latency sample to user space (adaptive rules).
-	Samples bool
-	// Requests tracks in-flight requests on the rule's connections.
-	Requests bool
-}
-
-// MaxDests bounds the destinations of one rule.
-const MaxDests = 256
 
 // ruleKey is one (scope, destination, port) a rule matches; two rules may
 // not share one.
@@ -120,131 +44,12 @@ type ruleKey struct {
 	port  uint16
 }
 
-func (r *Rule) keys() []ruleKey {
+func ruleKeys(r *Rule) []ruleKey {
 	keys := make([]ruleKey, len(r.Dests))
 	for i, d := range r.Dests {
-		keys[i] = ruleKey{scope: r.Scope.CgroupID, dest: mapped(d), port: r.Port}
+		keys[i] = ruleKey{scope: r.Scope.CgroupID, dest: kernelrule.Mapped(d), port: r.Port}
 	}
 	return keys
-}
-
-// mapped writes an IPv4 prefix as the v4-mapped IPv6 prefix the kernel
-// stores, so 10.0.0.0/8 and ::ffff:10.0.0.0/104 are the same rule.
-func mapped(p netip.Prefix) netip.Prefix {
-	if p.Addr().Is4() {
-		return netip.PrefixFrom(netip.AddrFrom16(p.Addr().As16()), p.Bits()+96)
-	}
-	return p
-}
-
-// withDefaults returns the rule as the kernel will enforce it.
-func (r Rule) withDefaults() Rule {
-	dests := make([]netip.Prefix, len(r.Dests))
-	for i, d := range r.Dests {
-		dests[i] = d.Masked()
-	}
-	r.Dests = dests
-	switch r.Shape {
-	case ShapePerSecond:
-		if r.Burst == 0 {
-			r.Burst = r.Limit
-		}
-	case ShapePerWindow:
-		if r.Segments == 0 {
-			r.Segments = DefaultSegments
-		}
-	}
-	if r.Errno == 0 {
-		r.Errno = syscall.EPERM
-	}
-	return r
-}
-
-// Validate reports every problem with the rule at once.
-func (r Rule) Validate() error {
-	var problems []string
-	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	switch {
-	case r.Name == "":
-		add("name is empty")
-	case len(r.Name) > MaxNameLen:
-		add("name is longer than %d bytes", MaxNameLen)
-	case strings.ContainsFunc(r.Name, func(c rune) bool { return c < 0x21 || c == 0x7f }):
-		add("name has spaces or control characters")
-	}
-	switch {
-	case len(r.Dests) == 0:
-		add("no destination")
-	case len(r.Dests) > MaxDests:
-		add("%d destinations, more than %d", len(r.Dests), MaxDests)
-	}
-	seen := map[netip.Prefix]bool{}
-	for _, d := range r.Dests {
-		if !d.IsValid() {
-			add("destination %v is not a valid prefix", d)
-			continue
-		}
-		if m := mapped(d.Masked()); seen[m] {
-			add("destination %v given twice", d)
-		} else {
-			seen[m] = true
-		}
-	}
-	if r.Scope.CgroupID != 0 && (r.Scope.Level == 0 || r.Scope.Level > MaxScopeLevel) {
-		add("scope level %d is outside 1..%d", r.Scope.Level, MaxScopeLevel)
-	}
-	if r.Limit == 0 && (r.Shape == ShapePerSecond || r.Shape == ShapePerWindow) {
-		add("limit must be at least 1")
-	}
-	if r.Granted != 0 && r.Shape != ShapeGranted {
-		add("only granted rules take granted permits")
-	}
-	switch r.Shape {
-	case ShapeConcurrency:
-		if r.Burst != 0 || r.Window != 0 || r.Segments != 0 {
-			add("concurrency rules take no burst, window or segments")
-		}
-	case ShapeGranted:
-		if r.Limit != 0 || r.Burst != 0 || r.Window != 0 || r.Segments != 0 {
-			add("granted rules take no limit, burst, window or segments")
-		}
-	case ShapePerSecond:
-		if r.Limit > MaxRate {
-			add("rate %d is above %d per second", r.Limit, MaxRate)
-		}
-		if r.Burst > MaxRate {
-			add("burst %d is above %d", r.Burst, MaxRate)
-		}
-		if r.Window != 0 || r.Segments != 0 {
-			add("per-second rules take no window or segments")
-		}
-	case ShapePerWindow:
-		if r.Burst != 0 {
-			add("per-window rules take no burst")
-		}
-		segs := r.Segments
-		if segs == 0 {
-			segs = DefaultSegments
-		}
-		if segs > MaxSegments {
-			add("segments %d is above %d", segs, MaxSegments)
-		}
-		switch {
-		case r.Window <= 0:
-			add("window must be positive")
-		case r.Window/time.Duration(segs) < minSegment:
-			add("window %v in %d segments makes segments shorter than %v", r.Window, segs, minSegment)
-		}
-	default:
-		add("unknown shape %d", r.Shape)
-	}
-	if r.Errno != 0 && !allowedErrnos[r.Errno] {
-		add("errno %q is not one a refusal may use", r.Errno.Error())
-	}
-	if len(problems) == 0 {
-		return nil
-	}
-	return &RuleError{Rule: r.Name, Problems: problems}
 }
 
 // Errors. Each sentinel is matched by errors.Is; typed errors carry detail.
@@ -252,7 +57,7 @@ var (
 	// ErrNotSupported means the kernel lacks a feature the datapath needs.
 	ErrNotSupported = errors.New("not supported by this kernel")
 	// ErrInvalidRule matches a *RuleError.
-	ErrInvalidRule = errors.New("invalid rule")
+	ErrInvalidRule = kernelrule.ErrInvalidRule
 	// ErrUnknownRule means no rule has the given name.
 	ErrUnknownRule = errors.New("unknown rule")
 	// ErrConflict means another rule already matches the same traffic.
@@ -262,23 +67,6 @@ var (
 	// ErrBusy means another process has the pinned datapath open.
 	ErrBusy = errors.New("datapath busy")
 )
-
-// RuleError lists every problem found in one rule.
-type RuleError struct {
-	Rule     string
-	Problems []string
-}
-
-func (e *RuleError) Error() string {
-	name := e.Rule
-	if name == "" {
-		name = "(unnamed)"
-	}
-	return fmt.Sprintf("rule %s: %s", name, strings.Join(e.Problems, "; "))
-}
-
-// Is matches ErrInvalidRule.
-func (e *RuleError) Is(target error) bool { return target == ErrInvalidRule }
 
 // Histogram is a latency distribution in power-of-two microsecond buckets.
 type Histogram struct {
@@ -361,27 +149,6 @@ type Refusal struct {
 	// stands for: those since the pair's previous event, sent at most once
 	// per Config.EventInterval. Dest and the rest are the latest's.
 	Count uint64
-}
-
-// SampleKind says what a latency sample measured.
-type SampleKind uint8
-
-const (
-	// SampleConnect is connect() to ESTABLISHED.
-	SampleConnect SampleKind = iota
-	// SampleRequest is a request's first outbound payload to the next
-	// inbound payload.
-	SampleRequest
-)
-
-// sampleKindNames is indexed by SampleKind; a test checks it against SAMPLE_LEN.
-var sampleKindNames = [...]string{"connect", "request"}
-
-func (k SampleKind) String() string {
-	if int(k) < len(sampleKindNames) {
-		return sampleKindNames[k]
-	}
-	return fmt.Sprintf("sample_kind(%d)", uint8(k))
 }
 
 // Sample is one latency measurement of a rule with Samples set.

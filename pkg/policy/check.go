@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/egressd/egressd/pkg/adaptive"
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/shared/redisurl"
 	"go.yaml.in/yaml/v3"
 )
@@ -38,12 +38,12 @@ func checkCapacity(rules, maxRules int, at *yaml.Node) []Problem {
 		p.Line, p.Column = at.Line, at.Column
 	}
 	switch {
-	case maxRules < 0 || maxRules > loader.MaxRules:
-		p.Msg = fmt.Sprintf("maxRules %d is outside 1..%d", maxRules, loader.MaxRules)
+	case maxRules < 0 || maxRules > kernelrule.MaxRules:
+		p.Msg = fmt.Sprintf("maxRules %d is outside 1..%d", maxRules, kernelrule.MaxRules)
 	case maxRules > 0 && rules > maxRules:
 		p.Msg = fmt.Sprintf("%d rules do not fit maxRules %d", rules, maxRules)
-	case rules > loader.MaxRules:
-		p.Msg = fmt.Sprintf("%d rules do not fit: a datapath holds at most %d", rules, loader.MaxRules)
+	case rules > kernelrule.MaxRules:
+		p.Msg = fmt.Sprintf("%d rules do not fit: a datapath holds at most %d", rules, kernelrule.MaxRules)
 	default:
 		return nil
 	}
@@ -199,8 +199,8 @@ func (c checker) check(r Rule) {
 		c.add("name", "name is missing")
 	case !utf8.ValidString(r.Name):
 		c.add("name", "name is not valid UTF-8")
-	case len(r.Name) > loader.MaxNameLen:
-		c.add("name", "name is longer than %d bytes", loader.MaxNameLen)
+	case len(r.Name) > kernelrule.MaxNameLen:
+		c.add("name", "name is longer than %d bytes", kernelrule.MaxNameLen)
 	case strings.ContainsFunc(r.Name, func(ch rune) bool { return ch == ' ' || !unicode.IsPrint(ch) }):
 		c.add("name", "name has whitespace or unprintable characters")
 	}
@@ -226,19 +226,19 @@ func (c checker) check(r Rule) {
 	case Concurrency:
 		c.count("concurrency", int(l), math.MaxUint32)
 	case PerSecond:
-		c.count("perSecond.permits", l.Permits, loader.MaxRate)
+		c.count("perSecond.permits", l.Permits, kernelrule.MaxRate)
 		if l.Burst != 0 {
-			c.count("perSecond.burst", l.Burst, loader.MaxRate)
+			c.count("perSecond.burst", l.Burst, kernelrule.MaxRate)
 		}
 	case PerWindow:
 		c.count("perWindow.permits", l.Permits, math.MaxUint32)
 		segments := l.Segments
 		if segments == 0 {
-			segments = loader.DefaultSegments
+			segments = kernelrule.DefaultSegments
 		}
-		segmentsOK := 1 <= segments && segments <= loader.MaxSegments
+		segmentsOK := 1 <= segments && segments <= kernelrule.MaxSegments
 		if !segmentsOK {
-			c.add("perWindow.segments", "perWindow.segments %d is outside 1..%d", segments, loader.MaxSegments)
+			c.add("perWindow.segments", "perWindow.segments %d is outside 1..%d", segments, kernelrule.MaxSegments)
 		}
 		switch {
 		case l.Window <= 0:

@@ -39,7 +39,7 @@
 // to ask for the default: a limit of zero is almost always a mistake.
 //
 // The package checks a rule as the kernel will take it ([Rule.LoaderRule]
-// gives a rule that loader.Rule.Validate accepts once it has a destination),
+// gives a rule that kernelrule.Rule.Validate accepts once it has a destination),
 // so a policy that passes here is not refused later, half applied, by the
 // datapath. What only the running host can tell — whether a unit or cgroup
 // exists, what a host name resolves to, whether two spellings name the same

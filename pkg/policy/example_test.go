@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/policy"
 )
 
@@ -40,10 +40,10 @@ func ExampleRule_LoaderRule() {
 		netip.MustParseAddr("::ffff:192.0.2.25"),
 		netip.MustParseAddr("192.0.2.26"),
 	}
-	r := p.Rules[0].LoaderRule(loader.Scope{}, resolved)
+	r := p.Rules[0].LoaderRule(kernelrule.Scope{}, resolved)
 	fmt.Println(r.Name, r.Dests, r.Port, r.Shape, r.Limit, r.Validate())
 	// Before the name resolves there is nothing to install.
-	r = p.Rules[0].LoaderRule(loader.Scope{}, nil)
+	r = p.Rules[0].LoaderRule(kernelrule.Scope{}, nil)
 	fmt.Println(r.Name, r.Dests, r.Validate() != nil)
 	// Output:
 	// email [192.0.2.25/32 192.0.2.26/32 2001:db8::25/128] 25 concurrency 50 <nil>

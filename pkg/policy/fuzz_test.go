@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 // FuzzParse holds Parse to what the daemon relies on, for any input: it
@@ -64,7 +64,7 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, r := range p.Rules {
 			_, isHost := r.Destination.Host()
-			kr := r.LoaderRule(loader.Scope{}, addrs)
+			kr := r.LoaderRule(kernelrule.Scope{}, addrs)
 			if kr.Name != r.Name {
 				t.Fatalf("kernel rule of %q is named %q", r.Name, kr.Name)
 			}
@@ -74,7 +74,7 @@ func FuzzParse(f *testing.F) {
 			if err := kr.Validate(); err != nil {
 				t.Fatalf("the loader refuses the kernel rule of %+v: %v", r, err)
 			}
-			unresolved := r.LoaderRule(loader.Scope{}, nil)
+			unresolved := r.LoaderRule(kernelrule.Scope{}, nil)
 			if isHost && (len(unresolved.Dests) != 0 || unresolved.Validate() == nil) {
 				t.Fatalf("kernel rule of unresolved %+v: Dests %v, loader accepts it", r, unresolved.Dests)
 			}

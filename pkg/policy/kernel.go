@@ -7,7 +7,7 @@ import (
 	"syscall"
 
 	"github.com/egressd/egressd/pkg/adaptive"
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 // errnos are the refusal errnos a rule may name; the kernel allows exactly
@@ -32,7 +32,7 @@ var errnos = map[string]syscall.Errno{
 // name resolved to). Addresses are unmapped and lose their zones, so
 // duplicates and v4-mapped spellings (::ffff:192.0.2.25 and 192.0.2.25)
 // count once, and are sorted (IPv4 before IPv6), so the same answer in any
-// order gives the same rule. At most [loader.MaxDests] addresses are kept,
+// order gives the same rule. At most [kernelrule.MaxDests] addresses are kept,
 // the first in that order; a name resolving to more is limited only on
 // those, and connections to the rest are not limited by this rule.
 //
@@ -41,14 +41,14 @@ var errnos = map[string]syscall.Errno{
 // spread over the addresses.
 //
 // With no valid address in addrs — a name that has not resolved — the rule
-// has no Dests and loader.Rule.Validate refuses it: the daemon must not
+// has no Dests and kernelrule.Rule.Validate refuses it: the daemon must not
 // install it until the name resolves. Otherwise the rule passes
-// loader.Rule.Validate.
+// kernelrule.Rule.Validate.
 //
 // An adaptive rule is a concurrency rule that starts at its Initial limit
 // and sends latency samples; the daemon moves the limit from there.
-func (r Rule) LoaderRule(scope loader.Scope, addrs []netip.Addr) loader.Rule {
-	kr := loader.Rule{
+func (r Rule) LoaderRule(scope kernelrule.Scope, addrs []netip.Addr) kernelrule.Rule {
+	kr := kernelrule.Rule{
 		Name:   r.Name,
 		Scope:  scope,
 		Port:   r.Port,
@@ -68,34 +68,34 @@ func (r Rule) LoaderRule(scope loader.Scope, addrs []netip.Addr) loader.Rule {
 	}
 	slices.SortFunc(unique, netip.Addr.Compare)
 	unique = slices.Compact(unique)
-	unique = unique[:min(len(unique), loader.MaxDests)]
+	unique = unique[:min(len(unique), kernelrule.MaxDests)]
 	for _, a := range unique {
 		kr.Dests = append(kr.Dests, netip.PrefixFrom(a, a.BitLen()))
 	}
 	return kr
 }
 
-func (c Concurrency) kernel(r *loader.Rule) {
-	r.Shape = loader.ShapeConcurrency
+func (c Concurrency) kernel(r *kernelrule.Rule) {
+	r.Shape = kernelrule.ShapeConcurrency
 	r.Limit = uint32(c)
 }
 
-func (p PerSecond) kernel(r *loader.Rule) {
-	r.Shape = loader.ShapePerSecond
+func (p PerSecond) kernel(r *kernelrule.Rule) {
+	r.Shape = kernelrule.ShapePerSecond
 	r.Limit = uint32(p.Permits)
 	r.Burst = uint32(p.Burst)
 }
 
-func (p PerWindow) kernel(r *loader.Rule) {
-	r.Shape = loader.ShapePerWindow
+func (p PerWindow) kernel(r *kernelrule.Rule) {
+	r.Shape = kernelrule.ShapePerWindow
 	r.Limit = uint32(p.Permits)
 	r.Window = p.Window
 	r.Segments = uint32(p.Segments)
 }
 
-func (a Adaptive) kernel(r *loader.Rule) {
-	r.Shape = loader.ShapeConcurrency
+func (a Adaptive) kernel(r *kernelrule.Rule) {
+	r.Shape = kernelrule.ShapeConcurrency
 	r.Limit = uint32(cmp.Or(a.Initial, adaptive.DefaultInitial))
 	r.Samples = true
-	r.Requests = a.Samples.kind() == loader.SampleRequest
+	r.Requests = a.Samples.kind() == kernelrule.SampleRequest
 }

@@ -9,46 +9,46 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 func TestLoaderRuleShapes(t *testing.T) {
-	scope := loader.Scope{CgroupID: 42, Level: 2}
+	scope := kernelrule.Scope{CgroupID: 42, Level: 2}
 	dests := []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}
 	tests := []struct {
 		name string
 		rule Rule
-		want loader.Rule
+		want kernelrule.Rule
 	}{
 		{
 			name: "concurrency",
 			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Port: 443, Limit: Concurrency(50)},
-			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Port: 443, Shape: loader.ShapeConcurrency, Limit: 50},
+			want: kernelrule.Rule{Name: "a", Scope: scope, Dests: dests, Port: 443, Shape: kernelrule.ShapeConcurrency, Limit: 50},
 		},
 		{
 			name: "per second",
 			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: PerSecond{Permits: 10, Burst: 20}, Shadow: true},
-			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapePerSecond, Limit: 10, Burst: 20, Shadow: true},
+			want: kernelrule.Rule{Name: "a", Scope: scope, Dests: dests, Shape: kernelrule.ShapePerSecond, Limit: 10, Burst: 20, Shadow: true},
 		},
 		{
 			name: "per window",
 			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: PerWindow{Permits: 1000, Window: time.Minute}, Errno: "ECONNREFUSED"},
-			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapePerWindow, Limit: 1000, Window: time.Minute, Errno: syscall.ECONNREFUSED},
+			want: kernelrule.Rule{Name: "a", Scope: scope, Dests: dests, Shape: kernelrule.ShapePerWindow, Limit: 1000, Window: time.Minute, Errno: syscall.ECONNREFUSED},
 		},
 		{
 			name: "adaptive starts at its default initial limit, on request latency by default",
 			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: Adaptive{}},
-			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapeConcurrency, Limit: 20, Samples: true, Requests: true},
+			want: kernelrule.Rule{Name: "a", Scope: scope, Dests: dests, Shape: kernelrule.ShapeConcurrency, Limit: 20, Samples: true, Requests: true},
 		},
 		{
 			name: "adaptive on request latency tracks requests",
 			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: Adaptive{Initial: 7, Samples: SamplesRequest}},
-			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapeConcurrency, Limit: 7, Samples: true, Requests: true},
+			want: kernelrule.Rule{Name: "a", Scope: scope, Dests: dests, Shape: kernelrule.ShapeConcurrency, Limit: 7, Samples: true, Requests: true},
 		},
 		{
 			name: "adaptive on connect latency does not",
 			rule: Rule{Name: "a", Destination: mustDest(t, "10.20.0.0/16"), Limit: Adaptive{Samples: SamplesConnect}},
-			want: loader.Rule{Name: "a", Scope: scope, Dests: dests, Shape: loader.ShapeConcurrency, Limit: 20, Samples: true},
+			want: kernelrule.Rule{Name: "a", Scope: scope, Dests: dests, Shape: kernelrule.ShapeConcurrency, Limit: 20, Samples: true},
 		},
 	}
 	for _, tt := range tests {
@@ -72,7 +72,7 @@ func TestLoaderRuleShapes(t *testing.T) {
 func TestLoaderRulePrefixSpelling(t *testing.T) {
 	for _, d := range []string{"10.0.0.1", "::ffff:10.0.0.0/104", "2001:db8::/32", "0.0.0.0/0"} {
 		r := Rule{Name: "a", Destination: mustDest(t, d), Limit: Concurrency(1)}
-		kr := r.LoaderRule(loader.Scope{}, nil)
+		kr := r.LoaderRule(kernelrule.Scope{}, nil)
 		want, _ := r.Destination.Prefix()
 		if !reflect.DeepEqual(kr.Dests, []netip.Prefix{want}) {
 			t.Errorf("%s: Dests = %v, want [%v]", d, kr.Dests, want)
@@ -86,10 +86,10 @@ func TestLoaderRulePrefixSpelling(t *testing.T) {
 func TestLoaderRuleHostName(t *testing.T) {
 	// many is more addresses than a rule holds, in no particular order.
 	var many, firstMany []string
-	for i := range loader.MaxDests + 44 {
+	for i := range kernelrule.MaxDests + 44 {
 		many = append(many, netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}).String())
 	}
-	firstMany = make([]string, loader.MaxDests)
+	firstMany = make([]string, kernelrule.MaxDests)
 	for i := range firstMany {
 		firstMany[i] = many[i] + "/32"
 	}
@@ -128,7 +128,7 @@ func TestLoaderRuleHostName(t *testing.T) {
 			want:  firstMany,
 		},
 	}
-	scope := loader.Scope{CgroupID: 42, Level: 2}
+	scope := kernelrule.Scope{CgroupID: 42, Level: 2}
 	r := Rule{Name: "email", Destination: mustDest(t, "smtp.example.com"), Port: 25, Limit: Concurrency(50), Errno: "EAGAIN"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,7 +142,7 @@ func TestLoaderRuleHostName(t *testing.T) {
 			}
 			// Everything but Dests is the rule's, whatever the name
 			// resolved to: one rule, one budget.
-			want := loader.Rule{Name: "email", Scope: scope, Dests: got.Dests, Port: 25, Shape: loader.ShapeConcurrency, Limit: 50, Errno: syscall.EAGAIN}
+			want := kernelrule.Rule{Name: "email", Scope: scope, Dests: got.Dests, Port: 25, Shape: kernelrule.ShapeConcurrency, Limit: 50, Errno: syscall.EAGAIN}
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("LoaderRule\n got %+v\nwant %+v", got, want)
 			}
@@ -167,11 +167,11 @@ func TestLoaderRuleHostName(t *testing.T) {
 // TestLoaderRuleLongName checks that a host name rule may use the whole
 // name length, as every rule may.
 func TestLoaderRuleLongName(t *testing.T) {
-	r := Rule{Name: strings.Repeat("x", loader.MaxNameLen), Destination: mustDest(t, "smtp.example.com"), Limit: Concurrency(1)}
+	r := Rule{Name: strings.Repeat("x", kernelrule.MaxNameLen), Destination: mustDest(t, "smtp.example.com"), Limit: Concurrency(1)}
 	if err := (&Policy{Rules: []Rule{r}}).Validate(); err != nil {
 		t.Fatalf("policy refuses a 63-byte name: %v", err)
 	}
-	kr := r.LoaderRule(loader.Scope{}, addrs(t, "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff", "255.255.255.255"))
+	kr := r.LoaderRule(kernelrule.Scope{}, addrs(t, "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff", "255.255.255.255"))
 	if kr.Name != r.Name {
 		t.Errorf("Name = %q, want %q", kr.Name, r.Name)
 	}
@@ -201,7 +201,7 @@ func TestErrnosMatchLoader(t *testing.T) {
 		named[e] = true
 	}
 	for e := syscall.Errno(1); e < 256; e++ {
-		r := loader.Rule{Name: "a", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1, Errno: e}
+		r := kernelrule.Rule{Name: "a", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1, Errno: e}
 		if loaderOK := r.Validate() == nil; loaderOK != named[e] {
 			t.Errorf("errno %d (%v): loader accepts it %v, policy names it %v", int(e), e, loaderOK, named[e])
 		}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
-	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 // Policy is a set of rules, in the order the file gives them. The zero
@@ -16,7 +16,7 @@ import (
 type Policy struct {
 	Rules []Rule
 	// MaxRules is how many rules the kernel's tables hold, up to
-	// loader.MaxRules; 0 lets the daemon size them from the policy. Rules
+	// kernelrule.MaxRules; 0 lets the daemon size them from the policy. Rules
 	// set at run time take slots too.
 	MaxRules int
 }
@@ -125,7 +125,7 @@ func (s Scope) HostWide() bool { return s == Scope{} }
 // the kernel enforces exactly these.
 type Limit interface {
 	// kernel sets the shape's fields of a kernel rule.
-	kernel(r *loader.Rule)
+	kernel(r *kernelrule.Rule)
 }
 
 // Concurrency bounds the connections open at once.
@@ -188,11 +188,11 @@ const (
 )
 
 // kind is the kernel's sample kind for s.
-func (s Samples) kind() loader.SampleKind {
+func (s Samples) kind() kernelrule.SampleKind {
 	if s == SamplesConnect {
-		return loader.SampleConnect
+		return kernelrule.SampleConnect
 	}
-	return loader.SampleRequest
+	return kernelrule.SampleRequest
 }
 
 // Options returns the controller options for a, with zero fields left for
