@@ -54,16 +54,17 @@ func TestDependencies(t *testing.T) {
 	}{
 		{"pkg/adaptive", nil},
 		{"pkg/verdict", nil},
-		{"pkg/sdk", []string{module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
+		{"pkg/edge", nil},
+		{"pkg/kernelrule", nil},
+		{"pkg/sdk", []string{module + "pkg/verdict", module + "pkg/edge", module + "pkg/control", "golang.org/x/sys/"}},
 		{"pkg/limit", []string{module + "pkg/adaptive", module + "pkg/verdict"}},
 		{"pkg/control", []string{"golang.org/x/sys/"}},
-		{"pkg/sdk/sdkhttp", []string{module + "pkg/sdk", module + "pkg/limit", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
+		{"pkg/sdk/sdkhttp", []string{module + "pkg/sdk", module + "pkg/edge", module + "pkg/limit", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
 		// The serving side: Redis through package shared, for shared
 		// partitions; no Prometheus (servemetrics has it) and no kernel.
 		{"pkg/shared", append([]string{module + "pkg/limit"}, servingDeps...)},
 		{"pkg/partition", append([]string{module + "pkg/limit", module + "pkg/shared"}, servingDeps...)},
-		// serve reads the SDK's criticality (see TestLimitersReachNoKernelNorSDK).
-		{"pkg/serve", append([]string{module + "pkg/partition", module + "pkg/limit", module + "pkg/shared", module + "pkg/sdk", module + "pkg/control"}, servingDeps...)},
+		{"pkg/serve", append([]string{module + "pkg/partition", module + "pkg/limit", module + "pkg/shared", module + "pkg/edge"}, servingDeps...)},
 		{"internal/sdnotify", []string{"golang.org/x/sys/"}},
 		{"internal/dns", []string{"golang.org/x/net/dns/dnsmessage"}},
 	}
@@ -100,12 +101,11 @@ func TestLimitersReachNoKernelNorSDK(t *testing.T) {
 		// loader shares: parsing a policy links no eBPF.
 		{"pkg/policy/...", nil},
 		{"pkg/kernelrule/...", nil},
-		// serve's options and edge headers are the SDK's Criticality,
-		// ParseCriticality, ParseTimeout and header names, and the SDK
-		// imports the control API for its kernel-refusal attribution.
-		// Moving criticality and its header codec to a leaf package would
-		// lift both; that edits pkg/sdk beyond its errors.
-		{"pkg/serve/...", []string{module + "pkg/sdk", module + "pkg/control"}},
+		// serve reads criticality and the caller's time from package edge,
+		// which the SDK re-exports: a server links neither the SDK nor the
+		// control API.
+		{"pkg/serve/...", nil},
+		{"pkg/edge/...", nil},
 	}
 	for _, tt := range tests {
 		used := map[string]bool{}

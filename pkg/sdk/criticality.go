@@ -2,55 +2,44 @@ package sdk
 
 import (
 	"context"
-	"strconv"
+	"time"
+
+	"github.com/egressd/egressd/pkg/edge"
 )
 
-// Criticality says how much the caller needs a piece of work done. It is
-// carried in the context (WithCriticality), read by Admit hooks, and
-// honoured by the retry budget, which will not hand its last half to work
-// below Critical.
-//
-// The zero value is Critical, so work nobody labelled is treated as work
-// somebody is waiting for; the order is Sheddable < SheddablePlus < Critical
-// < CriticalPlus.
-type Criticality int8
+// Criticality, the context that carries it and the headers that take it
+// and the caller's remaining time across a process's edge are package
+// edge's, which the serving side shares without the SDK. They are the
+// SDK's too, under the same names; see package edge for each.
+type Criticality = edge.Criticality
 
 const (
-	// Sheddable: nobody is waiting; drop it first under load.
-	Sheddable Criticality = -2
-	// SheddablePlus: tolerates loss, e.g. batch work with retries of its own.
-	SheddablePlus Criticality = -1
-	// Critical: somebody is waiting. The default.
-	Critical Criticality = 0
-	// CriticalPlus: the most important work; shed last.
-	CriticalPlus Criticality = 1
+	Sheddable     = edge.Sheddable
+	SheddablePlus = edge.SheddablePlus
+	Critical      = edge.Critical
+	CriticalPlus  = edge.CriticalPlus
+
+	CriticalityHeader = edge.CriticalityHeader
+	TimeoutHeader     = edge.TimeoutHeader
 )
-
-func (c Criticality) String() string {
-	switch c {
-	case Sheddable:
-		return "Sheddable"
-	case SheddablePlus:
-		return "SheddablePlus"
-	case Critical:
-		return "Critical"
-	case CriticalPlus:
-		return "CriticalPlus"
-	}
-	return "Criticality(" + strconv.Itoa(int(c)) + ")"
-}
-
-type criticalityKey struct{}
 
 // WithCriticality returns a context carrying c.
 func WithCriticality(ctx context.Context, c Criticality) context.Context {
-	return context.WithValue(ctx, criticalityKey{}, c)
+	return edge.WithCriticality(ctx, c)
 }
 
 // CriticalityFrom returns the criticality carried by ctx, or Critical.
-func CriticalityFrom(ctx context.Context) Criticality {
-	if c, ok := ctx.Value(criticalityKey{}).(Criticality); ok {
-		return c
-	}
-	return Critical
-}
+func CriticalityFrom(ctx context.Context) Criticality { return edge.CriticalityFrom(ctx) }
+
+// LookupCriticality returns the criticality ctx carries, and whether it
+// carries one (edge.LookupCriticality).
+func LookupCriticality(ctx context.Context) (Criticality, bool) { return edge.LookupCriticality(ctx) }
+
+// ParseCriticality reads a CriticalityHeader value (edge.ParseCriticality).
+func ParseCriticality(s string) (Criticality, bool) { return edge.ParseCriticality(s) }
+
+// FormatTimeout formats a TimeoutHeader value (edge.FormatTimeout).
+func FormatTimeout(d time.Duration) string { return edge.FormatTimeout(d) }
+
+// ParseTimeout reads a TimeoutHeader value (edge.ParseTimeout).
+func ParseTimeout(s string) (time.Duration, bool) { return edge.ParseTimeout(s) }

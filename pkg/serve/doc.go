@@ -48,8 +48,8 @@
 // # Criticality and deadlines across the edge
 //
 // A client stack with sdkhttp's Propagate step sends its caller's
-// criticality and the time it will still wait in sdk.CriticalityHeader and
-// sdk.TimeoutHeader. The middleware reads them into the request's context
+// criticality and the time it will still wait in edge.CriticalityHeader and
+// edge.TimeoutHeader. The middleware reads them into the request's context
 // before any policy decides, so that the handler's own calls - their Admit
 // hooks, their retry budgets, and with Propagate the next hop - see the
 // level the first caller set, and none of them outlives its deadline:
@@ -67,7 +67,7 @@
 // forwards it does not pass the caller's claims on unchecked. The
 // middleware itself never sheds by criticality: what Sheddable work should
 // cost depends on what a service does, so that decision stays with an Admit
-// hook, which reads the level (sdk.CriticalityFrom).
+// hook, which reads the level (edge.CriticalityFrom).
 //
 // # Metrics
 //

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/edge"
 )
 
 // edgeKey marks a request context whose edge headers were read, so that a
@@ -26,17 +26,17 @@ func (m *Middleware) edge(r *http.Request) (*http.Request, context.CancelFunc) {
 	if ctx.Value(edgeKey{}) != nil {
 		return r, noop
 	}
-	c, cres := m.crit.Level(r.Header.Values(sdk.CriticalityHeader))
-	ctx = sdk.WithCriticality(ctx, c)
+	c, cres := m.crit.Level(r.Header.Values(edge.CriticalityHeader))
+	ctx = edge.WithCriticality(ctx, c)
 	deadline, bounded := ctx.Deadline()
-	d, tres := Timeout(r.Header.Values(sdk.TimeoutHeader), time.Now(), deadline, bounded)
+	d, tres := Timeout(r.Header.Values(edge.TimeoutHeader), time.Now(), deadline, bounded)
 	cancel := context.CancelFunc(noop)
 	if tres == HeaderAccepted {
 		ctx, cancel = context.WithTimeout(ctx, d)
 	}
 	ctx = context.WithValue(ctx, edgeKey{}, true)
-	r.Header.Del(sdk.CriticalityHeader)
-	r.Header.Del(sdk.TimeoutHeader)
+	r.Header.Del(edge.CriticalityHeader)
+	r.Header.Del(edge.TimeoutHeader)
 	if m.obs != nil {
 		m.obs.OnHeader(HeaderCriticality, cres)
 		m.obs.OnHeader(HeaderTimeout, tres)
@@ -48,7 +48,7 @@ func (m *Middleware) edge(r *http.Request) (*http.Request, context.CancelFunc) {
 // or malformed (sent more than once, or not one of the four names) is the
 // default; a level above the ceiling is the ceiling. Other servers of the
 // edge headers (package sdkgrpc's, from metadata) decide by it too.
-func (o CriticalityOptions) Level(values []string) (sdk.Criticality, HeaderResult) {
+func (o CriticalityOptions) Level(values []string) (edge.Criticality, HeaderResult) {
 	switch len(values) {
 	case 0:
 		return o.Default, HeaderMissing
@@ -56,7 +56,7 @@ func (o CriticalityOptions) Level(values []string) (sdk.Criticality, HeaderResul
 	default:
 		return o.Default, HeaderMalformed
 	}
-	c, ok := sdk.ParseCriticality(values[0])
+	c, ok := edge.ParseCriticality(values[0])
 	switch {
 	case !ok:
 		return o.Default, HeaderMalformed
@@ -78,7 +78,7 @@ func Timeout(values []string, now, deadline time.Time, bounded bool) (time.Durat
 	default:
 		return 0, HeaderMalformed
 	}
-	d, ok := sdk.ParseTimeout(values[0])
+	d, ok := edge.ParseTimeout(values[0])
 	switch {
 	case !ok:
 		return 0, HeaderMalformed

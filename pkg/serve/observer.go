@@ -75,9 +75,9 @@ func (o Outcome) Valid() bool { return o < outcomeLen }
 type Header uint8
 
 const (
-	// HeaderCriticality is sdk.CriticalityHeader.
+	// HeaderCriticality is edge.CriticalityHeader.
 	HeaderCriticality Header = iota
-	// HeaderTimeout is sdk.TimeoutHeader.
+	// HeaderTimeout is edge.TimeoutHeader.
 	HeaderTimeout
 
 	headerLen // sentinel; keep last.

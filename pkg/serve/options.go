@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/egressd/egressd/pkg/edge"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/partition"
-	"github.com/egressd/egressd/pkg/sdk"
 )
 
 // DefaultKeyPrefix, followed by the policy's name, is the Redis key prefix
@@ -56,12 +56,12 @@ type Policy struct {
 type CriticalityOptions struct {
 	// Default is the criticality of a request whose header is missing or
 	// malformed.
-	Default sdk.Criticality
+	Default edge.Criticality
 	// Ceiling is the most a header may claim: a higher level is lowered to
 	// it. Raise it to CriticalPlus for callers you trust (a server only
 	// peers reach); lower it to Default for callers you do not, who may
 	// then lower their own criticality but never raise it.
-	Ceiling sdk.Criticality
+	Ceiling edge.Criticality
 }
 
 // Options configure a [Middleware].
@@ -159,7 +159,7 @@ func nested(err error) []string {
 }
 
 // named reports whether c is one of the four criticalities.
-func named(c sdk.Criticality) bool {
-	_, ok := sdk.ParseCriticality(c.String())
+func named(c edge.Criticality) bool {
+	_, ok := edge.ParseCriticality(c.String())
 	return ok
 }

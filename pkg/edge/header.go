@@ -1,4 +1,4 @@
-package sdk
+package edge
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 )
 
 // Criticality and the time a caller will still wait cross the process edge
-// in two request headers: package sdkhttp's Propagate step sends them, and
+// in two request headers: package sdkhttp's Propagate step (and sdkgrpc's) sends them, and
 // package serve's middleware reads them into the request's context, where an
 // Admit hook and the retry budget of the next hop read them again. Both
 // sides use the names and functions here, so they cannot drift apart.

@@ -1,0 +1,62 @@
+// Package edge is what crosses a process's edge with a request: how much
+// the caller needs the work done (Criticality) and how long it will still
+// wait, carried in two headers. The SDK sends them and the serving side
+// (pkg/serve) reads them; both use this package, which depends on nothing
+// of egressd's, so that a server links neither the SDK nor the control API.
+// Package sdk re-exports all of it under the same names.
+package edge
+
+import (
+	"context"
+	"strconv"
+)
+
+// Criticality says how much the caller needs a piece of work done. It is
+// carried in the context (WithCriticality), read by Admit hooks, and
+// honoured by the retry budget, which will not hand its last half to work
+// below Critical.
+//
+// The zero value is Critical, so work nobody labelled is treated as work
+// somebody is waiting for; the order is Sheddable < SheddablePlus < Critical
+// < CriticalPlus.
+type Criticality int8
+
+const (
+	// Sheddable: nobody is waiting; drop it first under load.
+	Sheddable Criticality = -2
+	// SheddablePlus: tolerates loss, e.g. batch work with retries of its own.
+	SheddablePlus Criticality = -1
+	// Critical: somebody is waiting. The default.
+	Critical Criticality = 0
+	// CriticalPlus: the most important work; shed last.
+	CriticalPlus Criticality = 1
+)
+
+func (c Criticality) String() string {
+	switch c {
+	case Sheddable:
+		return "Sheddable"
+	case SheddablePlus:
+		return "SheddablePlus"
+	case Critical:
+		return "Critical"
+	case CriticalPlus:
+		return "CriticalPlus"
+	}
+	return "Criticality(" + strconv.Itoa(int(c)) + ")"
+}
+
+type criticalityKey struct{}
+
+// WithCriticality returns a context carrying c.
+func WithCriticality(ctx context.Context, c Criticality) context.Context {
+	return context.WithValue(ctx, criticalityKey{}, c)
+}
+
+// CriticalityFrom returns the criticality carried by ctx, or Critical.
+func CriticalityFrom(ctx context.Context) Criticality {
+	if c, ok := ctx.Value(criticalityKey{}).(Criticality); ok {
+		return c
+	}
+	return Critical
+}
