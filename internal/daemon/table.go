@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
@@ -224,21 +225,43 @@ func (d *Daemon) carryShare(s share, old *entry) {
 
 // logChanges writes one line per rule added, changed or removed.
 func (d *Daemon) logChanges(old, next map[string]*entry) {
+	type change struct {
+		msg  string
+		args []any
+	}
+	var changes []change
+	added, changed, removed := 0, 0, 0
 	for name, e := range next {
 		o, ok := old[name]
 		switch {
 		case !ok:
-			d.log.Info("rule added", "rule", name, "source", e.source, "pending", e.pending)
+			added++
+			changes = append(changes, change{"rule added", []any{"rule", name, "source", e.source, "pending", e.pending}})
 		case o.spec != e.spec || o.pending != e.pending:
-			d.log.Info("rule changed", "rule", name, "source", e.source, "pending", e.pending)
+			changed++
+			changes = append(changes, change{"rule changed", []any{"rule", name, "source", e.source, "pending", e.pending}})
 		}
 	}
 	for name := range old {
 		if _, ok := next[name]; !ok {
-			d.log.Info("rule removed", "rule", name)
+			removed++
+			changes = append(changes, change{"rule removed", []any{"rule", name}})
 		}
 	}
+	// A policy of 100,000 rules would take seconds to log line by line:
+	// past logChangesEach, one line counts them and each goes to Debug.
+	level := slog.LevelInfo
+	if len(changes) > logChangesEach {
+		d.log.Info("rules changed", "added", added, "changed", changed, "removed", removed)
+		level = slog.LevelDebug
+	}
+	for _, c := range changes {
+		d.log.Log(context.Background(), level, c.msg, c.args...)
+	}
 }
+
+// logChangesEach is how many rule changes are logged one line each.
+const logChangesEach = 100
 
 // install makes p, with the run-time changes, the rule set: at start and
 // on a reload. On any problem nothing changes.

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -304,5 +306,54 @@ func TestPinnedAddressesWhenLookupFails(t *testing.T) {
 	want := map[string]string{"api": "10.9.9.9/32 concurrency 4 (policy)"}
 	if got := td.state(); !equalMaps(got, want) {
 		t.Errorf("table %v, want %v", got, want)
+	}
+}
+
+// messages records the messages logged at Info and above.
+type messages struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (m *messages) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+func (m *messages) Handle(_ context.Context, r slog.Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.got = append(m.got, r.Message)
+	return nil
+}
+func (m *messages) WithAttrs([]slog.Attr) slog.Handler { return m }
+func (m *messages) WithGroup(string) slog.Handler      { return m }
+
+// TestLogChanges: a few rule changes are logged one line each; a policy of
+// many is one line that counts them, so that a large policy is not seconds
+// of logging.
+func TestLogChanges(t *testing.T) {
+	for _, n := range []int{3, logChangesEach + 1} {
+		td := newTestDaemon(t)
+		m := &messages{}
+		td.log = slog.New(m)
+		var b strings.Builder
+		b.WriteString("rules:\n")
+		for i := range n {
+			fmt.Fprintf(&b, "  - {name: r%d, destination: 10.0.%d.%d, concurrency: 1}\n", i, i/256, i%256)
+		}
+		td.apply(t, b.String())
+		added, summary := 0, 0
+		for _, msg := range m.got {
+			switch msg {
+			case "rule added":
+				added++
+			case "rules changed":
+				summary++
+			}
+		}
+		want := [2]int{n, 0}
+		if n > logChangesEach {
+			want = [2]int{0, 1}
+		}
+		if [2]int{added, summary} != want {
+			t.Errorf("%d rules added: %d \"rule added\" and %d \"rules changed\" lines at Info; want %d and %d", n, added, summary, want[0], want[1])
+		}
 	}
 }
