@@ -46,24 +46,11 @@ func New(opts Options) (*Middleware, error) {
 		m.reject = DefaultReject
 	}
 	for _, p := range opts.Policies {
-		pol := &policy{m: m, name: p.Name, by: p.Partition}
-		lo := p.LimiterOptions()
-		if m.obs != nil {
-			obs, user := m.obs.Policy(p.Name), lo.OnCount
-			pol.obs = obs
-			lo.OnCount = func(n int) {
-				if user != nil {
-					user(n)
-				}
-				obs.OnPartitions(n)
-			}
-		}
-		l, err := partition.New(lo)
+		l, obs, err := PolicyLimiter(p, m.obs)
 		if err != nil { // Validate has seen these options; not reached
 			return nil, err
 		}
-		pol.limiter = l
-		m.policies[p.Name] = pol
+		m.policies[p.Name] = &policy{m: m, name: p.Name, by: p.Partition, limiter: l, obs: obs}
 	}
 	return m, nil
 }
@@ -157,4 +144,25 @@ func (l *limited) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.obs.OnRequest(Admitted, took)
 	}
 	l.next.ServeHTTP(w, r)
+}
+
+// PolicyLimiter makes p's partitioned limiter, whose count of partitions
+// obs hears (and p's own OnCount); it returns obs's observer of p, nil
+// when obs is. The HTTP middleware and sdkgrpc's server interceptors make
+// their limiters with it.
+func PolicyLimiter(p Policy, obs Observer) (*partition.Partitioned, PolicyObserver, error) {
+	lo := p.LimiterOptions()
+	var po PolicyObserver
+	if obs != nil {
+		po = obs.Policy(p.Name)
+		user := lo.OnCount
+		lo.OnCount = func(n int) {
+			if user != nil {
+				user(n)
+			}
+			po.OnPartitions(n)
+		}
+	}
+	l, err := partition.New(lo)
+	return l, po, err
 }

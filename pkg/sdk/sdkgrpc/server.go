@@ -78,24 +78,11 @@ func NewServer(o ServerOptions) (*Server, error) {
 	}
 	s := &Server{crit: o.Criticality, obs: o.Observer}
 	for i, p := range o.Policies {
-		sp := &serverPolicy{name: p.Name, methods: p.Methods, by: p.Partition}
-		lo := so.Policies[i].LimiterOptions()
-		if s.obs != nil {
-			obs, user := s.obs.Policy(p.Name), lo.OnCount
-			sp.obs = obs
-			lo.OnCount = func(n int) {
-				if user != nil {
-					user(n)
-				}
-				obs.OnPartitions(n)
-			}
-		}
-		l, err := partition.New(lo)
+		l, obs, err := serve.PolicyLimiter(so.Policies[i], s.obs)
 		if err != nil { // Validate has seen these options; not reached
 			return nil, err
 		}
-		sp.limiter = l
-		s.policies = append(s.policies, sp)
+		s.policies = append(s.policies, &serverPolicy{name: p.Name, methods: p.Methods, by: p.Partition, limiter: l, obs: obs})
 	}
 	return s, nil
 }
