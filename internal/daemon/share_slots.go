@@ -17,7 +17,6 @@ type slotShare struct {
 	shareLoop
 	slots *decide.Slots // under mu
 	store *shared.Slots
-	limit int // the kernel limit asked for; under mu
 }
 
 func newSlotShare(env shareEnv, spec policy.Rule, client redis.UniversalClient, hostID string, budget int) (*slotShare, error) {
@@ -46,7 +45,7 @@ func (s *slotShare) rate() bool { return false }
 func (s *slotShare) shape(r *loader.Rule) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r.Limit = uint32(s.limit)
+	r.Limit = uint32(s.slots.Limit())
 }
 
 func (s *slotShare) sameBudget(other share) bool {
@@ -61,7 +60,6 @@ func (s *slotShare) inherit(old share) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.slots.Inherit(o.slots)
-	s.limit = o.limit
 }
 
 func (s *slotShare) adopt(kr loader.Rule, st loader.Stats) {
@@ -71,7 +69,6 @@ func (s *slotShare) adopt(kr loader.Rule, st loader.Stats) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.slots.Adopt(decide.SlotsObs{Limit: int(kr.Limit), Live: int(st.Live), Refused: st.Refused})
-	s.limit = int(kr.Limit)
 }
 
 func (s *slotShare) start() { s.run(s.tick) }
@@ -100,7 +97,7 @@ func (s *slotShare) tick(ctx context.Context) {
 	s.mu.Unlock()
 	live := int(st.Live)
 	if p.Limit != int(kr.Limit) {
-		if !s.setLimit(p.Limit) {
+		if !s.env.write(s) {
 			return
 		}
 		// Connections admitted before the lowering took effect keep
@@ -125,19 +122,11 @@ func (s *slotShare) tick(ctx context.Context) {
 		return // stopping: the answer no longer matters
 	}
 	s.mu.Lock()
-	limit, ev := s.slots.Reply(p, req, decide.SlotsReply(reply), err, sent, s.env.now())
+	_, ev := s.slots.Reply(p, req, decide.SlotsReply(reply), err, sent, s.env.now())
 	s.count(ev, err)
 	s.mu.Unlock()
-	s.setLimit(limit)
+	s.env.write(s) // a no-op when the kernel has it already
 	s.logEvents(ev, err)
-}
-
-// setLimit writes the kernel limit; false if it could not.
-func (s *slotShare) setLimit(n int) bool {
-	s.mu.Lock()
-	s.limit = n
-	s.mu.Unlock()
-	return s.env.write(s)
 }
 
 func (s *slotShare) view() shareView {

@@ -249,6 +249,10 @@ type SlotsView struct {
 	Expired bool
 }
 
+// Limit is the kernel limit the share asks for now: what Plan, Reply or
+// the failure mode last decided.
+func (s *Slots) Limit() int { return s.limit }
+
 // View returns the share as it stands.
 func (s *Slots) View() SlotsView {
 	return SlotsView{Held: s.held, Fair: s.fair, Limit: s.limit, Epoch: s.epoch, FrozenUntil: s.frozenUntil, Outage: s.outage, Expired: s.expired}
