@@ -732,6 +732,7 @@ func listen(t *testing.T) int {
 	}
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
+	done := false
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -740,6 +741,11 @@ func listen(t *testing.T) int {
 				return
 			}
 			mu.Lock()
+			if done { // accepted while the cleanup closed the others
+				mu.Unlock()
+				c.Close()
+				return
+			}
 			conns[c] = true
 			mu.Unlock()
 			wg.Go(func() {
@@ -754,6 +760,7 @@ func listen(t *testing.T) int {
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
+		done = true
 		for c := range conns {
 			c.Close()
 		}

@@ -25,7 +25,11 @@ func TestInFlightRequests(t *testing.T) {
 	// The server answers when the test says so, after it has looked.
 	arrived, respond := make(chan struct{}), make(chan struct{})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
+		select {
+		case arrived <- struct{}{}:
+		case <-r.Context().Done():
+			return
+		}
 		select {
 		case <-respond:
 			io.WriteString(w, "done")
@@ -58,10 +62,20 @@ func TestInFlightRequests(t *testing.T) {
 			}
 			done <- err
 		}()
-		<-arrived
+		select {
+		case <-arrived:
+		case err := <-done:
+			t.Fatalf("request %d ended before the server saw it: %v", i, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d: the server saw nothing in 10s", i)
+		}
 		during := stats(t, d, "http")
 		time.Sleep(work) // the least a request takes
-		respond <- struct{}{}
+		select {
+		case respond <- struct{}{}:
+		case err := <-done:
+			t.Fatalf("request %d ended before the answer: %v", i, err)
+		}
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +120,11 @@ func TestInFlightRequests(t *testing.T) {
 
 	// Closing mid-request counts an abort and leaves nothing in flight.
 	go client.Get("http://" + dest.String() + "/")
-	<-arrived
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request to abort: the server saw nothing in 10s")
+	}
 	srv.Close()
 	s = waitLive(t, d, "http", 0)
 	if s.InFlight != 0 || s.Aborted != 1 || s.Requests != requests+1 {

@@ -109,6 +109,7 @@ func serve(t testing.TB, network, addr string, handle func(net.Conn)) netip.Addr
 	}
 	var mu sync.Mutex
 	var conns []net.Conn
+	done := false
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -117,6 +118,14 @@ func serve(t testing.TB, network, addr string, handle func(net.Conn)) netip.Addr
 				return
 			}
 			mu.Lock()
+			if done {
+				// Accepted while the cleanup closed the others: a handler
+				// started now would wait forever for a client that may
+				// never close, and the cleanup with it.
+				mu.Unlock()
+				c.Close()
+				return
+			}
 			conns = append(conns, c)
 			mu.Unlock()
 			wg.Go(func() { handle(c) })
@@ -125,6 +134,7 @@ func serve(t testing.TB, network, addr string, handle func(net.Conn)) netip.Addr
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
+		done = true
 		for _, c := range conns {
 			c.Close()
 		}
