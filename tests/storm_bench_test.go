@@ -90,7 +90,12 @@ func BenchmarkRefusalStorm(b *testing.B) {
 				replies := make([]string, len(agents))
 				var wg sync.WaitGroup
 				for i, a := range agents {
-					wg.Go(func() { replies[i] = a.Call(b, "storm 127.0.0.2:1 %d %d %s", tc.ports, rate/len(agents), duration) })
+					wg.Go(func() {
+						var err error
+						if replies[i], err = a.Send("storm 127.0.0.2:1 %d %d %s", tc.ports, rate/len(agents), duration); err != nil {
+							b.Error(err)
+						}
+					})
 				}
 				wg.Wait()
 				for _, reply := range replies {

@@ -125,13 +125,23 @@ func (c *Child) cleanup(t testing.TB) {
 // Call sends one command line and returns the reply line.
 func (c *Child) Call(t testing.TB, format string, args ...any) string {
 	t.Helper()
+	reply, err := c.Send(format, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply
+}
+
+// Send is Call for a goroutine other than the test's, where t.Fatal would
+// end only that goroutine and leave the test waiting for its answer.
+func (c *Child) Send(format string, args ...any) (string, error) {
 	if _, err := fmt.Fprintf(c.stdin, format+"\n", args...); err != nil {
-		t.Fatalf("helper write: %v", err)
+		return "", fmt.Errorf("helper write: %w", err)
 	}
 	if !c.stdout.Scan() {
-		t.Fatalf("helper exited: %v", c.stdout.Err())
+		return "", fmt.Errorf("helper exited: %v", c.stdout.Err())
 	}
-	return c.stdout.Text()
+	return c.stdout.Text(), nil
 }
 
 // Line reads one line the helper printed by itself.

@@ -36,7 +36,10 @@ func TestResizeCarriesCounts(t *testing.T) {
 	const limit = 5
 	put(t, d, Rule{Name: "conc", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: limit})
 	put(t, d, Rule{Name: "window", Dests: []netip.Prefix{netip.PrefixFrom(other.Addr(), 32)}, Port: other.Port(), Shape: ShapePerWindow, Limit: 1 << 20, Window: time.Minute})
-	put(t, d, Rule{Name: "busy", Dests: []netip.Prefix{netip.PrefixFrom(busy.Addr(), 32)}, Port: busy.Port(), Limit: 1000})
+	// Far above what the churn can hold: a connection the test server has
+	// not yet accepted is live, and a loaded machine's accept backlog can
+	// hold thousands.
+	put(t, d, Rule{Name: "busy", Dests: []netip.Prefix{netip.PrefixFrom(busy.Addr(), 32)}, Port: busy.Port(), Limit: 1 << 20})
 	privtest.Join(t, cg)
 	var held []io.Closer
 	for range 3 {
@@ -44,10 +47,17 @@ func TestResizeCarriesCounts(t *testing.T) {
 	}
 
 	// Helpers churn through two rules while the tables move.
-	done := make(chan string, 2)
+	type reply struct {
+		line string
+		err  error
+	}
+	done := make(chan reply, 2)
 	for _, target := range []netip.AddrPort{other, busy} {
 		churn := privtest.Spawn(t, cg, "agent")
-		go func() { done <- churn.Call(t, "loop %s 10000", target) }()
+		go func() {
+			line, err := churn.Send("loop %s 10000", target)
+			done <- reply{line, err}
+		}()
 	}
 	for _, n := range []int{64, 16, 4096} {
 		if err := d.Resize(n); err != nil {
@@ -62,8 +72,8 @@ func TestResizeCarriesCounts(t *testing.T) {
 		t.Logf("resized to %d with %d of the churn's connects made", n, stats(t, d, "busy").Admitted)
 	}
 	for range 2 {
-		if reply := <-done; !strings.HasPrefix(reply, "ok") {
-			t.Fatalf("churn: %s", reply)
+		if r := <-done; r.err != nil || !strings.HasPrefix(r.line, "ok") {
+			t.Fatalf("churn: %q, %v", r.line, r.err)
 		}
 	}
 	held = append(held, dial(t, srv), dial(t, srv))

@@ -57,7 +57,11 @@ func BenchmarkTrackedSockets(b *testing.B) {
 		counts := make([]int, len(agents))
 		for i, a := range agents {
 			wg.Go(func() {
-				if _, err := fmt.Sscanf(a.Call(b, "hold %s %d", dest, n/helpers), "ok %d", &counts[i]); err != nil {
+				reply, err := a.Send("hold %s %d", dest, n/helpers)
+				if err == nil {
+					_, err = fmt.Sscanf(reply, "ok %d", &counts[i])
+				}
+				if err != nil {
 					b.Error(err)
 				}
 			})
@@ -137,7 +141,11 @@ func BenchmarkTrackedSockets(b *testing.B) {
 	counts := make([]int, len(clients))
 	for i, a := range clients {
 		wg.Go(func() {
-			if _, err := fmt.Sscanf(a.Call(b, "hold 127.0.0.1:%d %d", first, connected/8), "ok %d", &counts[i]); err != nil {
+			reply, err := a.Send("hold 127.0.0.1:%d %d", first, connected/8)
+			if err == nil {
+				_, err = fmt.Sscanf(reply, "ok %d", &counts[i])
+			}
+			if err != nil {
 				b.Error(err)
 			}
 		})
