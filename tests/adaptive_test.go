@@ -430,21 +430,21 @@ func adaptiveRun(t *testing.T, cfg adaptiveConfig) adaptiveResult {
 	conns := readClientConns(t, records)
 	r.requests = len(conns)
 
-	// Follow: rounds from the halving to the first settled limit at most
-	// 2.2 × c/2, counting each completed request as 1 / the limit in force.
+	// Follow: rounds from the halving to when the limit came down for
+	// good, counting each completed request as 1 / the limit in force:
+	// the first settled limit at most 2.2 × c/2, or the start of a probe
+	// that held the limit in force that low until then (bench/adaptivesim
+	// reads its traces alike).
 	r.followRounds = -1
 	if cfg.halve {
-		var followed time.Time
-		for _, s := range steps {
-			if !s.t.Before(halfAt) && float64(s.settled) <= 2.2*float64(cfg.capacity/2) {
-				followed = s.t
-				break
+		top := int(2.2 * float64(cfg.capacity/2))
+		first, _ := slices.BinarySearchFunc(steps, halfAt, func(s step, t time.Time) int { return s.t.Compare(t) })
+		after := append([]step{{halfAt, at(steps, halfAt).limit, at(steps, halfAt).settled}}, steps[first:]...)
+		if i := slices.IndexFunc(after, func(s step) bool { return s.settled <= top }); i >= 0 {
+			for i > 0 && after[i-1].limit <= top {
+				i--
 			}
-		}
-		if at(steps, halfAt).settled <= int(2.2*float64(cfg.capacity/2)) {
-			followed = halfAt
-		}
-		if !followed.IsZero() {
+			followed := after[i].t
 			r.followAfter = followed.Sub(halfAt)
 			r.followRounds = 0
 			for _, c := range conns {

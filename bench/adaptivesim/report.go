@@ -249,18 +249,21 @@ func analyse(sc *Scenario, sp spec, tr *Trace) *Result {
 
 func limited(r *Result) bool { return r.Trace.Limit.Points[0].limit != unlimited }
 
-// follow measures from the drop to the first change that brought the
-// settled limit to at most 2.2 × c/2; never if none did before the
-// recovery.
+// follow measures from the drop to when the limit came down for good: the
+// first change that brought the settled limit to at most 2.2 × c/2, or,
+// when a probe ran into it, the probe's start if the limit in force stayed
+// that low from then on. Never if none did before the recovery.
 func follow(sc *Scenario, st *Steps) Transit {
 	top := 2.2 * float64(sc.serversAt(sc.Phase))
-	start := st.Points[st.PhaseAt[1]]
-	for _, pt := range st.Points[st.PhaseAt[1]:st.PhaseAt[2]] {
-		if float64(pt.settled) <= top {
-			return Transit{OK: true, Rounds: pt.rounds - start.rounds, After: pt.t - start.t}
-		}
+	points := st.Points[st.PhaseAt[1]:st.PhaseAt[2]]
+	i := slices.IndexFunc(points, func(pt point) bool { return float64(pt.settled) <= top })
+	if i < 0 {
+		return Transit{}
 	}
-	return Transit{}
+	for i > 0 && float64(points[i-1].limit) <= top {
+		i--
+	}
+	return Transit{OK: true, Rounds: points[i].rounds - points[0].rounds, After: points[i].t - points[0].t}
 }
 
 // weighted returns the qs quantiles (0 for the least) of limit over
@@ -353,7 +356,7 @@ p50, p99: latency of completed calls (queue wait + service, what the caller hold
 limit: the settled limit (outside probes; during a probe, the limit it restores), weighted by time, over the second half of each phase
   (c, c/2 after the drop, c again after the recovery): median/p95. Many hosts: the sum of the hosts' settled limits.
 follow drop: rounds (one limit's worth of completed calls; many hosts: the hosts' mean) and seconds from the drop until the settled
-  limit is at most 2.2 × c/2.
+  limit is at most 2.2 × c/2, or until a probe that held the limit in force at most that until then began.
 Jain: Jain's index of the hosts' calls completed over the second half of each phase (1: equal shares).
 egressd: pkg/adaptive, every default; egressd probeEvery 0: the reference loop. diag: pinned is egressd's round rule judged against
   the true no-queue 10th percentile of service time, not a peer. ref rows are bounds: oracle holds exactly the servers in force (many

@@ -86,7 +86,8 @@ func TestServiceTimeMean(t *testing.T) {
 }
 
 // follow and weighted read a limit trace as the table's definitions say:
-// the settled limit, not a probe's, weighted by time.
+// the settled limit, not a probe's, weighted by time; a probe that holds
+// the limit low until it settles low is when the limit followed.
 func TestFollowAndWeighted(t *testing.T) {
 	sc := &Scenario{Servers: 40, Phase: 10 * time.Second}
 	s := time.Second
@@ -116,6 +117,16 @@ func TestFollowAndWeighted(t *testing.T) {
 	// In force, the probe's 30 is the least, for 1 s of 5.
 	if got, want := weighted(st, 5*s, 10*s, inForce, 0, 0.19, 0.21), []float64{30, 30, 60}; !slices.Equal(got, want) {
 		t.Errorf("weighted in force %v, want %v", got, want)
+	}
+	// A probe from 11 s holds 30 in force and restores 40: the limit came
+	// down at its start. One at 50 in force does not count.
+	st.Points[6] = point{11 * s, 30, 50, 50}
+	if got, want := follow(sc, st), (Transit{OK: true, Rounds: 10, After: s}); got != want {
+		t.Errorf("follow through a probe %+v, want %+v", got, want)
+	}
+	st.Points[6].limit = 50
+	if got, want := follow(sc, st), (Transit{OK: true, Rounds: 18, After: 3 * s}); got != want {
+		t.Errorf("follow after a probe above the bound %+v, want %+v", got, want)
 	}
 	st.Points[7].settled = 45 // never at most 44 before the recovery
 	if got := follow(sc, st); got.OK {
