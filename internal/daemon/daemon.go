@@ -202,6 +202,13 @@ type Daemon struct {
 	applied   overrides
 	entries   map[string]*entry
 	reload    control.Reload
+	// What entries were planned with (the cgroups of scopes) and views of
+	// them, so that loops that tick often do not walk or plan again a table
+	// of 100,000 rules: the host names its rules use, and its installed
+	// adaptive rules.
+	scopes   map[policy.Scope]scoped
+	uses     []nameUse
+	adaptive []*entry
 
 	names   *names
 	redisMu sync.Mutex

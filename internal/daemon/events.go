@@ -187,12 +187,7 @@ func (d *Daemon) watchSaturation(ctx context.Context) {
 		case <-t.C:
 		}
 		d.mu.Lock()
-		var adaptive []*entry
-		for _, e := range d.entries {
-			if e.ctrl != nil && e.installed() {
-				adaptive = append(adaptive, e)
-			}
-		}
+		adaptive := d.adaptive
 		d.mu.Unlock()
 		for _, e := range adaptive {
 			live, err := d.dp.Live(e.spec.Name)

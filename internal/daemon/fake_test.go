@@ -22,7 +22,7 @@ type fakeDatapath struct {
 	rules   map[string]loader.Rule
 	stats   map[string]loader.Stats
 	adopted bool
-	syncs   int // Syncs that changed the rules
+	syncs   int // Syncs done
 	puts    int
 	failPut error // returned by Put and Sync while set
 	closed  string

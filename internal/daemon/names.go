@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,12 +49,14 @@ func usesOf(rules []policy.Rule) []nameUse {
 }
 
 // resolve looks up each name of uses never looked up or whose TTL ran out
-// at now, and reports whether any was. A failed lookup must not lift a
+// at now, and reports whether any resolved to other addresses than before
+// (in any order): a table of many rules is planned again only then. A
+// failed lookup must not lift a
 // limit: the addresses last resolved stay, by this run or, for a name it
 // never resolved, those the kernel enforces for the rule (pinned by the
 // daemon before; pinned says which), and the name is asked again after
 // the resolver's retry time.
-func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule string) []netip.Addr, now time.Time) (due bool) {
+func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule string) []netip.Addr, now time.Time) (changed bool) {
 	for _, u := range uses {
 		n.mu.Lock()
 		h, ok := n.hosts[u.host]
@@ -61,7 +64,6 @@ func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule st
 		if ok && now.Before(h.expires) {
 			continue
 		}
-		due = true
 		addrs, ttl, err := n.resolver.Lookup(ctx, u.host)
 		if err != nil {
 			addrs = h.addrs
@@ -70,11 +72,20 @@ func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule st
 			}
 			n.log.Warn("host lookup failed; keeping the last addresses", "rule", u.rule, "host", u.host, "err", err, "addresses", len(addrs))
 		}
+		changed = changed || !ok || !sameAddrs(addrs, h.addrs)
 		n.mu.Lock()
 		n.hosts[u.host] = hostEntry{addrs: addrs, expires: now.Add(ttl)}
 		n.mu.Unlock()
 	}
-	return due
+	return changed
+}
+
+func sameAddrs(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	sorted := func(x []netip.Addr) []netip.Addr { return slices.SortedFunc(slices.Values(x), netip.Addr.Compare) }
+	return slices.Equal(sorted(a), sorted(b))
 }
 
 // addrs returns what host last resolved to; nil before it did.

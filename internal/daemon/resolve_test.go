@@ -32,13 +32,7 @@ func TestHostRuleFollowsTTL(t *testing.T) {
 		{"another", "-", 2 * time.Second, "127.0.0.3/32,127.0.0.4/32 concurrency 3 (policy)"},
 	}
 	for _, s := range steps {
-		switch s.hosts {
-		case "":
-		case "-":
-			writeFile(t, td.hosts, "")
-		default:
-			writeFile(t, td.hosts, s.hosts)
-		}
+		td.setHosts(t, s.hosts)
 		td.clock.Advance(s.advance)
 		td.refresh(ctx, td.clock.Now(), false)
 		if got := td.state()["svc"]; got != s.want {
@@ -88,5 +82,58 @@ func TestLookupOutsideTheLock(t *testing.T) {
 	}
 	if got := td.state()["slow"]; got != "pending: host slow.test has no addresses yet" {
 		t.Errorf("a name that did not resolve: %q", got)
+	}
+}
+
+// TestRefreshPlansOnlyWhatMoved: the table (which may hold 100,000 rules)
+// is planned and written again only when a host name resolved to other
+// addresses or a scope's cgroup moved, not each time a TTL runs out or the
+// units are looked up.
+func TestRefreshPlansOnlyWhatMoved(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.hosts, "127.0.0.2 a.test\n127.0.0.3 a.test\n")
+	td.apply(t, "rules:\n  - {name: a, destination: a.test, concurrency: 3}\n  - {name: svc, destination: 10.0.0.1, unit: egressd-test-absent.service, concurrency: 1}\n")
+	syncs := func() int {
+		td.fake.mu.Lock()
+		defer td.fake.mu.Unlock()
+		return td.fake.syncs
+	}
+	ctx := context.Background()
+	steps := []struct {
+		name    string
+		hosts   string
+		advance time.Duration
+		units   bool
+		planned bool
+	}{
+		{"units looked up again, none moved", "", 0, true, false},
+		{"a TTL ran out: the same addresses, in another order", "127.0.0.3 a.test\n127.0.0.2 a.test\n", time.Second, false, false},
+		{"both", "", time.Second, true, false},
+		{"other addresses", "127.0.0.4 a.test\n", time.Second, false, true},
+		{"a failed lookup keeps them", "-", time.Second, true, false},
+	}
+	for _, s := range steps {
+		td.setHosts(t, s.hosts)
+		td.clock.Advance(s.advance)
+		before := syncs()
+		td.refresh(ctx, td.clock.Now(), s.units)
+		if planned := syncs() > before; planned != s.planned {
+			t.Errorf("%s: planned again %v, want %v", s.name, planned, s.planned)
+		}
+	}
+	if got, want := td.state()["a"], "127.0.0.4/32 concurrency 3 (policy)"; got != want {
+		t.Errorf("a is %q, want %q", got, want)
+	}
+}
+
+// setHosts writes the hosts file: "" keeps it, "-" empties it.
+func (td *testDaemon) setHosts(t *testing.T, hosts string) {
+	t.Helper()
+	switch hosts {
+	case "":
+	case "-":
+		writeFile(t, td.hosts, "")
+	default:
+		writeFile(t, td.hosts, hosts)
 	}
 }

@@ -142,8 +142,14 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 			e.share.start()
 		}
 	}
-	d.policy, d.applied, d.entries = p, o, next
-	d.names.keep(usesOf(specs(merged)))
+	d.policy, d.applied, d.entries, d.scopes = p, o, next, f.scopes
+	d.uses, d.adaptive = usesOf(specs(merged)), nil
+	for _, e := range merged {
+		if e.ctrl != nil && e.installed() {
+			d.adaptive = append(d.adaptive, e)
+		}
+	}
+	d.names.keep(d.uses)
 	return gone, nil
 }
 
@@ -338,17 +344,25 @@ func (d *Daemon) refreshLoop(ctx context.Context) {
 	}
 }
 
-// refresh looks up the host names whose TTLs ran out at now and, if any
-// was, or with units, applies the table again with what it found.
+// refresh looks up the host names whose TTLs ran out at now and, with
+// units, the cgroups of scopes; if a name resolved to other addresses or a
+// scope's cgroup moved, it applies the table again with what it found.
 func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
 	d.mu.Lock()
-	uses := usesOf(specs(slices.Collect(maps.Values(d.entries))))
+	uses := d.uses
 	d.mu.Unlock()
-	if !d.names.resolve(ctx, uses, d.pinnedAddrs, now) && !units {
+	moved := d.names.resolve(ctx, uses, d.pinnedAddrs, now)
+	if !moved && !units {
 		return
 	}
 	f := d.prepare(ctx)
-	if err := d.change(func() ([]retired, error) { return d.applyLocked(d.policy, d.applied, f) }); err != nil {
+	err := d.change(func() ([]retired, error) {
+		if !moved && maps.Equal(f.scopes, d.scopes) {
+			return nil, nil
+		}
+		return d.applyLocked(d.policy, d.applied, f)
+	})
+	if err != nil {
 		d.log.Error("refresh", "err", err)
 	}
 }

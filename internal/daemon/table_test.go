@@ -357,3 +357,56 @@ func TestLogChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestTableViews: the host names the table uses and its installed adaptive
+// rules, which the loops that tick often read instead of the whole table,
+// follow every change of it, and a change refused leaves them as they were.
+func TestTableViews(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.hosts, "10.1.1.1 api.test\n")
+	views := func() (names, adaptive []string) {
+		td.mu.Lock()
+		defer td.mu.Unlock()
+		for _, u := range td.uses {
+			names = append(names, u.rule+"="+u.host)
+		}
+		for _, e := range td.adaptive {
+			adaptive = append(adaptive, e.spec.Name)
+		}
+		slices.Sort(names)
+		slices.Sort(adaptive)
+		return names, adaptive
+	}
+	check := func(when string, wantNames, wantAdaptive []string) {
+		t.Helper()
+		names, adaptive := views()
+		if !slices.Equal(names, wantNames) || !slices.Equal(adaptive, wantAdaptive) {
+			t.Errorf("%s: names %q, adaptive %q; want %q, %q", when, names, adaptive, wantNames, wantAdaptive)
+		}
+	}
+	ctx := context.Background()
+	if err := td.install(ctx, parse(t, `rules:
+  - {name: api, destination: api.test, adaptive: {initial: 4}}
+  - {name: gone, destination: gone.test, adaptive: {initial: 4}}
+  - {name: db, destination: 10.0.0.1, concurrency: 5}
+  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 4}}
+`)); err != nil {
+		t.Fatal(err)
+	}
+	// gone.test has no addresses: its rule is pending, and no loop of it runs.
+	check("installed", []string{"api=api.test", "gone=gone.test"}, []string{"api", "dep"})
+
+	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: dep, destination: dep.test, concurrency: 3}\n").Rules[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.removeRule(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	check("dep made fixed, api removed", []string{"dep=dep.test", "gone=gone.test"}, nil)
+
+	td.fake.fail(errors.New("kernel says no"))
+	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: more, destination: more.test, adaptive: {initial: 4}}\n").Rules[0]); err == nil {
+		t.Fatal("a change the kernel refused succeeded")
+	}
+	check("a refused change", []string{"dep=dep.test", "gone=gone.test"}, nil)
+}
