@@ -499,18 +499,11 @@ func (d *Datapath) Recount() (map[string]Recount, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string]Recount{}
-	for i, s := range d.t.slots {
-		if !s.active {
-			continue
-		}
-		st, err := d.stats(uint32(i))
-		if err != nil {
-			return nil, err
-		}
-		t := counted[uint32(i)]
-		out[s.rule.Name] = Recount{Live: st.Live, Counted: t.live, InFlight: st.InFlight, CountedInFlight: t.inFlight}
-	}
-	return out, nil
+	err = d.eachActive(false, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
+		st, t := statsOf(state, nil), counted[idx]
+		out[d.t.slots[idx].rule.Name] = Recount{Live: st.Live, Counted: t.live, InFlight: st.InFlight, CountedInFlight: t.inFlight}
+	})
+	return out, err
 }
 
 func (d *Datapath) slotGen(idx uint32) uint32 {

@@ -332,6 +332,36 @@ func batchRead[V any](m *ebpf.Map, out []V, flags ...ebpf.MapLookupFlags) error 
 	return nil
 }
 
+// batches reads an array map's entries in key order, a batch at a time,
+// into a buffer it reuses.
+type batches[V any] struct {
+	m      *ebpf.Map
+	cursor ebpf.MapBatchCursor
+	keys   []uint32
+	buf    []V
+}
+
+func newBatches[V any](m *ebpf.Map, size int) *batches[V] {
+	return &batches[V]{m: m, keys: make([]uint32, size), buf: make([]V, size)}
+}
+
+// next reads the next n entries, n at most the size it was made with; what
+// it returns is overwritten by the next call.
+func (b *batches[V]) next(n int) ([]V, error) {
+	out := b.buf[:n]
+	for done := 0; done < n; {
+		got, err := b.m.BatchLookup(&b.cursor, b.keys[done:n], out[done:], nil)
+		done += got
+		if errors.Is(err, ebpf.ErrKeyNotExist) && done < n {
+			return nil, fmt.Errorf("map ends after %d of %d entries: %w", done, n, err)
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 func batchWrite[V any](m *ebpf.Map, keys []uint32, vals []V) error {
 	if len(keys) == 0 {
 		return nil

@@ -499,3 +499,68 @@ func sortedRules(rules []Rule) []Rule {
 	slices.SortFunc(out, func(a, b Rule) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
+
+// TestStatusReadsEveryRule: Status and Recount read a dense table in
+// batches and a sparse one slot by slot, and both say what Stats says of
+// each rule.
+func TestStatusReadsEveryRule(t *testing.T) {
+	d, cg := open(t)
+	privtest.Join(t, cg)
+	var servers []netip.AddrPort
+	for range 3 {
+		servers = append(servers, listen(t, "tcp4", "127.0.0.1:0"))
+	}
+	// Three counted rules among 37 others: at slots 0, 20 and 39.
+	var rules []Rule
+	for i := range 40 {
+		rules = append(rules, Rule{Name: fmt.Sprintf("idle%d", i), Dests: prefixes(fmt.Sprintf("10.9.0.%d/32", i)), Limit: 5})
+	}
+	for i, at := range []int{0, 20, 39} {
+		srv := servers[i]
+		rules[at] = Rule{Name: fmt.Sprintf("busy%d", i), Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 5}
+	}
+	if err := d.PutMany(rules); err != nil {
+		t.Fatal(err)
+	}
+	for i, srv := range servers {
+		for range i + 1 {
+			dial(t, srv)
+		}
+	}
+	check := func(when string, want int) {
+		t.Helper()
+		status, err := d.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := d.Recount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(status) != want || len(rc) != want {
+			t.Fatalf("%s: Status has %d rules and Recount %d, want %d", when, len(status), len(rc), want)
+		}
+		for _, s := range status {
+			if one := stats(t, d, s.Name); s.Stats != one {
+				t.Errorf("%s: Status of %s %+v, Stats %+v", when, s.Name, s.Stats, one)
+			}
+			if r := rc[s.Name]; r.Live != s.Stats.Live || r.Counted != s.Stats.Live {
+				t.Errorf("%s: Recount of %s %+v, live %d", when, s.Name, r, s.Stats.Live)
+			}
+		}
+		for i := range servers {
+			if s := stats(t, d, fmt.Sprintf("busy%d", i)); s.Admitted != uint64(i+1) || s.Live != int64(i+1) {
+				t.Errorf("%s: busy%d %+v, want %d admitted and live", when, i, s, i+1)
+			}
+		}
+	}
+	check("dense", 40)
+	for i := range 40 {
+		if i != 0 && i != 20 && i != 39 {
+			if err := d.Delete(fmt.Sprintf("idle%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check("sparse", 3)
+}
