@@ -185,7 +185,11 @@ func (m *metrics) collectKernel(ch chan<- prometheus.Metric, budgets map[string]
 		}
 		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(limit), name)
 		ch <- histogram(m.connectLatency, st.ConnectLatency, name)
-		ch <- histogram(m.requestLatency, st.RequestLatency, name)
+		// 31 series that stay empty for a rule that tracks no requests:
+		// with 100,000 rules, 3.1 million of them, 200 MB a scrape.
+		if s.Requests {
+			ch <- histogram(m.requestLatency, st.RequestLatency, name)
+		}
 	}
 }
 
