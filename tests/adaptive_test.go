@@ -514,9 +514,9 @@ func quantile(xs []int, q float64) int {
 }
 
 // TestAdaptiveDefaults: an adaptive rule with only its defaults (drain
-// probes, request latency) settles between c and 2.2c, follows the
-// capacity down when it halves, and the server never sees more than the
-// limit allowed.
+// probes, request latency) settles between c and 2.2c (its 95th
+// percentile at most 2.5c), follows the capacity down when it halves, and
+// the server never sees more than the limit allowed.
 func TestAdaptiveDefaults(t *testing.T) {
 	const c = 12
 	r := adaptiveRun(t, adaptiveConfig{capacity: c, clients: 8 * c, service: 25 * time.Millisecond, phase: 6 * time.Second, halve: true, rule: "{}"})
@@ -528,6 +528,9 @@ func TestAdaptiveDefaults(t *testing.T) {
 	for ph, band := range []int{c, c / 2} {
 		if m := quantile(r.settled[ph], 0.5); m < band || float64(m) > 2.2*float64(band) || len(r.settled[ph]) < 20 {
 			t.Errorf("phase %d: settled limit median %d over %d polls; want inside [%d, %.1f]", ph, m, len(r.settled[ph]), band, 2.2*float64(band))
+		}
+		if p95 := quantile(r.settled[ph], 0.95); float64(p95) > 2.5*float64(band) {
+			t.Errorf("phase %d: settled limit p95 %d; want at most %.1f", ph, p95, 2.5*float64(band))
 		}
 	}
 	if r.followRounds < 0 || r.followRounds > 10 {
