@@ -1,21 +1,16 @@
 package tests
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -152,87 +147,26 @@ func (s *fifoSem) wake() {
 	}
 }
 
-// runTimedClients is a helper role: N closed-loop clients against ADDR for
-// DURATION, each connecting, sending a byte, reading one back and closing,
-// again and again; a refused connect() waits 10ms. Every connection is
-// written to FILE as "port called returned closed" (Unix nanoseconds: when
-// connect() was called and returned, when close() was called).
-func runTimedClients(args []string) error {
-	if len(args) != 4 {
-		return fmt.Errorf("timedclients: want ADDR N DURATION FILE, got %q", args)
-	}
-	n, err := strconv.Atoi(args[1])
-	if err != nil {
-		return err
-	}
-	d, err := time.ParseDuration(args[2])
-	if err != nil {
-		return err
-	}
-	f, err := os.Create(args[3])
-	if err != nil {
-		return err
-	}
-	w := bufio.NewWriter(f)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(d)
-	for range n {
-		wg.Go(func() {
-			buf := make([]byte, 1)
-			for time.Now().Before(deadline) {
-				called := time.Now()
-				c, err := net.DialTimeout("tcp4", args[0], 2*time.Second)
-				returned := time.Now()
-				if errors.Is(err, syscall.EPERM) {
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				if err != nil {
-					continue
-				}
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				_, err = c.Write(buf)
-				if err == nil {
-					_, err = io.ReadFull(c, buf)
-				}
-				closed := time.Now()
-				c.Close()
-				if err != nil {
-					continue
-				}
-				mu.Lock()
-				fmt.Fprintf(w, "%d %d %d %d\n", c.LocalAddr().(*net.TCPAddr).Port, called.UnixNano(), returned.UnixNano(), closed.UnixNano())
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(w.Flush(), f.Close())
-}
-
-// clientConn is one connection a client made.
+// clientConn is one connection a client made, on the wall clock that the
+// daemon's log uses.
 type clientConn struct {
 	port                     uint16
 	called, returned, closed time.Time
 }
 
+// readClientConns reads the intervals privtest's requester wrote, moving
+// them from CLOCK_MONOTONIC to the wall clock.
 func readClientConns(t *testing.T, path string) []clientConn {
 	t.Helper()
-	f, err := os.Open(path)
+	ivs, err := privtest.ReadIntervals(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	var out []clientConn
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var port uint16
-		var a, b, c int64
-		if _, err := fmt.Sscan(sc.Text(), &port, &a, &b, &c); err != nil {
-			t.Fatalf("client record %q: %v", sc.Text(), err)
-		}
-		out = append(out, clientConn{port, time.Unix(0, a), time.Unix(0, b), time.Unix(0, c)})
+	offset := time.Now().UnixNano() - privtest.Monotonic()
+	wall := func(mono int64) time.Time { return time.Unix(0, mono+offset) }
+	out := make([]clientConn, len(ivs))
+	for i, iv := range ivs {
+		out[i] = clientConn{iv.Port, wall(iv.Called), wall(iv.From), wall(iv.To)}
 	}
 	return out
 }
@@ -382,7 +316,7 @@ func adaptiveRun(t *testing.T, cfg adaptiveConfig) adaptiveResult {
 	}
 	records := filepath.Join(t.TempDir(), "clients")
 	start := time.Now()
-	clients := privtest.Spawn(t, e.cg, "timedclients", srv.addr, strconv.Itoa(cfg.clients), (time.Duration(phases) * cfg.phase).String(), records)
+	clients := privtest.Spawn(t, e.cg, "requester", srv.addr, strconv.Itoa(cfg.clients), (time.Duration(phases) * cfg.phase).String(), records)
 
 	type poll struct {
 		t       time.Time

@@ -465,6 +465,7 @@ func runRequester(args []string) error {
 			// Every client tries at least once: a short run on a loaded
 			// machine may start after its deadline.
 			for first := true; first || time.Now().Before(deadline) && !stopped.Load(); first = false {
+				called := Monotonic()
 				c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
 				if errors.Is(err, syscall.EPERM) {
 					refused.Add(1)
@@ -475,7 +476,7 @@ func runRequester(args []string) error {
 					failed.Add(1)
 					continue
 				}
-				iv := Interval{From: Monotonic()}
+				iv := Interval{Called: called, From: Monotonic(), Port: uint16(c.LocalAddr().(*net.TCPAddr).Port)}
 				c.SetDeadline(time.Now().Add(5 * time.Second))
 				_, err = c.Write(buf)
 				if err == nil {

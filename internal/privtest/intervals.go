@@ -15,8 +15,16 @@ import (
 // intervals from several "hosts" can be laid side by side. The kernel holds
 // the connection at least that long, so the most intervals open at once is
 // a lower bound on what the kernels held at once: a count that cannot
-// flatter the limiter.
-type Interval struct{ From, To int64 }
+// flatter the limiter. Called is when connect() was called, and Port the
+// client's own port, which tells the connection apart at the server.
+type Interval struct {
+	Called, From, To int64
+	Port             uint16
+}
+
+// intervalSize is an Interval's size as written: four little-endian
+// 64-bit words.
+const intervalSize = 32
 
 // Monotonic is CLOCK_MONOTONIC now, in nanoseconds.
 func Monotonic() int64 {
@@ -27,12 +35,13 @@ func Monotonic() int64 {
 	return ts.Nano()
 }
 
-// WriteIntervals writes intervals to path as little-endian int64 pairs.
+// WriteIntervals writes intervals to path.
 func WriteIntervals(path string, ivs []Interval) error {
-	b := make([]byte, 0, 16*len(ivs))
+	b := make([]byte, 0, intervalSize*len(ivs))
 	for _, iv := range ivs {
-		b = binary.LittleEndian.AppendUint64(b, uint64(iv.From))
-		b = binary.LittleEndian.AppendUint64(b, uint64(iv.To))
+		for _, w := range []int64{iv.Called, iv.From, iv.To, int64(iv.Port)} {
+			b = binary.LittleEndian.AppendUint64(b, uint64(w))
+		}
 	}
 	return os.WriteFile(path, b, 0o644)
 }
@@ -43,13 +52,13 @@ func ReadIntervals(path string) ([]Interval, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(b)%16 != 0 {
+	if len(b)%intervalSize != 0 {
 		return nil, fmt.Errorf("intervals %s: %d bytes is not a whole number of intervals", path, len(b))
 	}
-	ivs := make([]Interval, len(b)/16)
+	ivs := make([]Interval, len(b)/intervalSize)
 	for i := range ivs {
-		ivs[i].From = int64(binary.LittleEndian.Uint64(b[16*i:]))
-		ivs[i].To = int64(binary.LittleEndian.Uint64(b[16*i+8:]))
+		w := func(j int) int64 { return int64(binary.LittleEndian.Uint64(b[intervalSize*i+8*j:])) }
+		ivs[i] = Interval{Called: w(0), From: w(1), To: w(2), Port: uint16(w(3))}
 	}
 	return ivs, nil
 }

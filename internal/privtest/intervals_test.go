@@ -7,7 +7,7 @@ import (
 )
 
 func TestMaxOverlap(t *testing.T) {
-	ivs := []Interval{{0, 10}, {5, 15}, {10, 20}, {12, 13}, {30, 40}}
+	ivs := []Interval{{From: 0, To: 10}, {From: 5, To: 15}, {From: 10, To: 20}, {From: 12, To: 13}, {From: 30, To: 40}}
 	tests := []struct {
 		from, to int64
 		most     int
@@ -29,7 +29,7 @@ func TestMaxOverlap(t *testing.T) {
 
 func TestIntervalsRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ivs")
-	want := []Interval{{1, 2}, {Monotonic(), Monotonic() + 5}}
+	want := []Interval{{Called: 1, From: 2, To: 3, Port: 65535}, {Monotonic(), Monotonic(), Monotonic() + 5, 80}}
 	if err := WriteIntervals(path, want); err != nil {
 		t.Fatal(err)
 	}
