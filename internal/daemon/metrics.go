@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -164,33 +166,58 @@ func (m *metrics) collectLoops(ch chan<- prometheus.Metric, loops map[string]*ad
 	}
 }
 
-// collectKernel reports the kernel's counters of every rule.
+// collectKernel reports the kernel's counters of every rule. Each family
+// goes out in the order the registry sorts it to (label values in label
+// name order), which its sort then finds done: with 100,000 rules that
+// sort was a second a scrape.
 func (m *metrics) collectKernel(ch chan<- prometheus.Metric, budgets map[string]uint32) {
 	status, err := m.d.dp.Status()
 	if err != nil {
 		m.d.log.Error("metrics: read counters", "err", err)
 		return
 	}
-	for _, s := range status {
-		st, name := s.Stats, s.Name
-		ch <- prometheus.MustNewConstMetric(m.leases, prometheus.CounterValue, float64(st.Admitted), name, "acquired")
-		ch <- prometheus.MustNewConstMetric(m.leases, prometheus.CounterValue, float64(st.Refused), name, "denied")
-		ch <- prometheus.MustNewConstMetric(m.leases, prometheus.CounterValue, float64(st.ShadowRefused), name, "shadow_denied")
-		ch <- prometheus.MustNewConstMetric(m.live, prometheus.GaugeValue, float64(st.Live), name)
-		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(st.InFlight), name)
-		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(st.ConnectFailed), name)
-		limit := s.Limit
-		if b, ok := budgets[name]; ok {
-			limit = b
-		}
-		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(limit), name)
-		ch <- histogram(m.connectLatency, st.ConnectLatency, name)
-		// 31 series that stay empty for a rule that tracks no requests:
-		// with 100,000 rules, 3.1 million of them, 200 MB a scrape.
-		if s.Requests {
-			ch <- histogram(m.requestLatency, st.RequestLatency, name)
+	slices.SortFunc(status, func(a, b loader.RuleStatus) int { return strings.Compare(a.Name, b.Name) })
+	each := func(f func(s *loader.RuleStatus)) {
+		for i := range status {
+			f(&status[i])
 		}
 	}
+	for _, o := range []struct {
+		outcome string
+		n       func(*loader.Stats) uint64
+	}{
+		{"acquired", func(st *loader.Stats) uint64 { return st.Admitted }},
+		{"denied", func(st *loader.Stats) uint64 { return st.Refused }},
+		{"shadow_denied", func(st *loader.Stats) uint64 { return st.ShadowRefused }},
+	} {
+		each(func(s *loader.RuleStatus) {
+			ch <- prometheus.MustNewConstMetric(m.leases, prometheus.CounterValue, float64(o.n(&s.Stats)), s.Name, o.outcome)
+		})
+	}
+	each(func(s *loader.RuleStatus) {
+		ch <- prometheus.MustNewConstMetric(m.live, prometheus.GaugeValue, float64(s.Stats.Live), s.Name)
+	})
+	each(func(s *loader.RuleStatus) {
+		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(s.Stats.InFlight), s.Name)
+	})
+	each(func(s *loader.RuleStatus) {
+		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(s.Stats.ConnectFailed), s.Name)
+	})
+	each(func(s *loader.RuleStatus) {
+		limit := s.Limit
+		if b, ok := budgets[s.Name]; ok {
+			limit = b
+		}
+		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(limit), s.Name)
+	})
+	each(func(s *loader.RuleStatus) { ch <- histogram(m.connectLatency, s.Stats.ConnectLatency, s.Name) })
+	// 31 series that stay empty for a rule that tracks no requests:
+	// with 100,000 rules, 3.1 million of them, 200 MB a scrape.
+	each(func(s *loader.RuleStatus) {
+		if s.Requests {
+			ch <- histogram(m.requestLatency, s.Stats.RequestLatency, s.Name)
+		}
+	})
 }
 
 // histogram turns the kernel's power-of-two microsecond buckets into a

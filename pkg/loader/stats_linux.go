@@ -62,7 +62,7 @@ func (d *Datapath) spent(idx uint32) (uint64, error) {
 func (d *Datapath) Status() ([]RuleStatus, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []RuleStatus
+	out := make([]RuleStatus, 0, len(d.t.byName))
 	err := d.eachActive(true, func(idx uint32, state *egressdRuleState, hists []egressdHist) {
 		out = append(out, RuleStatus{Rule: d.t.slots[idx].rule, Stats: statsOf(state, hists)})
 	})
