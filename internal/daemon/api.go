@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -73,20 +74,38 @@ func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, erro
 	return s, nil
 }
 
+// handleLimits describes every rule, with the kernel's counts of all of
+// them read in one pass: with 100,000 rules, one lookup after another took
+// seconds.
 func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, error) {
 	d.mu.Lock()
-	names := make([]string, 0, len(d.entries))
-	for n := range d.entries {
-		names = append(names, n)
-	}
+	entries := maps.Clone(d.entries)
 	d.mu.Unlock()
-	slices.Sort(names)
-	out := []control.Limit{}
-	for _, n := range names {
-		l, err := d.limitView(n)
-		if errors.Is(err, control.ErrNotFound) {
-			continue // removed meanwhile
+	status, err := d.dp.Status()
+	if err != nil {
+		return nil, err
+	}
+	kernel := make(map[string]*loader.RuleStatus, len(status))
+	for i := range status {
+		kernel[status[i].Name] = &status[i]
+	}
+	out := make([]control.Limit, 0, len(entries))
+	for _, name := range slices.Sorted(maps.Keys(entries)) {
+		e := entries[name]
+		k, ok := kernel[name]
+		if !e.installed() || !ok {
+			// Pending, or installed after Status read the kernel.
+			l, err := d.limitView(name)
+			if errors.Is(err, control.ErrNotFound) {
+				continue // removed meanwhile
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, l)
+			continue
 		}
+		l, err := view(name, e, k.Stats, k.Rule)
 		if err != nil {
 			return nil, err
 		}
@@ -111,14 +130,31 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 	if !ok {
 		return control.Limit{}, control.Errorf(control.CodeNotFound, "rule %s: %v", name, errUnknownRule)
 	}
-	text, err := policy.Format(&policy.Policy{Rules: []policy.Rule{e.spec}})
+	if !e.installed() {
+		return view(name, e, loader.Stats{}, loader.Rule{})
+	}
+	st, err := d.dp.Stats(name)
+	if err != nil {
+		return control.Limit{}, err
+	}
+	kr, err := d.dp.Rule(name)
+	if err != nil {
+		return control.Limit{}, err
+	}
+	return view(name, e, st, kr)
+}
+
+// view describes rule name, entry e, given its kernel counts st and kernel
+// rule kr when it is installed.
+func view(name string, e *entry, st loader.Stats, kr loader.Rule) (control.Limit, error) {
+	text, err := e.text()
 	if err != nil {
 		return control.Limit{}, err
 	}
 	l := control.Limit{
 		Name:         name,
 		Source:       e.source,
-		Rule:         strings.TrimPrefix(string(text), "rules:\n"),
+		Rule:         text,
 		Shape:        shapeName(e),
 		Shadow:       e.spec.Shadow,
 		Pending:      e.pending,
@@ -129,14 +165,6 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 	}
 	for _, p := range e.kernel.Dests {
 		l.Destinations = append(l.Destinations, p.String())
-	}
-	st, err := d.dp.Stats(name)
-	if err != nil {
-		return control.Limit{}, err
-	}
-	kr, err := d.dp.Rule(name)
-	if err != nil {
-		return control.Limit{}, err
 	}
 	l.Limit = e.limitShown(kr.Limit)
 	if e.share != nil {

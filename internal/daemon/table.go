@@ -8,6 +8,8 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
@@ -33,9 +35,23 @@ type entry struct {
 	pending string
 	ctrl    *adaptive.Controller
 	share   share
+
+	textOnce sync.Once
+	textVal  string
+	textErr  error
 }
 
 func (e *entry) installed() bool { return e.pending == "" }
+
+// text is the rule as the policy file would have it, written once: the
+// list of every rule asks it of each.
+func (e *entry) text() (string, error) {
+	e.textOnce.Do(func() {
+		b, err := policy.Format(&policy.Policy{Rules: []policy.Rule{e.spec}})
+		e.textVal, e.textErr = strings.TrimPrefix(string(b), "rules:\n"), err
+	})
+	return e.textVal, e.textErr
+}
 
 // limitShown is the limit the CLI and metrics report, given the kernel's:
 // a shared rate's kernel rule grants permits and has no rate of its own,

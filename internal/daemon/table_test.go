@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -409,4 +410,46 @@ func TestTableViews(t *testing.T) {
 		t.Fatal("a change the kernel refused succeeded")
 	}
 	check("a refused change", []string{"dep=dep.test", "gone=gone.test"}, nil)
+}
+
+// TestLimitsList: the list of every rule, which reads the kernel's counts
+// of all of them at once, says of each what the view of that rule alone
+// says, pending rules included.
+func TestLimitsList(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.hosts, "10.1.1.1 api.test\n")
+	td.apply(t, `rules:
+  - {name: db, destination: 10.0.0.1, concurrency: 5}
+  - {name: api, destination: api.test, adaptive: {initial: 4}}
+  - {name: gone, destination: gone.test, concurrency: 2}
+  - {name: rate, destination: 10.0.0.3, perSecond: {permits: 9}, shadow: true}
+`)
+	td.fake.mu.Lock()
+	td.fake.stats["db"] = loader.Stats{Live: 3, Admitted: 7, Refused: 2}
+	td.fake.stats["api"] = loader.Stats{Live: 1, InFlight: 1, Admitted: 4}
+	td.fake.mu.Unlock()
+	list, err := td.handleLimits(nil, struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range list {
+		names = append(names, l.Name)
+		one, err := td.limitView(l.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(l, one) {
+			t.Errorf("%s in the list:\n%+v\nalone:\n%+v", l.Name, l, one)
+		}
+	}
+	if want := []string{"api", "db", "gone", "rate"}; !slices.Equal(names, want) {
+		t.Errorf("listed %q, want %q", names, want)
+	}
+	if l := list[1]; l.Live != 3 || l.Admitted != 7 || l.Refused != 2 || l.Limit != 5 || !strings.Contains(l.Rule, "concurrency: 5") {
+		t.Errorf("db listed as %+v", l)
+	}
+	if l := list[2]; l.Pending == "" {
+		t.Errorf("gone listed as %+v, want pending", l)
+	}
 }
