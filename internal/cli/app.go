@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,8 +91,11 @@ func output(c *cli.Context, v any, text func(w io.Writer)) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
-	text(c.App.Writer)
-	return nil
+	// Buffered: a tabwriter writes each cell by itself, and 100,000 rules
+	// made `limit list` spend 3 s in write(2).
+	w := bufio.NewWriter(c.App.Writer)
+	text(w)
+	return w.Flush()
 }
 
 // nameLast lets "limit set NAME --dest …" be written as documented: the
