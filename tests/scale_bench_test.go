@@ -3,7 +3,9 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,14 +46,10 @@ func BenchmarkPolicy100k(b *testing.B) {
 	probe := func(name string, ip string) string {
 		return fmt.Sprintf("  - {name: %s, destination: %s, port: %d, perWindow: {permits: 1, window: 1h}}\n", name, ip, port)
 	}
-	var rules strings.Builder
-	rules.WriteString("rules:\n")
-	for i := range n - 1 {
-		fmt.Fprintf(&rules, "  - {name: r%d, destination: 10.%d.%d.%d, port: %d, concurrency: 100}\n", i, i>>16&255, i>>8&255, i&255, 1+i%2000)
-	}
+	rules := manyRules(n - 1)
 	pol := filepath.Join(dir, "policy.yaml")
 	write := func(extra string) {
-		if err := os.WriteFile(pol, []byte(rules.String()+extra), 0o644); err != nil {
+		if err := os.WriteFile(pol, []byte(rules+extra), 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -110,4 +108,101 @@ func mean(d []time.Duration) time.Duration {
 		sum += x
 	}
 	return sum / time.Duration(len(d))
+}
+
+// manyRules is a policy of n concurrency rules to 10.0.0.0/8 addresses,
+// mixed ports.
+func manyRules(n int) string {
+	var rules strings.Builder
+	rules.WriteString("rules:\n")
+	for i := range n {
+		fmt.Fprintf(&rules, "  - {name: r%d, destination: 10.%d.%d.%d, port: %d, concurrency: 100}\n", i, i>>16&255, i>>8&255, i&255, 1+i%2000)
+	}
+	return rules.String()
+}
+
+// BenchmarkDaemon100k measures what a daemon enforcing 100,000 rules costs
+// while it runs, from /proc: its CPU idle for 10 s (between two recounts,
+// which come every 30 s), a metrics scrape (its size, how long it takes,
+// the daemon's CPU), and the list of every rule that `egressd limit list`
+// asks for, twice (the first writes each rule's text, which is kept).
+func BenchmarkDaemon100k(b *testing.B) {
+	privtest.RequireRoot(b)
+	dir := b.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte(manyRules(100_000)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cg := privtest.Cgroup(b, "daemon100k")
+	var idle, scrape, scrapeCPU, list, listCPU, again, againCPU time.Duration
+	var scraped int64
+	for i := 0; b.Loop(); i++ {
+		metrics := freeLoopbackAddr(b)
+		socket := filepath.Join(dir, fmt.Sprint("s", i))
+		cmd := exec.Command(egressd, "run", "--cgroup", cg, "--bpffs", privtest.PinDir(b), "--socket", socket,
+			"--state-dir", filepath.Join(dir, fmt.Sprint("state", i)), "--policy", pol, "--metrics", metrics)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		stop := func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }
+		c := &control.Client{Socket: socket, Timeout: time.Minute}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			if _, err := c.Status(context.Background()); err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				stop()
+				b.Fatalf("daemon not ready: %v", err)
+			}
+		}
+		pid := cmd.Process.Pid
+		time.Sleep(time.Second) // past what start-up left running
+		cpu0 := cpuTime(b, pid)
+		time.Sleep(10 * time.Second)
+		idle += cpuTime(b, pid) - cpu0
+
+		cpu0, t0 := cpuTime(b, pid), time.Now()
+		resp, err := http.Get("http://" + metrics + "/metrics")
+		if err != nil {
+			stop()
+			b.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			stop()
+			b.Fatalf("scrape: %v, %s", err, resp.Status)
+		}
+		scrape, scrapeCPU, scraped = scrape+time.Since(t0), scrapeCPU+cpuTime(b, pid)-cpu0, scraped+n
+
+		for _, into := range []struct{ wall, cpu *time.Duration }{{&list, &listCPU}, {&again, &againCPU}} {
+			cpu0, t0 := cpuTime(b, pid), time.Now()
+			ls, err := c.Limits(context.Background())
+			if err != nil || len(ls) != 100_000 {
+				stop()
+				b.Fatalf("limits: %d, %v", len(ls), err)
+			}
+			*into.wall, *into.cpu = *into.wall+time.Since(t0), *into.cpu+cpuTime(b, pid)-cpu0
+		}
+		stop()
+	}
+	per := func(d time.Duration) float64 { return d.Seconds() / float64(b.N) }
+	b.ReportMetric(per(idle)*1000, "idle-cpu-ms/10s")
+	b.ReportMetric(float64(scraped)/float64(b.N)/1e6, "scrape-MB")
+	b.ReportMetric(per(scrape), "scrape-s")
+	b.ReportMetric(per(scrapeCPU), "scrape-cpu-s")
+	b.ReportMetric(per(list), "list-s")
+	b.ReportMetric(per(listCPU), "list-cpu-s")
+	b.ReportMetric(per(again), "list-again-s")
+	b.ReportMetric(per(againCPU), "list-again-cpu-s")
+}
+
+// freeLoopbackAddr is a loopback address with a port nobody listens on now.
+func freeLoopbackAddr(b *testing.B) string {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
