@@ -32,17 +32,7 @@ func BenchmarkPolicy100k(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := privtest.CloseEach(b, ln)
 	probe := func(name string, ip string) string {
 		return fmt.Sprintf("  - {name: %s, destination: %s, port: %d, perWindow: {permits: 1, window: 1h}}\n", name, ip, port)
 	}

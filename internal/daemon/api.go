@@ -92,18 +92,13 @@ func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, err
 	out := make([]control.Limit, 0, len(entries))
 	for _, name := range slices.Sorted(maps.Keys(entries)) {
 		e := entries[name]
-		k, ok := kernel[name]
-		if !e.installed() || !ok {
-			// Pending, or installed after Status read the kernel.
-			l, err := d.limitView(name)
-			if errors.Is(err, control.ErrNotFound) {
-				continue // removed meanwhile
+		var k loader.RuleStatus
+		if e.installed() {
+			found, ok := kernel[name]
+			if !ok {
+				continue // removed after the table was read
 			}
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, l)
-			continue
+			k = *found
 		}
 		l, err := view(name, e, k.Stats, k.Rule)
 		if err != nil {

@@ -222,6 +222,23 @@ func runStorm(args []string) error {
 	return nil
 }
 
+// CloseEach accepts on ln until the test ends, closing each connection at
+// once: a peer that admits connections and holds none. It returns ln's port.
+func CloseEach(t testing.TB, ln net.Listener) int {
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	})
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 // StormServer accepts the storm protocol and records the most connections
 // that were between hello and bye at once.
 type StormServer struct {

@@ -333,17 +333,7 @@ func BenchmarkAgainstNftables(b *testing.B) {
 		if err := s.ns.Do(func() (err error) { ln, err = net.Listen("tcp4", "127.0.0.1:0"); return err }); err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-		s.port = ln.Addr().(*net.TCPAddr).Port
+		s.port = privtest.CloseEach(b, ln)
 		cg := privtest.Cgroup(b, s.name)
 		switch s.name {
 		case "egressd":

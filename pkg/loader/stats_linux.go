@@ -70,17 +70,31 @@ func (d *Datapath) Status() ([]RuleStatus, error) {
 }
 
 func (d *Datapath) stats(idx uint32) (Stats, error) {
-	var state egressdRuleState
-	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
-		return Stats{}, fmt.Errorf("read rule state: %w", err)
-	}
-	hists := make([]egressdHist, egressdSampleKindSAMPLE_LEN)
-	for kind := range hists {
-		if err := d.objs.Latency.Lookup(idx*uint32(egressdSampleKindSAMPLE_LEN)+uint32(kind), &hists[kind]); err != nil {
-			return Stats{}, fmt.Errorf("read latency: %w", err)
-		}
+	state, hists, err := d.readSlot(idx, true)
+	if err != nil {
+		return Stats{}, err
 	}
 	return statsOf(&state, hists), nil
+}
+
+// readSlot reads one slot's state and, with hists, its latency
+// histograms, a lookup each.
+func (d *Datapath) readSlot(idx uint32, hists bool) (egressdRuleState, []egressdHist, error) {
+	var state egressdRuleState
+	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
+		return state, nil, fmt.Errorf("read rule state: %w", err)
+	}
+	if !hists {
+		return state, nil, nil
+	}
+	const kinds = uint32(egressdSampleKindSAMPLE_LEN)
+	h := make([]egressdHist, kinds)
+	for k := range kinds {
+		if err := d.objs.Latency.Lookup(idx*kinds+k, &h[k]); err != nil {
+			return state, nil, fmt.Errorf("read latency: %w", err)
+		}
+	}
+	return state, h, nil
 }
 
 // statsChunk is how many slots eachActive reads with one batch of system
@@ -104,18 +118,9 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 			if !d.t.slots[i].active {
 				continue
 			}
-			var state egressdRuleState
-			if err := d.objs.RuleStates.Lookup(uint32(i), &state); err != nil {
-				return fmt.Errorf("read rule state: %w", err)
-			}
-			var h []egressdHist
-			if hists {
-				h = make([]egressdHist, kinds)
-				for k := range h {
-					if err := d.objs.Latency.Lookup(uint32(i*kinds+k), &h[k]); err != nil {
-						return fmt.Errorf("read latency: %w", err)
-					}
-				}
+			state, h, err := d.readSlot(uint32(i), hists)
+			if err != nil {
+				return err
 			}
 			fn(uint32(i), &state, h)
 		}
