@@ -38,11 +38,13 @@ func newNames(r *dns.Resolver, log *slog.Logger) *names {
 }
 
 // usesOf returns the host names the rules use.
-func usesOf(rules []policy.Rule) []nameUse {
+func usesOf(rules ...[]policy.Rule) []nameUse {
 	var out []nameUse
-	for _, r := range rules {
-		if host, ok := r.Destination.Host(); ok {
-			out = append(out, nameUse{r.Name, host})
+	for _, rs := range rules {
+		for _, r := range rs {
+			if host, ok := r.Destination.Host(); ok {
+				out = append(out, nameUse{r.Name, host})
+			}
 		}
 	}
 	return out

@@ -60,7 +60,7 @@ func effective(p *policy.Policy, o overrides) []*entry {
 	for _, r := range o.Set {
 		set[r.Name] = r
 	}
-	var out []*entry
+	out := make([]*entry, 0, len(p.Rules)+len(o.Set))
 	for _, r := range p.Rules {
 		if removed[r.Name] {
 			continue

@@ -22,12 +22,14 @@ type scoped struct {
 
 // scopes finds the cgroup of each scope the rules name. It reads the
 // cgroup tree, so it runs before the table's lock is taken.
-func scopes(rules []policy.Rule) map[policy.Scope]scoped {
+func scopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
 	out := map[policy.Scope]scoped{}
-	for _, r := range rules {
-		if _, ok := out[r.Scope]; !ok {
-			s, why := scopeOf(r.Scope)
-			out[r.Scope] = scoped{s, why}
+	for _, rs := range rules {
+		for _, r := range rs {
+			if _, ok := out[r.Scope]; !ok {
+				s, why := scopeOf(r.Scope)
+				out[r.Scope] = scoped{s, why}
+			}
 		}
 	}
 	return out

@@ -76,14 +76,17 @@ type found struct {
 // force and more needs: host names due for a lookup, and scopes' cgroups.
 func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 	d.mu.Lock()
-	var rules []policy.Rule
+	// The policy's and the overrides' rules are replaced, never written
+	// in place, so they are read outside the lock; joining them would
+	// copy 100,000 rules for nothing.
+	var inForce []policy.Rule
 	if d.policy != nil {
-		rules = slices.Clone(d.policy.Rules)
+		inForce = d.policy.Rules
 	}
-	rules = append(append(rules, d.overrides.Set...), more...)
+	rules := [][]policy.Rule{inForce, d.overrides.Set, more}
 	d.mu.Unlock()
-	d.names.resolve(ctx, usesOf(rules), d.pinnedAddrs, d.cfg.now())
-	return found{scopes: scopes(rules)}
+	d.names.resolve(ctx, usesOf(rules...), d.pinnedAddrs, d.cfg.now())
+	return found{scopes: scopes(rules...)}
 }
 
 // pinnedAddrs returns the addresses the kernel enforces a rule for now:
@@ -129,8 +132,8 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 	if err := (&policy.Policy{Rules: specs(merged)}).Validate(); err != nil {
 		return nil, err
 	}
-	next := map[string]*entry{}
-	var kernel []loader.Rule
+	next := make(map[string]*entry, len(merged))
+	kernel := make([]loader.Rule, 0, len(merged))
 	for _, e := range merged {
 		if err := d.plan(e, d.entries[e.spec.Name], f); err != nil {
 			return nil, fmt.Errorf("rule %s: %w", e.spec.Name, err)

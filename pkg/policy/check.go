@@ -55,22 +55,44 @@ func checkCapacity(rules, maxRules int, at *yaml.Node) []Problem {
 // where, for a rule built in code, knows nothing.
 type where struct {
 	rule *yaml.Node
-	// nodes are value nodes by path: "port", "perSecond.burst".
-	nodes map[string]*yaml.Node
+	// nodes are value nodes by path: "port", "perSecond.burst". A rule has
+	// a dozen at most, and a policy may have a million rules: a slice
+	// searched in order costs less than a map.
+	nodes []pathNode
 	// bad are paths whose value was refused while decoding; checking them
-	// again would report one mistake twice.
+	// again would report one mistake twice. Most rules have none.
 	bad map[string]bool
 }
 
-func newWhere(rule *yaml.Node) *where {
-	return &where{rule: rule, nodes: map[string]*yaml.Node{}, bad: map[string]bool{}}
+type pathNode struct {
+	path string
+	node *yaml.Node
+}
+
+func newWhere(rule *yaml.Node) *where { return &where{rule: rule} }
+
+// refuse marks path as refused while decoding.
+func (w *where) refuse(path string) {
+	if w.bad == nil {
+		w.bad = map[string]bool{}
+	}
+	w.bad[path] = true
+}
+
+func (w *where) node(path string) *yaml.Node {
+	for _, pn := range w.nodes {
+		if pn.path == path {
+			return pn.node
+		}
+	}
+	return nil
 }
 
 // at returns the position of path, or of the nearest enclosing field that
 // was written, or of the rule.
 func (w *where) at(path string) (line, column int) {
 	for {
-		if n := w.nodes[path]; n != nil {
+		if n := w.node(path); n != nil {
 			return n.Line, n.Column
 		}
 		i := strings.LastIndexByte(path, '.')
@@ -111,8 +133,8 @@ func check(rules []Rule, wheres []*where) []Problem {
 		}
 		return fmt.Sprintf("rule #%d", i+1)
 	}
-	byName := map[string]int{}
-	byKey := map[matchKey]int{}
+	byName := make(map[string]int, len(rules))
+	byKey := make(map[matchKey]int, len(rules))
 	for i, r := range rules {
 		c := checker{w: locate(i), rule: label(r.Name, i), problems: &problems}
 		c.check(r)

@@ -32,6 +32,14 @@ func Load(path string) (*Policy, error) {
 // Parse reads a policy file. It returns every problem at once, as an
 // [*Error] sorted by position; a policy it returns passes [Policy.Validate].
 func Parse(data []byte) (*Policy, error) {
+	if p, ok := parseSplit(data, splitPiece(data)); ok {
+		return p, nil
+	}
+	return parseWhole(data)
+}
+
+// parseWhole parses data in one piece.
+func parseWhole(data []byte) (*Policy, error) {
 	var d decoder
 	rules, wheres := d.document(data)
 	problems := append(d.problems, check(rules, wheres)...)
@@ -62,13 +70,22 @@ const (
 )
 
 func (d *decoder) document(data []byte) ([]Rule, []*where) {
+	if root := d.root(data); root != nil {
+		return d.top(root)
+	}
+	return nil, nil
+}
+
+// root parses data as one YAML document and returns its root node, nil
+// for an empty document or a syntax error (recorded).
+func (d *decoder) root(data []byte) *yaml.Node {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if !errors.Is(err, io.EOF) {
 			d.syntax(err)
 		}
-		return nil, nil
+		return nil
 	}
 	var next yaml.Node
 	switch err := dec.Decode(&next); {
@@ -77,12 +94,15 @@ func (d *decoder) document(data []byte) ([]Rule, []*where) {
 	case !errors.Is(err, io.EOF):
 		d.syntax(err)
 	}
-
 	// An empty document holds a null, as does one that is only "~".
 	if len(doc.Content) == 0 || doc.Content[0].ShortTag() == nullTag {
-		return nil, nil
+		return nil
 	}
-	root := doc.Content[0]
+	return doc.Content[0]
+}
+
+// top decodes the policy's top level.
+func (d *decoder) top(root *yaml.Node) ([]Rule, []*where) {
 	var rules []Rule
 	var wheres []*where
 	top := fields{d: d, w: newWhere(nil)}
@@ -126,6 +146,9 @@ func (d *decoder) syntax(err error) {
 // limitKeys are the fields that give a rule its limit; a rule has one.
 var limitKeys = []string{"concurrency", "perSecond", "perWindow", "adaptive"}
 
+// ruleKeys are the fields of a rule.
+var ruleKeys = append(append([]string{"name", "destination", "port", "unit", "cgroup", "shadow", "errno"}, limitKeys...), "shared")
+
 func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	w := newWhere(n)
 	var name string
@@ -139,9 +162,8 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	}
 	f := fields{d: d, rule: label(name, i), w: w}
 	var r Rule
-	keys := append(append([]string{"name", "destination", "port", "unit", "cgroup", "shadow", "errno"}, limitKeys...), "shared")
 	limitKey := ""
-	isMapping := f.mapping(n, "", "a rule", keys, func(key string, k, v *yaml.Node) {
+	isMapping := f.mapping(n, "", "a rule", ruleKeys, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
 			r.Name, _ = f.str(key, v)
@@ -198,11 +220,11 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	if !isMapping {
 		// Said once; "name is missing" and the rest would only repeat it.
 		for _, path := range []string{"name", "destination", "limit"} {
-			w.bad[path] = true
+			w.refuse(path)
 		}
 	}
 	if slices.ContainsFunc(limitKeys, func(k string) bool { return w.bad[k] }) {
-		w.bad["limit"] = true // "no limit" would repeat why
+		w.refuse("limit") // "no limit" would repeat why
 	}
 	return r, w
 }
@@ -271,7 +293,7 @@ func (f fields) limit(key string, v *yaml.Node) Limit {
 			// The options are checked together; with one refused,
 			// the others would be judged against its default.
 			if !ok {
-				f.w.bad[key] = true
+				f.w.refuse(key)
 			}
 		}) {
 			return l
@@ -293,7 +315,7 @@ type fields struct {
 func (f fields) problem(n *yaml.Node, path, format string, args ...any) {
 	f.d.problems = append(f.d.problems, Problem{Line: n.Line, Column: n.Column, Rule: f.rule, Msg: fmt.Sprintf(format, args...)})
 	if path != "" {
-		f.w.bad[path] = true
+		f.w.refuse(path)
 	}
 }
 
@@ -309,7 +331,9 @@ func (f fields) mapping(n *yaml.Node, prefix, what string, keys []string, set fu
 		f.problem(n, strings.TrimSuffix(prefix, "."), "%s must be a mapping of %s", what, strings.Join(keys, ", "))
 		return false
 	}
-	seen := map[string]*yaml.Node{}
+	if f.w.nodes == nil {
+		f.w.nodes = make([]pathNode, 0, len(n.Content)/2)
+	}
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		k, v := n.Content[j], n.Content[j+1]
 		if f.alias(k, "") {
@@ -324,18 +348,28 @@ func (f fields) mapping(n *yaml.Node, prefix, what string, keys []string, set fu
 			f.problem(k, "", "unknown field %q%s", prefix+key, suggest(key, keys))
 			continue
 		}
-		if first, ok := seen[key]; ok {
+		if first := firstKey(n.Content[:j], key); first != nil {
 			f.problem(k, "", "%s is given twice; the first is at line %d", prefix+key, first.Line)
 			continue
 		}
-		seen[key] = k
-		f.w.nodes[prefix+key] = v
+		f.w.nodes = append(f.w.nodes, pathNode{prefix + key, v})
 		if f.alias(v, prefix+key) {
 			continue
 		}
 		set(key, k, v)
 	}
 	return true
+}
+
+// firstKey returns the first key of the mapping's content that is the
+// scalar key, or nil.
+func firstKey(content []*yaml.Node, key string) *yaml.Node {
+	for j := 0; j+1 < len(content); j += 2 {
+		if k := content[j]; k.Kind == yaml.ScalarNode && k.Value == key {
+			return k
+		}
+	}
+	return nil
 }
 
 // alias refuses an alias node, reporting whether n was one. Following

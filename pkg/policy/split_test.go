@@ -1,0 +1,191 @@
+package policy
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// splitCases are policies of several rules in the styles people write,
+// and in the styles a split by lines could get wrong; split says whether
+// parseSplit reads them in pieces (the others it leaves to parseWhole).
+var splitCases = []struct {
+	name  string
+	text  string
+	split bool
+}{
+	{"flow items", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, port: 80, perSecond: {permits: 5}}
+  - {name: c, destination: db.internal, adaptive: {maximum: 90}}
+`, true},
+	{"block items, comments, maxRules first", `# egressd policy
+maxRules: 10
+rules: # the list
+  # the database
+  - name: a
+    destination: 10.0.0.1
+    concurrency: 1
+
+  - name: b   # trailing
+    destination: 10.0.0.0/8
+    perWindow:
+      permits: 5
+      window: 1s
+# a comment at the first column, inside the list
+  - name: c
+    destination: "::1"
+    shared: {redis: "redis://127.0.0.1:6379", key: k}
+    perSecond:
+      permits: 5
+`, true},
+	{"list at the first column, maxRules after", `rules:
+- {name: a, destination: 10.0.0.1, concurrency: 1}
+- name: b
+  destination: 10.0.0.2
+  concurrency: 2
+maxRules: 5
+`, true},
+	{"no newline at the end", "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 1}", true},
+
+	{"an item line inside a quoted value", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1, errno: "EPERM
+  - x"}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+`, false},
+	{"an item line inside a flow value", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1, perSecond: [
+  - x]}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+`, false},
+	{"an anchor used in a later piece", `rules:
+  - &r {name: a, destination: 10.0.0.1, concurrency: 1}
+  - *r
+`, false},
+	{"an anchor of the top level used in the list", `maxRules: &m 3
+rules:
+  - {name: a, destination: 10.0.0.1, concurrency: *m}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+`, false},
+	{"an item's value on the next line", `rules:
+  -
+    {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+`, false},
+	{"a line at the items' indentation that starts none", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  x: 1
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+`, false},
+	{"rules twice", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+rules:
+  - {name: c, destination: 10.0.0.3, concurrency: 1}
+`, false},
+	{"rules twice, the second quoted", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+"rules": []
+`, false},
+	{"a second document", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+---
+rules: []
+`, false},
+	{"a tab", "rules:\n  - {name: a, destination: 10.0.0.1,\tconcurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 1}\n", false},
+	{"carriage returns", "rules:\r\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\r\n  - {name: b, destination: 10.0.0.2, concurrency: 1}\r\n", false},
+	{"a flow list", "rules: [{name: a, destination: 10.0.0.1, concurrency: 1}, {name: b, destination: 10.0.0.2, concurrency: 1}]\n", false},
+	{"one name twice, in two pieces", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: a, destination: 10.0.0.2, concurrency: 1}
+`, false},
+	{"a problem in one piece", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 0}
+`, false},
+	{"more rules than maxRules", `maxRules: 1
+rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+`, false},
+	{"rules: inside a quoted value of the top level", `maxRules: "1
+rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 1}
+"
+`, false},
+}
+
+func TestSplit(t *testing.T) {
+	for _, tc := range splitCases {
+		t.Run(tc.name, func(t *testing.T) {
+			whole, wholeErr := parseWhole([]byte(tc.text))
+			for _, per := range []int{1, 2} {
+				p, ok := parseSplit([]byte(tc.text), per)
+				if ok != tc.split && per == 1 {
+					t.Errorf("parseSplit(%d) ok = %v, want %v", per, ok, tc.split)
+				}
+				if ok && (wholeErr != nil || !reflect.DeepEqual(p, whole)) {
+					t.Errorf("parseSplit(%d) = %+v; parseWhole = %+v, %v", per, p, whole, wholeErr)
+				}
+			}
+			// What Parse answers does not depend on the way.
+			p, err := Parse([]byte(tc.text))
+			if !reflect.DeepEqual(p, whole) || errString(err) != errString(wholeErr) {
+				t.Errorf("Parse = %+v, %v; parseWhole = %+v, %v", p, err, whole, wholeErr)
+			}
+		})
+	}
+}
+
+// TestSplitLarge: Parse reads a large policy in pieces, to the same
+// policy as in one, and a problem in it is reported with its line.
+func TestSplitLarge(t *testing.T) {
+	data := manyRules(3 * splitMin)
+	per := splitPiece(data)
+	if per == 0 {
+		t.Fatalf("splitPiece(%d rules) = 0", 3*splitMin)
+	}
+	p, ok := parseSplit(data, per)
+	whole, err := parseWhole(data)
+	if !ok || err != nil || !reflect.DeepEqual(p, whole) {
+		t.Fatalf("parseSplit ok %v; parseWhole err %v; equal %v", ok, err, reflect.DeepEqual(p, whole))
+	}
+	bad := strings.Replace(string(data), "{name: r5000, ", "{name: r5000, port: 0, ", 1)
+	_, err = Parse([]byte(bad))
+	if err == nil || !strings.Contains(err.Error(), "line 5002") {
+		t.Fatalf("Parse of a large policy with a bad port at line 5002: %v", err)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// FuzzSplit holds parseSplit to parseWhole: whatever it reads in pieces,
+// it reads as parseWhole does.
+//
+//	go test -run '^$' -fuzz FuzzSplit -fuzztime 60s ./pkg/policy/
+func FuzzSplit(f *testing.F) {
+	for _, tc := range splitCases {
+		f.Add([]byte(tc.text))
+	}
+	f.Add([]byte(example))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, per := range []int{1, 2, 3} {
+			p, ok := parseSplit(data, per)
+			if !ok {
+				continue
+			}
+			whole, err := parseWhole(data)
+			if err != nil || !reflect.DeepEqual(p, whole) {
+				t.Fatalf("parseSplit(%d) = %+v; parseWhole = %+v, %v", per, p, whole, err)
+			}
+		}
+	})
+}
