@@ -129,7 +129,8 @@ func (d *Daemon) change(fn func() ([]retired, error)) error {
 // held.
 func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
 	merged := effective(p, o)
-	if err := (&policy.Policy{Rules: specs(merged)}).Validate(); err != nil {
+	rules := specs(merged)
+	if err := (&policy.Policy{Rules: rules}).Validate(); err != nil {
 		return nil, err
 	}
 	next := make(map[string]*entry, len(merged))
@@ -162,7 +163,7 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 		}
 	}
 	d.policy, d.applied, d.entries, d.scopes = p, o, next, f.scopes
-	d.uses, d.adaptive = usesOf(specs(merged)), nil
+	d.uses, d.adaptive = usesOf(rules), nil
 	for _, e := range merged {
 		if e.ctrl != nil && e.installed() {
 			d.adaptive = append(d.adaptive, e)
@@ -252,7 +253,8 @@ func (d *Daemon) carryShare(s share, old *entry) {
 func (d *Daemon) logChanges(old, next map[string]*entry) {
 	type change struct {
 		msg  string
-		args []any
+		name string
+		e    *entry // nil for a removed rule
 	}
 	var changes []change
 	added, changed, removed := 0, 0, 0
@@ -261,27 +263,34 @@ func (d *Daemon) logChanges(old, next map[string]*entry) {
 		switch {
 		case !ok:
 			added++
-			changes = append(changes, change{"rule added", []any{"rule", name, "source", e.source, "pending", e.pending}})
+			changes = append(changes, change{"rule added", name, e})
 		case o.spec != e.spec || o.pending != e.pending:
 			changed++
-			changes = append(changes, change{"rule changed", []any{"rule", name, "source", e.source, "pending", e.pending}})
+			changes = append(changes, change{"rule changed", name, e})
 		}
 	}
 	for name := range old {
 		if _, ok := next[name]; !ok {
 			removed++
-			changes = append(changes, change{"rule removed", []any{"rule", name}})
+			changes = append(changes, change{"rule removed", name, nil})
 		}
 	}
 	// A policy of 100,000 rules would take seconds to log line by line:
 	// past logChangesEach, one line counts them and each goes to Debug.
-	level := slog.LevelInfo
+	ctx, level := context.Background(), slog.LevelInfo
 	if len(changes) > logChangesEach {
 		d.log.Info("rules changed", "added", added, "changed", changed, "removed", removed)
 		level = slog.LevelDebug
 	}
+	if !d.log.Enabled(ctx, level) {
+		return
+	}
 	for _, c := range changes {
-		d.log.Log(context.Background(), level, c.msg, c.args...)
+		if c.e == nil {
+			d.log.Log(ctx, level, c.msg, "rule", c.name)
+		} else {
+			d.log.Log(ctx, level, c.msg, "rule", c.name, "source", c.e.source, "pending", c.e.pending)
+		}
 	}
 }
 
