@@ -179,10 +179,11 @@ func TestInstallWholeOrNothing(t *testing.T) {
 	}
 	before, syncs := td.state(), td.fake.syncs
 
-	// Two rules on the same traffic: the policy's check refuses it.
-	clash := good + "  - {name: again, destination: 10.0.0.1, concurrency: 1}\n"
-	if err := td.install(context.Background(), &policy.Policy{Rules: parseLoose(t, clash)}); !errors.Is(err, policy.ErrInvalid) {
-		t.Errorf("install of two rules on one destination = %v, want a policy error", err)
+	// A run-time rule on the same traffic as the file's: the policy's
+	// check refuses it.
+	clash := parse(t, "rules:\n  - {name: again, destination: 10.0.0.1, concurrency: 1}\n").Rules[0]
+	if err := td.setRule(context.Background(), clash); !errors.Is(err, policy.ErrInvalid) {
+		t.Errorf("a run-time rule on the file's destination = %v, want a policy error", err)
 	}
 	// The kernel refuses the write.
 	td.fake.fail(errWrite)
@@ -193,17 +194,6 @@ func TestInstallWholeOrNothing(t *testing.T) {
 	if got := td.state(); !equalMaps(got, before) || td.fake.syncs != syncs {
 		t.Errorf("after refused installs: table %v (was %v), %d syncs (was %d)", got, before, td.fake.syncs, syncs)
 	}
-}
-
-// parseLoose reads rules without the policy's whole check (which would
-// refuse them before install could).
-func parseLoose(t *testing.T, text string) []policy.Rule {
-	t.Helper()
-	var rules []policy.Rule
-	for _, line := range strings.Split(strings.TrimSpace(text), "\n")[1:] {
-		rules = append(rules, parse(t, "rules:\n"+line+"\n").Rules...)
-	}
-	return rules
 }
 
 // TestRunTimeChanges: a rule set or removed at run time is kept in the
