@@ -261,10 +261,13 @@ struct sample {
  * old programs run, and adds what they counted after its copy. */
 struct merge_args {
 	__u32 slot;
-	__u32 _pad;
+	__u32 epoch; /* of the state the gains are from, at their end */
 	__s64 live;
 	__s64 spent;
 	__u64 tokens; /* taken from the bucket: subtracted */
+	/* That state's bucket, for a copy it started after */
+	__u64 bucket_tokens;
+	__u64 refilled_ns;
 	__u64 counters[COUNTER_LEN];
 	__u64 segment_id[MAX_SEGMENTS];
 	__u32 segment_count[MAX_SEGMENTS];
@@ -1267,8 +1270,25 @@ int egressd_merge(struct merge_args *a)
 #pragma unroll
 	for (int i = 0; i < COUNTER_LEN; i++)
 		__sync_fetch_and_add(&st->counters[i], a->counters[i]);
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 	bpf_spin_lock(&st->lock);
-	st->tokens = st->tokens > a->tokens ? st->tokens - a->tokens : 0;
+	if (r && a->epoch == r->epoch && st->epoch != r->epoch) {
+		/* The copy was of a state not yet started, which the old
+		 * programs then started, and no program has touched this
+		 * one since: the old state is the whole truth (the loader
+		 * sent its segments whole). Left as it was, this state's
+		 * first use would start it afresh and forget them. */
+		st->epoch = a->epoch;
+		st->tokens = a->bucket_tokens;
+		st->refilled_ns = a->refilled_ns;
+#pragma unroll
+		for (int i = 0; i < MAX_SEGMENTS; i++) {
+			st->segment_id[i] = 0;
+			st->segment_count[i] = 0;
+		}
+	} else {
+		st->tokens = st->tokens > a->tokens ? st->tokens - a->tokens : 0;
+	}
 #pragma unroll
 	for (int i = 0; i < MAX_SEGMENTS; i++) {
 		__u64 id = a->segment_id[i];

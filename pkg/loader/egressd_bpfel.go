@@ -63,10 +63,12 @@ type egressdIterRec struct {
 type egressdMergeArgs struct {
 	_            structs.HostLayout
 	Slot         uint32
-	Pad          uint32
+	Epoch        uint32
 	Live         int64
 	Spent        int64
 	Tokens       uint64
+	BucketTokens uint64
+	RefilledNs   uint64
 	Counters     [10]uint64
 	SegmentId    [32]uint64
 	SegmentCount [32]uint32

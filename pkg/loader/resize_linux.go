@@ -73,6 +73,9 @@ func (d *Datapath) resize(n int) error {
 	}
 	kept := min(n, old)
 	copied, err := d.fill(fresh, kept)
+	if err == nil {
+		err = (&writer{fault: d.fault}).injected("copied")
+	}
 	if err != nil {
 		closeMaps()
 		return err
@@ -279,7 +282,8 @@ func (s *snapshot) write(states, latency *ebpf.Map) error {
 // false when nothing changed.
 func (s *snapshot) delta(now *snapshot, slot int) (egressdMergeArgs, bool) {
 	a, b := &s.states[slot], &now.states[slot]
-	m := egressdMergeArgs{Slot: uint32(slot), Live: b.Live - a.Live, Spent: int64(b.Spent - a.Spent)}
+	m := egressdMergeArgs{Slot: uint32(slot), Epoch: b.Epoch, Live: b.Live - a.Live, Spent: int64(b.Spent - a.Spent),
+		BucketTokens: b.Tokens, RefilledNs: b.RefilledNs}
 	changed := m.Live != 0 || m.Spent != 0
 	for i := range m.Counters {
 		m.Counters[i] = b.Counters[i] - a.Counters[i]
@@ -289,10 +293,15 @@ func (s *snapshot) delta(now *snapshot, slot int) (egressdMergeArgs, bool) {
 	// mode's over-limit ones aside; other shapes have no tokens to lose.
 	took := m.Counters[egressdCounterCOUNTER_ADMITTED] - m.Counters[egressdCounterCOUNTER_SHADOW_REFUSED]
 	m.Tokens = took * 1_000_000_000
+	// A segment the copy had is counted from there; one started after
+	// the copy (another segment, or the state started afresh: another
+	// epoch) is counted whole.
 	for i := range b.SegmentId {
 		m.SegmentId[i] = b.SegmentId[i]
 		m.SegmentCount[i] = b.SegmentCount[i]
-		if b.SegmentId[i] == a.SegmentId[i] {
+		// Never less than the copy's (a count of 2^32 - k would refuse
+		// everything until the segment leaves the window).
+		if b.SegmentId[i] == a.SegmentId[i] && b.Epoch == a.Epoch && b.SegmentCount[i] >= a.SegmentCount[i] {
 			m.SegmentCount[i] -= a.SegmentCount[i]
 		}
 		changed = changed || m.SegmentCount[i] != 0

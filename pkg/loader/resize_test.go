@@ -73,7 +73,8 @@ func TestResizeCarriesCounts(t *testing.T) {
 	}
 	for range 2 {
 		if r := <-done; r.err != nil || !strings.HasPrefix(r.line, "ok") {
-			t.Fatalf("churn: %q, %v", r.line, r.err)
+			// Which rule refused, and what it held, says where to look.
+			t.Fatalf("churn: %q, %v; conc %+v; window %+v; busy %+v", r.line, r.err, stats(t, d, "conc"), stats(t, d, "window"), stats(t, d, "busy"))
 		}
 	}
 	held = append(held, dial(t, srv), dial(t, srv))
@@ -112,5 +113,66 @@ func TestResizeCarriesCounts(t *testing.T) {
 	put(t, d, Rule{Name: "late", Dests: prefixes("10.9.0.0/16"), Limit: 1})
 	if err := d.Resize(2); !errors.Is(err, ErrFull) {
 		t.Fatalf("resize below a rule's slot: %v, want ErrFull", err)
+	}
+}
+
+// A state the copy took before it was started, and which the old programs
+// then started, carries on in the new tables: a sliding window and a
+// bucket first used between the copy and the swap keep what they counted
+// (once, CI saw a window's count wrap and refuse everything: the new
+// state, still unstarted, was started afresh by its first use).
+func TestResizeStartedAfterCopy(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg, pins := privtest.Cgroup(t, "resize-start"), privtest.PinDir(t)
+	d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	closing := func(c net.Conn) { c.Close() }
+	window, bucket := serve(t, "tcp4", "127.0.0.1:0", closing), serve(t, "tcp4", "127.0.0.1:0", closing)
+	const permits, burst = 5, 20
+	put(t, d, Rule{Name: "window", Dests: []netip.Prefix{netip.PrefixFrom(window.Addr(), 32)}, Port: window.Port(), Shape: ShapePerWindow, Limit: permits, Window: time.Hour})
+	put(t, d, Rule{Name: "bucket", Dests: []netip.Prefix{netip.PrefixFrom(bucket.Addr(), 32)}, Port: bucket.Port(), Shape: ShapePerSecond, Limit: 1, Burst: burst})
+	privtest.Join(t, cg)
+	connectN := func(ap netip.AddrPort, n int) (admitted int) {
+		for range n {
+			c, err := connect(ap)
+			if err == nil {
+				c.Close()
+				admitted++
+			} else if !errors.Is(err, syscall.EPERM) {
+				t.Errorf("connect %s: %v", ap, err)
+			}
+		}
+		return admitted
+	}
+	var first time.Time
+	d.fault = func(step string) error {
+		if step == "copied" {
+			first = time.Now()
+			if n := connectN(window, 3); n != 3 {
+				t.Errorf("between copy and swap: window admitted %d of 3", n)
+			}
+			if n := connectN(bucket, 10); n != 10 {
+				t.Errorf("between copy and swap: bucket admitted %d of 10", n)
+			}
+		}
+		return nil
+	}
+	if err := d.Resize(64); err != nil {
+		t.Fatal(err)
+	}
+	d.fault = nil
+	if first.IsZero() {
+		t.Fatal("the resize never reached its copy")
+	}
+	if n := connectN(window, 2*permits); n != permits-3 {
+		t.Errorf("window after the resize admitted %d, want %d: the 3 before it are forgotten", n, permits-3)
+	}
+	n := 10 + connectN(bucket, 2*burst)
+	// The bucket refills one a second.
+	if most := burst + int(time.Since(first)/time.Second) + 1; n > most {
+		t.Errorf("bucket admitted %d in %v, at most %d: the 10 before the resize are forgotten", n, time.Since(first), most)
 	}
 }
