@@ -160,7 +160,7 @@ func (d *Datapath) Put(r Rule) error {
 // PutMany applies many rules with batched map writes. Every rule is
 // checked before anything is written; on a problem nothing changes.
 func (d *Datapath) PutMany(rules []Rule) error {
-	if err := validateAll(rules); err != nil {
+	if _, err := validateAll(rules); err != nil {
 		return err
 	}
 	d.mu.Lock()
@@ -176,15 +176,12 @@ func (d *Datapath) PutMany(rules []Rule) error {
 // the rest put, all checked first and written together, so that a policy
 // reload either applies whole or changes nothing.
 func (d *Datapath) Sync(rules []Rule) error {
-	if err := validateAll(rules); err != nil {
+	keep, err := validateAll(rules)
+	if err != nil {
 		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	keep := map[string]bool{}
-	for _, r := range rules {
-		keep[r.Name] = true
-	}
 	var gone []uint32
 	for name, idx := range d.t.byName {
 		if !keep[name] {
@@ -199,10 +196,12 @@ func (d *Datapath) Sync(rules []Rule) error {
 	return d.apply(&p)
 }
 
-func validateAll(rules []Rule) error {
+// validateAll checks rules and returns the set of their names.
+func validateAll(rules []Rule) (map[string]bool, error) {
 	var errs []error
-	seen := map[string]bool{}
-	for i, r := range rules {
+	seen := make(map[string]bool, len(rules))
+	for i := range rules {
+		r := &rules[i]
 		if err := r.Validate(); err != nil {
 			errs = append(errs, err)
 		}
@@ -211,7 +210,7 @@ func validateAll(rules []Rule) error {
 		}
 		seen[r.Name] = true
 	}
-	return errors.Join(errs...)
+	return seen, errors.Join(errs...)
 }
 
 // Reclaim takes back a granted rule's unspent permits but keep: it lowers
@@ -361,11 +360,6 @@ func (d *Datapath) syncHints() error {
 }
 
 func (d *Datapath) write(w *writer, p *plan, want hints) error {
-	oldSlot := func(idx uint32) slot { return d.t.slots[idx] }
-	newSlot := map[uint32]slot{}
-	for _, c := range p.changes {
-		newSlot[c.idx] = c.new
-	}
 	if len(p.delKeys) > 0 {
 		err := w.do("delete rule keys", func() error {
 			for _, k := range p.delKeys {
@@ -406,14 +400,16 @@ func (d *Datapath) write(w *writer, p *plan, want hints) error {
 			return err
 		}
 	}
-	if err := writeSlots(w, "rule metadata", d.objs.RuleMetas, p.metas, func(idx uint32) egressdRuleMeta {
-		return encodeMeta(newSlot[idx].rule)
-	}, func(idx uint32) egressdRuleMeta { return encodeMeta(oldSlot(idx).rule) }); err != nil {
+	if err := writeSlots(w, "rule metadata", d.objs.RuleMetas, p.metas, func(i int) (egressdRuleMeta, egressdRuleMeta) {
+		c := &p.changes[p.metaOf[i]]
+		return encodeMeta(c.new.rule), encodeMeta(c.old.rule)
+	}); err != nil {
 		return err
 	}
-	if err := writeSlots(w, "rules", d.objs.Rules, p.rules, func(idx uint32) egressdRule {
-		return newSlot[idx].kernelRule()
-	}, func(idx uint32) egressdRule { return oldSlot(idx).kernelRule() }); err != nil {
+	if err := writeSlots(w, "rules", d.objs.Rules, p.rules, func(i int) (egressdRule, egressdRule) {
+		c := &p.changes[i]
+		return c.new.kernelRule(), c.old.kernelRule()
+	}); err != nil {
 		return err
 	}
 	if p.hintsChange() {
@@ -451,8 +447,14 @@ func (d *Datapath) keyMap(k ruleKey) *ebpf.Map {
 
 // putKeys writes keys, a batch per key table.
 func (d *Datapath) putKeys(puts []keyPut) error {
-	var exact, prefixes []egressdRuleKey
-	var exactIdx, prefixIdx []uint32
+	n := 0
+	for _, k := range puts {
+		if k.key.exact() {
+			n++
+		}
+	}
+	exact, prefixes := make([]egressdRuleKey, 0, n), make([]egressdRuleKey, 0, len(puts)-n)
+	exactIdx, prefixIdx := make([]uint32, 0, n), make([]uint32, 0, len(puts)-n)
 	for _, k := range puts {
 		if k.key.exact() {
 			exact, exactIdx = append(exact, k.key.kernel()), append(exactIdx, k.idx)
@@ -473,14 +475,14 @@ func (d *Datapath) putKeys(puts []keyPut) error {
 
 // writeSlots writes the values of slots idxs into a rule table; its undo
 // writes back the old values.
-func writeSlots[V any](w *writer, what string, m *ebpf.Map, idxs []uint32, newVal, oldVal func(uint32) V) error {
+func writeSlots[V any](w *writer, what string, m *ebpf.Map, idxs []uint32, values func(i int) (new, old V)) error {
 	if len(idxs) == 0 {
 		return nil
 	}
 	vals := make([]V, len(idxs))
 	olds := make([]V, len(idxs))
-	for i, idx := range idxs {
-		vals[i], olds[i] = newVal(idx), oldVal(idx)
+	for i := range idxs {
+		vals[i], olds[i] = values(i)
 	}
 	return w.do("write "+what, func() error { return batchUpdate(m, idxs, vals) },
 		func() error { return batchUpdate(m, idxs, olds) })

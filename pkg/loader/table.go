@@ -79,10 +79,11 @@ func (t *table) resize(n, maxKeys int) {
 func (t *table) add(idx uint32, s slot) {
 	t.slots[idx] = s
 	t.byName[s.rule.Name] = idx
-	for _, k := range ruleKeys(&s.rule) {
+	keys := ruleKeys(&s.rule)
+	for _, k := range keys {
 		t.byKey[k] = idx
 	}
-	t.uses.add(&s.rule, 1)
+	t.uses.add(&s.rule, keys, 1)
 }
 
 // change is one slot write.
@@ -91,6 +92,9 @@ type change struct {
 	old    slot // before; zero when the slot was free
 	new    slot // after; inactive for a removal
 	create bool // start the slot's counts afresh
+	// The keys of old and new, worked out once (writes): a plan of
+	// 100,000 rules needs them three times.
+	oldKeys, newKeys []ruleKey
 }
 
 // keyPut makes a key match a slot.
@@ -110,7 +114,8 @@ type plan struct {
 	delKeys []ruleKey
 	fresh   []uint32 // used slots whose state, counters and latency start again at zero
 	metas   []uint32 // slots whose metadata is written
-	rules   []uint32 // slots whose rule is written (every change)
+	metaOf  []int    // the change of each of metas
+	rules   []uint32 // slots whose rule is written: every change's, in order
 	putKeys []keyPut
 }
 
@@ -121,8 +126,8 @@ func (p *plan) hintsChange() bool { return len(p.delKeys) > 0 || len(p.putKeys) 
 // hintsAfter returns the lookup hints once p is applied.
 func (t *table) hintsAfter(p *plan) hints {
 	u := t.uses.clone()
-	for _, c := range p.changes {
-		u.change(c)
+	for i := range p.changes {
+		u.change(&p.changes[i])
 	}
 	return u.hints()
 }
@@ -130,13 +135,13 @@ func (t *table) hintsAfter(p *plan) hints {
 // requestsAfter returns how many rules track requests once p is applied.
 func (t *table) requestsAfter(p *plan) int {
 	n := t.uses.requests
-	for _, c := range p.changes {
-		n += tracks(c.new) - tracks(c.old)
+	for i := range p.changes {
+		n += tracks(&p.changes[i].new) - tracks(&p.changes[i].old)
 	}
 	return n
 }
 
-func tracks(s slot) int {
+func tracks(s *slot) int {
 	if s.active && s.rule.Requests {
 		return 1
 	}
@@ -148,9 +153,14 @@ func tracks(s slot) int {
 // table. New rules take free slots from the head of the queue.
 func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 	p := plan{changes: make([]change, 0, len(gone)+len(rules))}
-	inBatch := make(map[string]bool, len(rules)+len(gone))
-	for _, r := range rules {
-		inBatch[r.Name] = true
+	// Names in the batch, for keys held by rules in the table: none at
+	// start, when there are often the most rules.
+	var inBatch map[string]bool
+	if len(t.byName) > 0 || len(gone) > 0 {
+		inBatch = make(map[string]bool, len(rules)+len(gone))
+		for _, r := range rules {
+			inBatch[r.Name] = true
+		}
 	}
 	for _, idx := range gone {
 		old := t.slots[idx]
@@ -163,7 +173,8 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 	for _, r := range rules {
 		r = r.WithDefaults()
 		conflict := false
-		for _, k := range ruleKeys(&r) {
+		keys := ruleKeys(&r)
+		for _, k := range keys {
 			other, ok := claimed[k]
 			if !ok {
 				// A key held by a rule outside the batch stays held; one
@@ -192,7 +203,7 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 			if restartsState(&old.rule, &r) {
 				next.epoch++
 			}
-			p.changes = append(p.changes, change{idx: idx, old: old, new: next})
+			p.changes = append(p.changes, change{idx: idx, old: old, new: next, newKeys: keys})
 			continue
 		}
 		if p.taken == len(t.free) {
@@ -201,7 +212,7 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 		}
 		idx := t.free[p.taken]
 		p.taken++
-		p.changes = append(p.changes, change{idx: idx, old: t.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true})
+		p.changes = append(p.changes, change{idx: idx, old: t.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true, newKeys: keys})
 		gen++
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -248,8 +259,15 @@ func (t *table) deletion(idx uint32) plan {
 
 // writes derives the kernel writes from the changes.
 func (p *plan) writes() {
-	for _, c := range p.changes {
-		oldKeys, newKeys := keysOf(c.old), keysOf(c.new)
+	p.rules = make([]uint32, 0, len(p.changes))
+	p.putKeys = make([]keyPut, 0, len(p.changes))
+	for i := range p.changes {
+		c := &p.changes[i]
+		c.oldKeys = keysOf(&c.old)
+		if c.newKeys == nil {
+			c.newKeys = keysOf(&c.new)
+		}
+		oldKeys, newKeys := c.oldKeys, c.newKeys
 		for _, k := range oldKeys {
 			if !slices.Contains(newKeys, k) {
 				p.delKeys = append(p.delKeys, k)
@@ -265,14 +283,14 @@ func (p *plan) writes() {
 			p.fresh = append(p.fresh, c.idx)
 		}
 		if c.create || (c.new.active && metaOf(&c.new.rule) != metaOf(&c.old.rule)) {
-			p.metas = append(p.metas, c.idx)
+			p.metas, p.metaOf = append(p.metas, c.idx), append(p.metaOf, i)
 		}
 		p.rules = append(p.rules, c.idx)
 	}
 }
 
 // keysOf returns the keys of an active slot.
-func keysOf(s slot) []ruleKey {
+func keysOf(s *slot) []ruleKey {
 	if !s.active {
 		return nil
 	}
@@ -282,10 +300,17 @@ func keysOf(s slot) []ruleKey {
 // commit makes the table what p makes the kernel.
 func (t *table) commit(p *plan) {
 	t.free = t.free[p.taken:]
-	for _, c := range p.changes {
+	// Maps grown by many rules at once are made at their size: a start
+	// with 100,000 rules would otherwise grow them a dozen times.
+	if len(p.changes) > len(t.byName) {
+		t.byName = grown(t.byName, len(p.changes))
+		t.byKey = grown(t.byKey, len(p.changes))
+	}
+	for i := range p.changes {
+		c := &p.changes[i]
 		if c.old.active {
 			delete(t.byName, c.old.rule.Name)
-			for _, k := range ruleKeys(&c.old.rule) {
+			for _, k := range c.oldKeys {
 				delete(t.byKey, k)
 			}
 		}
@@ -298,14 +323,21 @@ func (t *table) commit(p *plan) {
 			t.nextGen = max(t.nextGen, c.new.gen+1)
 		}
 	}
-	for _, c := range p.changes {
-		if c.new.active {
+	for i := range p.changes {
+		if c := &p.changes[i]; c.new.active {
 			t.byName[c.new.rule.Name] = c.idx
-			for _, k := range ruleKeys(&c.new.rule) {
+			for _, k := range c.newKeys {
 				t.byKey[k] = c.idx
 			}
 		}
 	}
+}
+
+// grown returns m, or a copy of it with room for more entries.
+func grown[K comparable, V any](m map[K]V, more int) map[K]V {
+	g := make(map[K]V, len(m)+more)
+	maps.Copy(g, m)
+	return g
 }
 
 // ruleMeta is what the kernel keeps of a rule for user space alone: what
@@ -396,21 +428,23 @@ func (u *uses) clone() uses {
 	return c
 }
 
-func (u *uses) change(c change) {
+// change counts a change whose keys writes worked out.
+func (u *uses) change(c *change) {
 	if c.old.active {
-		u.add(&c.old.rule, -1)
+		u.add(&c.old.rule, c.oldKeys, -1)
 	}
 	if c.new.active {
-		u.add(&c.new.rule, 1)
+		u.add(&c.new.rule, c.newKeys, 1)
 	}
 }
 
-func (u *uses) add(r *Rule, n int) {
+// add counts n of rule r, whose keys are keys.
+func (u *uses) add(r *Rule, keys []ruleKey, n int) {
 	if r.Requests {
 		u.requests += n
 	}
 	class := classOf(r)
-	for _, k := range ruleKeys(r) {
+	for _, k := range keys {
 		bit := classBit(class, k.exact())
 		u.bits[bit] += n
 		if k.exact() {

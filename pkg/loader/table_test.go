@@ -197,7 +197,7 @@ func TestCommit(t *testing.T) {
 	}
 	want := newUses()
 	for _, r := range tb.rules() {
-		want.add(&r, 1)
+		want.add(&r, ruleKeys(&r), 1)
 	}
 	if got := tb.uses.hints(); got.classes != want.hints().classes || got.levels != 0 || len(got.scopes) != 0 ||
 		got.ports != want.hints().ports || tb.uses.requests != 0 {

@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // splitCases are policies of several rules in the styles people write,
@@ -188,4 +190,25 @@ func FuzzSplit(f *testing.F) {
 			}
 		}
 	})
+}
+
+// plainDecimal reads what the YAML decoder reads, or leaves it to it.
+func TestPlainDecimal(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		read bool // by plainDecimal, not left to the decoder
+	}{
+		{"0", true}, {"7", true}, {"-7", true}, {"65535", true}, {"123456789012345678", true},
+		{"-0", true}, {"017", false}, {"0x1f", false}, {"0o17", false}, {"1_000", false}, {"+5", false},
+		{"", false}, {"-", false}, {"1e3", false}, {"12a", false}, {"1234567890123456789", false},
+	} {
+		got, ok := plainDecimal(tc.in)
+		if ok != tc.read {
+			t.Errorf("plainDecimal(%q) ok = %v, want %v", tc.in, ok, tc.read)
+		}
+		var want int
+		if err := yaml.Unmarshal([]byte(tc.in), &want); ok && (err != nil || got != want) {
+			t.Errorf("plainDecimal(%q) = %d; the YAML decoder: %d, %v", tc.in, got, want, err)
+		}
+	}
 }
