@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 // slot is user space's view of one entry of the rule tables.
@@ -40,8 +42,8 @@ const keysPerRule = 4
 func SlotsFor(rules []Rule) int {
 	var exact, prefixes int
 	for i := range rules {
-		for _, k := range ruleKeys(&rules[i]) {
-			if k.exact() {
+		for _, d := range rules[i].Dests {
+			if (ruleKey{dest: kernelrule.Mapped(d)}).exact() {
 				exact++
 			} else {
 				prefixes++
