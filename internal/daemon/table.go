@@ -123,12 +123,13 @@ func (d *Daemon) change(fn func() ([]retired, error)) error {
 	return err
 }
 
-// applyLocked makes the rules p and o give the table: it checks them
-// whole, plans each one's kernel rule with f, writes them all in one Sync,
-// and takes the new table. On any problem nothing changes. p is a policy
-// policy.Parse returned, which passed the checks: only rules o sets can
-// clash with it or each other (removing rules cannot), and checking
-// 100,000 rules again costs a tenth of a second. Call with d.mu held.
+// applyLocked makes the rules p and o give the table: it checks them,
+// plans each one's kernel rule with f, writes them all in one Sync, and
+// takes the new table. On any problem nothing changes. p is a policy
+// policy.Parse returned, which passed the checks, so they run again only
+// when o sets rules, which can clash with p's or each other's (removing
+// rules cannot make a clash): checking 100,000 rules costs a tenth of a
+// second. Call with d.mu held.
 func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
 	merged := effective(p, o)
 	rules := p.Rules
