@@ -164,7 +164,11 @@ func Open(cfg *Config) (*Datapath, error) {
 		d.lock.Close()
 		return nil, err
 	}
-	if d.t, err = d.readTable(); err != nil {
+	if !d.adopted {
+		// Tables made just now hold nothing: reading 100,000 empty
+		// slots back would take a tenth of a second of a start.
+		d.t = emptyTable(d.cfg.MaxRules, d.cfg.MaxRules*keysPerRule)
+	} else if d.t, err = d.readTable(); err != nil {
 		d.closeFDs()
 		return nil, err
 	}

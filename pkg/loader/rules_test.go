@@ -564,3 +564,24 @@ func TestStatusReadsEveryRule(t *testing.T) {
 	}
 	check("sparse", 3)
 }
+
+// A table of kernel tables just made is the one readTable would read
+// back from them.
+func TestEmptyTableIsReadBack(t *testing.T) {
+	privtest.RequireRoot(t)
+	d, err := Open(&Config{Cgroup: privtest.Cgroup(t, "empty"), PinDir: privtest.PinDir(t), MaxRules: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	if d.Adopted() {
+		t.Fatal("a datapath in a new pin directory was adopted")
+	}
+	read, err := d.readTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(read, emptyTable(64, 64*keysPerRule)) {
+		t.Fatalf("read back %+v, want the empty table", read)
+	}
+}

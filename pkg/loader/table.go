@@ -60,6 +60,19 @@ func newTable(size, maxKeys int) *table {
 	return &table{slots: make([]slot, size), byName: map[string]uint32{}, byKey: map[ruleKey]uint32{}, uses: newUses(), maxKeys: maxKeys, nextGen: 1}
 }
 
+// emptyTable is the table of kernel tables just made, as readTable would
+// read it back: every slot free, in order, and the next generation one
+// past the largest it could find.
+func emptyTable(size, maxKeys int) *table {
+	t := newTable(size, maxKeys)
+	t.free = make([]uint32, size)
+	for i := range t.free {
+		t.free[i] = uint32(i)
+	}
+	t.nextGen++
+	return t
+}
+
 // resize makes the table n slots and maxKeys keys each for whole
 // addresses and prefixes. New slots are free, after those free already;
 // slots cut off must be free.
