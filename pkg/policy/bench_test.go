@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,6 +25,24 @@ func BenchmarkParse100k(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {
 		if _, err := Parse(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReload100k is a Reader's read of the 100,000-rule policy after
+// an edit that added a rule at its end, the reload tests/ measures: the
+// reads alternate between the file with the rule and the file without.
+func BenchmarkReload100k(b *testing.B) {
+	data := manyRules(100_000)
+	edited := append(slices.Clip(data), "  - {name: added, destination: 10.200.0.1, concurrency: 1}\n"...)
+	var r Reader
+	if _, err := r.Parse(data); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	for i := 0; b.Loop(); i++ {
+		if _, err := r.Parse([][]byte{edited, data}[i%2]); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"hash/fnv"
 	"runtime"
 	"sync"
 
@@ -22,6 +24,12 @@ import (
 // On any refusal, and on any problem with the policy, the whole file is
 // parsed again in one piece, which reports the problems with their lines.
 // FuzzSplit holds both ways to the same result.
+//
+// Where the pieces are cut depends on the items' text, not their count: a
+// piece ends after an item whose text hashes to a multiple of the piece
+// size. An edit then moves no cut but those beside it, and a [Reader]
+// reading the file again takes every piece whose text it read last time
+// as it was, without parsing it.
 
 // splitMin is about the number of rules below which a policy is read in
 // one piece: splitting a short file saves nothing.
@@ -38,9 +46,10 @@ func splitPiece(data []byte) int {
 	return splitMin / 2
 }
 
-// parseSplit reads data in pieces of perPiece rules; ok is false when it
-// cannot, or when the policy has a problem.
-func parseSplit(data []byte, perPiece int) (p *Policy, ok bool) {
+// parseSplit reads data in pieces of about perPiece rules; ok is false when
+// it cannot, or when the policy has a problem. With c set, a piece whose
+// text c holds is taken from it, and on success c holds this read's pieces.
+func parseSplit(data []byte, perPiece int, c *pieceCache) (p *Policy, ok bool) {
 	if perPiece <= 0 {
 		return nil, false
 	}
@@ -62,19 +71,35 @@ func parseSplit(data []byte, perPiece int) (p *Policy, ok bool) {
 	// would copy every rule again, with the collector's write barrier.
 	rules := make([]Rule, len(s.items))
 	type piece struct {
-		first int // index of its first rule
-		ok    bool
+		first, n int // its rules: rules[first:first+n]
+		sum      [sha256.Size]byte
+		ok       bool
+		parsed   bool // not found in c
 	}
 	var pieces []*piece
-	for i := 0; i < len(s.items); i += perPiece {
-		pieces = append(pieces, &piece{first: i})
+	starts := s.pieces(data, perPiece)
+	for i, first := range starts {
+		end := len(s.items)
+		if i+1 < len(starts) {
+			end = starts[i+1]
+		}
+		pieces = append(pieces, &piece{first: first, n: end - first})
 	}
 	work := make(chan *piece)
 	var wg sync.WaitGroup
 	for range min(runtime.GOMAXPROCS(0), len(pieces)) {
 		wg.Go(func() {
 			for pc := range work {
-				pc.ok = s.parse(data, pc.first, rules[pc.first:min(pc.first+perPiece, len(rules))])
+				into := rules[pc.first : pc.first+pc.n]
+				if c != nil {
+					pc.sum = sha256.Sum256(s.text(data, pc.first, pc.n))
+					if known, ok := c.rules[pc.sum]; ok && len(known) == pc.n {
+						copy(into, known)
+						pc.ok = true
+						continue
+					}
+				}
+				pc.ok, pc.parsed = s.parse(data, pc.first, into), true
 			}
 		})
 	}
@@ -94,7 +119,53 @@ func parseSplit(data []byte, perPiece int) (p *Policy, ok bool) {
 	if len(check(rules, nil)) > 0 || len(checkCapacity(len(rules), d.maxRules, d.maxRulesAt)) > 0 {
 		return nil, false
 	}
+	if c != nil {
+		c.rules, c.parsed = make(map[[sha256.Size]byte][]Rule, len(pieces)), 0
+		for _, pc := range pieces {
+			c.rules[pc.sum] = rules[pc.first : pc.first+pc.n : pc.first+pc.n]
+			if pc.parsed {
+				c.parsed++
+			}
+		}
+	}
 	return &Policy{Rules: rules, MaxRules: d.maxRules}, true
+}
+
+// pieceCache holds the rules of the pieces of the last policy read, by the
+// SHA-256 of their text: the same text is the same rules, whatever its
+// place in the file.
+type pieceCache struct {
+	rules map[[sha256.Size]byte][]Rule
+	// parsed is how many pieces the last read parsed; it found the others
+	// here.
+	parsed int
+}
+
+// pieces cuts the items into pieces of about per items: after an item
+// whose text hashes to a multiple of per, once the piece has a quarter of
+// per, and in any case at four times per. It returns the index of each
+// piece's first item.
+func (s split) pieces(data []byte, per int) []int {
+	starts := []int{0}
+	h := fnv.New64a()
+	for i := range len(s.items) - 1 {
+		n := i + 1 - starts[len(starts)-1]
+		h.Reset()
+		h.Write(s.text(data, i, 1))
+		if n >= 4*per || n >= per/4 && (h.Sum64()>>32)%uint64(per) == 0 {
+			starts = append(starts, i+1)
+		}
+	}
+	return starts
+}
+
+// text is the text of n items from the first.
+func (s split) text(data []byte, first, n int) []byte {
+	end := s.end
+	if first+n < len(s.items) {
+		end = s.items[first+n]
+	}
+	return data[s.items[first]:end]
 }
 
 // split is where the items of a policy's rules list are, by lines.
@@ -205,12 +276,8 @@ func (s split) keyAt(root *yaml.Node) bool {
 // pieces' trees at a time, not the file's.
 func (s split) parse(data []byte, first int, rules []Rule) bool {
 	n := len(rules)
-	end := s.end
-	if first+n < len(s.items) {
-		end = s.items[first+n]
-	}
 	var d decoder
-	root := d.root(data[s.items[first]:end])
+	root := d.root(s.text(data, first, n))
 	if root == nil || len(d.problems) > 0 || root.Kind != yaml.SequenceNode || len(root.Content) != n {
 		return false
 	}

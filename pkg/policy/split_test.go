@@ -125,7 +125,7 @@ func TestSplit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			whole, wholeErr := parseWhole([]byte(tc.text))
 			for _, per := range []int{1, 2} {
-				p, ok := parseSplit([]byte(tc.text), per)
+				p, ok := parseSplit([]byte(tc.text), per, nil)
 				if ok != tc.split && per == 1 {
 					t.Errorf("parseSplit(%d) ok = %v, want %v", per, ok, tc.split)
 				}
@@ -150,7 +150,7 @@ func TestSplitLarge(t *testing.T) {
 	if per == 0 {
 		t.Fatalf("splitPiece(%d rules) = 0", 3*splitMin)
 	}
-	p, ok := parseSplit(data, per)
+	p, ok := parseSplit(data, per, nil)
 	whole, err := parseWhole(data)
 	if !ok || err != nil || !reflect.DeepEqual(p, whole) {
 		t.Fatalf("parseSplit ok %v; parseWhole err %v; equal %v", ok, err, reflect.DeepEqual(p, whole))
@@ -180,7 +180,7 @@ func FuzzSplit(f *testing.F) {
 	f.Add([]byte(example))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, per := range []int{1, 2, 3} {
-			p, ok := parseSplit(data, per)
+			p, ok := parseSplit(data, per, nil)
 			if !ok {
 				continue
 			}
