@@ -167,35 +167,51 @@ func tracks(s *slot) int {
 // checking conflicts and capacity, without touching the kernel or the
 // table. New rules take free slots from the head of the queue.
 func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
-	p := plan{changes: make([]change, 0, len(gone)+len(rules))}
-	// Names in the batch, for keys held by rules in the table: none at
-	// start, when there are often the most rules.
-	var inBatch map[string]bool
+	p := plan{changes: make([]change, 0, len(gone))}
+	// The slots of the rules in the batch, and of those an unchanged rule
+	// keeps, which keeps its keys: a reload of 100,000 rules that changes a
+	// few looks up the keys of those few alone.
+	var inBatch, kept []bool
 	if len(t.byName) > 0 || len(gone) > 0 {
-		inBatch = make(map[string]bool, len(rules)+len(gone))
-		for _, r := range rules {
-			inBatch[r.Name] = true
-		}
+		inBatch, kept = make([]bool, len(t.slots)), make([]bool, len(t.slots))
 	}
 	for _, idx := range gone {
+		inBatch[idx] = true
 		old := t.slots[idx]
-		inBatch[old.rule.Name] = true
 		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
 	}
-	claimed := make(map[ruleKey]string, len(rules))
+	// same marks the rules that are in the table as they are: nothing to
+	// write.
+	same := make([]bool, len(rules))
+	n := len(rules)
+	for i := range rules {
+		if idx, ok := t.byName[rules[i].Name]; ok {
+			inBatch[idx] = true
+			if r := rules[i].WithDefaults(); sameRule(&t.slots[idx].rule, &r) {
+				same[i], kept[idx] = true, true
+				n--
+			}
+		}
+	}
+	p.changes = slices.Grow(p.changes, n)
+	claimed := make(map[ruleKey]string, n)
 	gen := t.nextGen
 	var errs []error
-	for _, r := range rules {
-		r = r.WithDefaults()
+	for i := range rules {
+		if same[i] {
+			continue
+		}
+		r := rules[i].WithDefaults()
 		conflict := false
 		keys := ruleKeys(&r)
 		for _, k := range keys {
 			other, ok := claimed[k]
 			if !ok {
-				// A key held by a rule outside the batch stays held; one
-				// held by a rule in the batch is free unless it claims
-				// it again, which the claimed check catches.
-				if idx, held := t.byKey[k]; held && !inBatch[t.slots[idx].rule.Name] {
+				// A key held by a rule outside the batch, or by one the
+				// batch keeps unchanged, stays held; one held by a rule
+				// the batch changes is free unless it claims it again,
+				// which the claimed check catches.
+				if idx, held := t.byKey[k]; held && (!inBatch[idx] || kept[idx]) {
 					other, ok = t.slots[idx].rule.Name, true
 				}
 			}
@@ -211,9 +227,6 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 		}
 		if idx, ok := t.byName[r.Name]; ok {
 			old := t.slots[idx]
-			if sameRule(&old.rule, &r) {
-				continue // nothing to write
-			}
 			next := slot{rule: r, gen: old.gen, epoch: old.epoch, active: true}
 			if restartsState(&old.rule, &r) {
 				next.epoch++

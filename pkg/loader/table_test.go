@@ -147,6 +147,14 @@ func TestPlanRefusesWhole(t *testing.T) {
 			{Name: "x", Dests: prefixes("10.9.0.0/16"), Limit: 1},
 			{Name: "y", Dests: prefixes("::ffff:10.0.0.0/104"), Limit: 1},
 		}, ErrConflict},
+		{"conflict with a rule the batch keeps as it is", []Rule{
+			{Name: "y", Dests: prefixes("10.0.0.0/8"), Limit: 2},
+			{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 1},
+		}, ErrConflict},
+		{"conflict with a rule the batch kept as it is", []Rule{
+			{Name: "a", Dests: prefixes("10.0.0.0/8"), Limit: 1},
+			{Name: "y", Dests: prefixes("10.0.0.0/8"), Limit: 2},
+		}, ErrConflict},
 		{"conflict inside the batch", []Rule{
 			{Name: "x", Dests: prefixes("10.9.0.0/16"), Limit: 1},
 			{Name: "y", Dests: prefixes("10.9.0.0/16"), Limit: 1},
