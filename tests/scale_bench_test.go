@@ -21,9 +21,12 @@ import (
 
 // BenchmarkPolicy100k times a policy of 100,000 rules from file to
 // enforcement: egressd run started until a helper in its cgroup is refused
-// by the file's last rule, and a reload (SIGHUP) that adds a rule until
-// that rule refuses. A rule refuses its second connection in an hour. It
-// also reports how long parsing the file takes alone.
+// by the file's last rule; a reload (SIGHUP) that adds a rule, until that
+// rule refuses; and a reload of a file in which every rule changed (its
+// limit) and one more was added, until that one refuses - the daemon then
+// parses and writes all 100,000 again. A rule refuses its second
+// connection in an hour. It also reports how long parsing the file takes
+// alone.
 func BenchmarkPolicy100k(b *testing.B) {
 	privtest.RequireRoot(b)
 	const n = 100_000
@@ -38,16 +41,17 @@ func BenchmarkPolicy100k(b *testing.B) {
 	}
 	rules := manyRules(n - 1)
 	pol := filepath.Join(dir, "policy.yaml")
-	write := func(extra string) {
+	write := func(rules, extra string) {
 		if err := os.WriteFile(pol, []byte(rules+extra), 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
 	cg := privtest.Cgroup(b, "policy100k")
 	agent := privtest.Spawn(b, cg, "agent")
-	var start, reload []time.Duration
+	everyRule := strings.ReplaceAll(rules, "concurrency: 100}", "concurrency: 99}")
+	var start, reload, reloadAll []time.Duration
 	for i := 0; b.Loop(); i++ {
-		write(probe("probe", "127.0.0.1"))
+		write(rules, probe("probe", "127.0.0.1"))
 		t0 := time.Now()
 		socket := filepath.Join(dir, fmt.Sprint("s", i))
 		cmd := exec.Command(egressd, "run", "--cgroup", cg, "--bpffs", privtest.PinDir(b), "--socket", socket,
@@ -70,15 +74,24 @@ func BenchmarkPolicy100k(b *testing.B) {
 			}
 		}
 
-		write(probe("probe", "127.0.0.1") + probe("added", "127.0.0.2"))
-		t0 = time.Now()
-		if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
-			b.Fatal(err)
+		probes := probe("probe", "127.0.0.1") + probe("added", "127.0.0.2")
+		for _, r := range []struct {
+			rules, extra, added string
+			took                *[]time.Duration
+		}{
+			{rules, probes, "127.0.0.2", &reload},
+			{everyRule, probes + probe("added2", "127.0.0.3"), "127.0.0.3", &reloadAll},
+		} {
+			write(r.rules, r.extra)
+			t0 = time.Now()
+			if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				b.Fatal(err)
+			}
+			if reply := agent.Call(b, "until-refused %s:%d 60s", r.added, port); reply != "ok" {
+				b.Fatalf("reload: %s", reply)
+			}
+			*r.took = append(*r.took, time.Since(t0))
 		}
-		if reply := agent.Call(b, "until-refused 127.0.0.2:%d 60s", port); reply != "ok" {
-			b.Fatalf("reload: %s", reply)
-		}
-		reload = append(reload, time.Since(t0))
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
 	}
@@ -90,6 +103,7 @@ func BenchmarkPolicy100k(b *testing.B) {
 	b.ReportMetric(time.Since(t0).Seconds(), "parse-s")
 	b.ReportMetric(mean(start).Seconds(), "start-s")
 	b.ReportMetric(mean(reload).Seconds(), "reload-s")
+	b.ReportMetric(mean(reloadAll).Seconds(), "reload-every-rule-s")
 }
 
 func mean(d []time.Duration) time.Duration {

@@ -190,6 +190,9 @@ type Daemon struct {
 	log     *slog.Logger
 	dp      datapath
 	started time.Time
+	// reader reads the policy file; it keeps the rules it read last, so
+	// that a reload parses only what changed.
+	reader policy.Reader
 
 	// mu guards the rule table and what was applied: the entries in force,
 	// the policy and overrides they came from, the last reload. No lock is

@@ -17,7 +17,7 @@ import (
 // is an empty policy, so that a fresh install starts; on a reload it is a
 // mistake that must not remove every rule.
 func (d *Daemon) loadPolicyFile(atStart bool) (*policy.Policy, error) {
-	p, err := policy.Load(d.cfg.PolicyFile)
+	p, err := d.reader.Load(d.cfg.PolicyFile)
 	if errors.Is(err, os.ErrNotExist) && atStart && d.cfg.PolicyFile == DefaultPolicyFile {
 		d.log.Warn("no policy file; starting with no rules", "path", d.cfg.PolicyFile)
 		return &policy.Policy{}, nil

@@ -143,11 +143,14 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 	}
 	next := make(map[string]*entry, len(merged))
 	kernel := make([]loader.Rule, 0, len(merged))
+	var changes ruleChanges
 	for _, e := range merged {
-		if err := d.plan(e, d.entries[e.spec.Name], f); err != nil {
+		old := d.entries[e.spec.Name]
+		if err := d.plan(e, old, f); err != nil {
 			return nil, fmt.Errorf("rule %s: %w", e.spec.Name, err)
 		}
 		next[e.spec.Name] = e
+		changes.count(old, e)
 		if e.installed() {
 			kernel = append(kernel, e.kernel)
 		}
@@ -158,7 +161,7 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 	if err := d.dp.Sync(kernel); err != nil {
 		return nil, err
 	}
-	d.logChanges(d.entries, next)
+	d.logChanges(changes, merged, d.entries, next)
 	var gone []retired
 	for name, old := range d.entries {
 		if n := next[name]; old.share != nil && (n == nil || n.share != old.share) {
@@ -257,47 +260,53 @@ func (d *Daemon) carryShare(s share, old *entry) {
 	}
 }
 
-// logChanges writes one line per rule added, changed or removed.
-func (d *Daemon) logChanges(old, next map[string]*entry) {
-	type change struct {
-		msg  string
-		name string
-		e    *entry // nil for a removed rule
+// ruleChanges counts what a change of the table does to the rules it had,
+// as the change plans each rule: a table of 100,000 rules is not walked
+// again to find the few that changed.
+type ruleChanges struct{ added, changed, same int }
+
+// count notes e, which was old (nil: a rule new to the table).
+func (c *ruleChanges) count(old, e *entry) {
+	switch {
+	case old == nil:
+		c.added++
+	case ruleChanged(old, e):
+		c.changed++
+	default:
+		c.same++
 	}
-	var changes []change
-	added, changed, removed := 0, 0, 0
-	for name, e := range next {
-		o, ok := old[name]
-		switch {
-		case !ok:
-			added++
-			changes = append(changes, change{"rule added", name, e})
-		case o.spec != e.spec || o.pending != e.pending:
-			changed++
-			changes = append(changes, change{"rule changed", name, e})
-		}
-	}
-	for name := range old {
-		if _, ok := next[name]; !ok {
-			removed++
-			changes = append(changes, change{"rule removed", name, nil})
-		}
-	}
-	// A policy of 100,000 rules would take seconds to log line by line:
-	// past logChangesEach, one line counts them and each goes to Debug.
+}
+
+func ruleChanged(old, e *entry) bool { return old.spec != e.spec || old.pending != e.pending }
+
+// logChanges writes one line per rule added, changed or removed when the
+// table went from old to next, the entries merged: past logChangesEach
+// changes, one line counts them and each goes to Debug, since a policy of
+// 100,000 rules would take seconds to log line by line.
+func (d *Daemon) logChanges(c ruleChanges, merged []*entry, old, next map[string]*entry) {
+	removed := len(old) - c.changed - c.same
 	ctx, level := context.Background(), slog.LevelInfo
-	if len(changes) > logChangesEach {
-		d.log.Info("rules changed", "added", added, "changed", changed, "removed", removed)
+	if c.added+c.changed+removed > logChangesEach {
+		d.log.Info("rules changed", "added", c.added, "changed", c.changed, "removed", removed)
 		level = slog.LevelDebug
 	}
 	if !d.log.Enabled(ctx, level) {
 		return
 	}
-	for _, c := range changes {
-		if c.e == nil {
-			d.log.Log(ctx, level, c.msg, "rule", c.name)
-		} else {
-			d.log.Log(ctx, level, c.msg, "rule", c.name, "source", c.e.source, "pending", c.e.pending)
+	for _, e := range merged {
+		switch o := old[e.spec.Name]; {
+		case o == nil:
+			d.log.Log(ctx, level, "rule added", "rule", e.spec.Name, "source", e.source, "pending", e.pending)
+		case ruleChanged(o, e):
+			d.log.Log(ctx, level, "rule changed", "rule", e.spec.Name, "source", e.source, "pending", e.pending)
+		}
+	}
+	if removed == 0 {
+		return
+	}
+	for name := range old {
+		if _, ok := next[name]; !ok {
+			d.log.Log(ctx, level, "rule removed", "rule", name)
 		}
 	}
 }

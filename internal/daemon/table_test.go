@@ -347,6 +347,15 @@ func TestLogChanges(t *testing.T) {
 			t.Errorf("%d rules added: %d \"rule added\" and %d \"rules changed\" lines at Info; want %d and %d", n, added, summary, want[0], want[1])
 		}
 	}
+	// One rule kept, one changed, one removed, one added.
+	td := newTestDaemon(t)
+	td.apply(t, "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 1}\n  - {name: c, destination: 10.0.0.3, concurrency: 1}\n")
+	m := &messages{}
+	td.log = slog.New(m)
+	td.apply(t, "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 2}\n  - {name: d, destination: 10.0.0.4, concurrency: 1}\n")
+	if want := []string{"rule changed", "rule added", "rule removed"}; !slices.Equal(m.got, want) {
+		t.Errorf("logged %q; want %q", m.got, want)
+	}
 }
 
 // TestTableViews: the host names the table uses and its installed adaptive
