@@ -23,11 +23,11 @@ type HedgeOptions struct {
 	Delay time.Duration
 	// Percentile, if set, learns the delay online: the given quantile (in
 	// (0, 1), e.g. 0.95) of the latencies of the recent first attempts of
-	// this hedge's calls that came to OK, less a margin (a quarter of the
-	// tail and two standard deviations of sampling noise: at 0.95 with a
-	// thousand latencies, about p93), never below MinDelay. A first attempt a hedge cut short counts as slower
-	// than any. It is learned from the last thousand or two latencies,
-	// older ones weighing less.
+	// this hedge's calls that came to OK, or below it when the latencies
+	// show a slower mode starting there (see the package docs), never below
+	// MinDelay. A first attempt a hedge cut short counts as slower than any.
+	// It is learned from the last thousand or two latencies, older ones
+	// weighing less.
 	Percentile float64
 	// MinDelay is the floor under a learned delay: hedging sooner would race
 	// every call a scheduling hiccup slows. Zero means 1ms.
@@ -427,13 +427,15 @@ func (l *latencies) count() {
 }
 
 // delay returns the delay to hedge at, given the one in force, cur: the
-// q-quantile of the latencies, less a margin - a quarter of the tail, 1-q,
-// and two standard deviations of sampling noise - at the top of its bucket.
-// The margin matters when the slowest 1-q of a dependency's calls are a
-// separate, slower mode, the shape hedging is for: the exact quantile then
-// sits on the edge of that mode, and noise alone would put the delay inside
-// it, where hedging stops helping. It costs a little more hedging: at q
-// 0.95 about 6% of first attempts, not 5%. A censored latency counts as slower than any, which keeps the
+// q-quantile of the latencies at the top of its bucket, unless a bucket
+// below it and above the quantile less a margin - a quarter of the tail,
+// 1-q, and two standard deviations of sampling noise - is empty; then the
+// top of the bucket under the gap. The gap matters when the slowest 1-q of
+// a dependency's calls are a separate, slower mode, the shape hedging is
+// for: the exact quantile then sits on the edge of that mode, and noise
+// alone would put it inside, where hedging stops helping. Stopping below
+// the gap hedges the slow mode and little else; the margin bounds how far
+// down a gap is looked for. A censored latency counts as slower than any, which keeps the
 // quantile exact as long as it is below the delay that censored it; when it
 // is not - clearly more first attempts ran past the delay than 1-q - the
 // delay grows by half. ok is false until minLatencies have been seen, and
@@ -446,11 +448,18 @@ func (l *latencies) delay(q float64, cur time.Duration) (time.Duration, bool) {
 	n := float64(l.total)
 	margin := (1-q)/4 + 2*math.Sqrt(q*(1-q)/n)
 	rank := uint32(max(math.Ceil((q-margin)*n), 1))
+	rankQ := uint32(max(math.Ceil(q*n), 1))
 	var seen uint32
 	for b, c := range l.counts {
-		if seen += c; seen >= rank {
-			return time.Duration(bucketTop(b)) * time.Microsecond, true
+		if seen += c; seen < rank {
+			continue
 		}
+		// Up to the quantile itself, as long as no empty bucket says a
+		// slower mode starts past b.
+		for ; seen < rankQ && b+1 < latencyBuckets && l.counts[b+1] > 0; b++ {
+			seen += l.counts[b+1]
+		}
+		return time.Duration(bucketTop(b)) * time.Microsecond, true
 	}
 	return cur + cur/2, cur > 0
 }

@@ -563,11 +563,11 @@ func TestLatencies(t *testing.T) {
 		q    float64
 		want time.Duration
 	}{
-		// Less the margin: at q 0.5 and n 100, a quarter of 50 points and
-		// two standard deviations, 10 points.
-		{0.5, 2700 * time.Microsecond},
-		{0.95, 8900 * time.Microsecond},
-		{0.99, 9600 * time.Microsecond},
+		// No bucket between the margin and the quantile is empty: the
+		// quantile.
+		{0.5, 4900 * time.Microsecond},
+		{0.95, 9400 * time.Microsecond},
+		{0.99, 9800 * time.Microsecond},
 		{1, 9900 * time.Microsecond},
 	} {
 		got, ok := l.delay(tt.q, 0)
@@ -590,6 +590,29 @@ func TestLatencies(t *testing.T) {
 	}
 	if got, _ := l.delay(0.5, time.Second); got < 20*time.Millisecond || got > 21250*time.Microsecond {
 		t.Errorf("median after the shift = %v, want about 20ms", got)
+	}
+}
+
+// A slower mode past a gap: the delay stays below the gap, at the top of
+// the fast calls, wherever the quantile falls - among the fast calls when
+// more than 1-q are slow, among the slow ones when fewer are.
+func TestLatenciesSlowerMode(t *testing.T) {
+	for _, slow := range []int{40, 50, 60} {
+		var l latencies
+		for i := range 1000 - slow {
+			l.add(1000 + uint64(i*1000/(1000-slow))) // 1ms to 2ms
+		}
+		for range slow {
+			l.add(20000)
+		}
+		got, ok := l.delay(0.95, 0)
+		lo, hi := 1950*time.Microsecond, 2047*time.Microsecond
+		if slow > 50 {
+			lo = 1999 * time.Microsecond // the top of the fast calls
+		}
+		if !ok || got < lo || got > hi {
+			t.Errorf("%d of 1000 slow: delay %v, %v; want %v to %v", slow, got, ok, lo, hi)
+		}
 	}
 }
 
