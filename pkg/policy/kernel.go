@@ -48,14 +48,10 @@ var errnos = map[string]syscall.Errno{
 // An adaptive rule is a concurrency rule that starts at its Initial limit
 // and sends latency samples; the daemon moves the limit from there.
 func (r Rule) LoaderRule(scope kernelrule.Scope, addrs []netip.Addr) kernelrule.Rule {
-	kr := kernelrule.Rule{
-		Name:   r.Name,
-		Scope:  scope,
-		Port:   r.Port,
-		Shadow: r.Shadow,
-		Errno:  errnos[r.Errno],
-	}
-	r.Limit.kernel(&kr)
+	// The shape's fields come back by value: a pointer handed to the
+	// interface's method would put every rule's kernel rule on the heap.
+	kr := r.Limit.kernel()
+	kr.Name, kr.Scope, kr.Port, kr.Shadow, kr.Errno = r.Name, scope, r.Port, r.Shadow, errnos[r.Errno]
 	if p, ok := r.Destination.Prefix(); ok {
 		kr.Dests = []netip.Prefix{p}
 		return kr
@@ -75,27 +71,23 @@ func (r Rule) LoaderRule(scope kernelrule.Scope, addrs []netip.Addr) kernelrule.
 	return kr
 }
 
-func (c Concurrency) kernel(r *kernelrule.Rule) {
-	r.Shape = kernelrule.ShapeConcurrency
-	r.Limit = uint32(c)
+func (c Concurrency) kernel() kernelrule.Rule {
+	return kernelrule.Rule{Shape: kernelrule.ShapeConcurrency, Limit: uint32(c)}
 }
 
-func (p PerSecond) kernel(r *kernelrule.Rule) {
-	r.Shape = kernelrule.ShapePerSecond
-	r.Limit = uint32(p.Permits)
-	r.Burst = uint32(p.Burst)
+func (p PerSecond) kernel() kernelrule.Rule {
+	return kernelrule.Rule{Shape: kernelrule.ShapePerSecond, Limit: uint32(p.Permits), Burst: uint32(p.Burst)}
 }
 
-func (p PerWindow) kernel(r *kernelrule.Rule) {
-	r.Shape = kernelrule.ShapePerWindow
-	r.Limit = uint32(p.Permits)
-	r.Window = p.Window
-	r.Segments = uint32(p.Segments)
+func (p PerWindow) kernel() kernelrule.Rule {
+	return kernelrule.Rule{Shape: kernelrule.ShapePerWindow, Limit: uint32(p.Permits), Window: p.Window, Segments: uint32(p.Segments)}
 }
 
-func (a Adaptive) kernel(r *kernelrule.Rule) {
-	r.Shape = kernelrule.ShapeConcurrency
-	r.Limit = uint32(cmp.Or(a.Initial, adaptive.DefaultInitial))
-	r.Samples = true
-	r.Requests = a.Samples.kind() == kernelrule.SampleRequest
+func (a Adaptive) kernel() kernelrule.Rule {
+	return kernelrule.Rule{
+		Shape:    kernelrule.ShapeConcurrency,
+		Limit:    uint32(cmp.Or(a.Initial, adaptive.DefaultInitial)),
+		Samples:  true,
+		Requests: a.Samples.kind() == kernelrule.SampleRequest,
+	}
 }

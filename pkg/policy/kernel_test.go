@@ -207,3 +207,18 @@ func TestErrnosMatchLoader(t *testing.T) {
 		}
 	}
 }
+
+// LoaderRule is called for every rule at start and on each reload: for a
+// prefix it allocates the one-element destination list and nothing else.
+func TestLoaderRuleAllocations(t *testing.T) {
+	dest, err := ParseDestination("10.0.0.0/8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []Limit{Concurrency(5), PerSecond{Permits: 5}, PerWindow{Permits: 5, Window: time.Second}, Adaptive{}} {
+		r := Rule{Name: "a", Destination: dest, Port: 443, Limit: limit}
+		if n := testing.AllocsPerRun(100, func() { _ = r.LoaderRule(kernelrule.Scope{}, nil) }); n != 1 {
+			t.Errorf("%T: %v allocations, want 1", limit, n)
+		}
+	}
+}

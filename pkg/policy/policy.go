@@ -124,8 +124,8 @@ func (s Scope) HostWide() bool { return s == Scope{} }
 // Limit is a rule's shape. Exactly one per rule; the set is closed because
 // the kernel enforces exactly these.
 type Limit interface {
-	// kernel sets the shape's fields of a kernel rule.
-	kernel(r *kernelrule.Rule)
+	// kernel returns a kernel rule with the shape's fields set.
+	kernel() kernelrule.Rule
 }
 
 // Concurrency bounds the connections open at once.
