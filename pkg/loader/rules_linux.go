@@ -474,18 +474,24 @@ func (d *Datapath) putKeys(puts []keyPut) error {
 }
 
 // writeSlots writes the values of slots idxs into a rule table; its undo
-// writes back the old values.
+// writes back the old values, worked out only if it runs: a start with
+// 100,000 rules would hold both for nothing.
 func writeSlots[V any](w *writer, what string, m *ebpf.Map, idxs []uint32, values func(i int) (new, old V)) error {
 	if len(idxs) == 0 {
 		return nil
 	}
-	vals := make([]V, len(idxs))
-	olds := make([]V, len(idxs))
-	for i := range idxs {
-		vals[i], olds[i] = values(i)
+	write := func(old bool) error {
+		vals := make([]V, len(idxs))
+		for i := range idxs {
+			if n, o := values(i); old {
+				vals[i] = o
+			} else {
+				vals[i] = n
+			}
+		}
+		return batchUpdate(m, idxs, vals)
 	}
-	return w.do("write "+what, func() error { return batchUpdate(m, idxs, vals) },
-		func() error { return batchUpdate(m, idxs, olds) })
+	return w.do("write "+what, func() error { return write(false) }, func() error { return write(true) })
 }
 
 // batchUpdate writes one entry with a plain update, the path the adaptive

@@ -103,8 +103,11 @@ func (t *table) add(idx uint32, s slot) {
 
 // change is one slot write.
 type change struct {
-	idx    uint32
-	old    slot // before; zero when the slot was free
+	idx uint32
+	// old is the slot before, in the table, until commit overwrites it
+	// (a copy here would cost 100,000 rules 13 MB); zero when it was
+	// free.
+	old    *slot
 	new    slot // after; inactive for a removal
 	create bool // start the slot's counts afresh
 	// The keys of old and new, worked out once (writes): a plan of
@@ -151,7 +154,7 @@ func (t *table) hintsAfter(p *plan) hints {
 func (t *table) requestsAfter(p *plan) int {
 	n := t.uses.requests
 	for i := range p.changes {
-		n += tracks(&p.changes[i].new) - tracks(&p.changes[i].old)
+		n += tracks(&p.changes[i].new) - tracks(p.changes[i].old)
 	}
 	return n
 }
@@ -177,7 +180,7 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 	}
 	for _, idx := range gone {
 		inBatch[idx] = true
-		old := t.slots[idx]
+		old := &t.slots[idx]
 		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
 	}
 	// same marks the rules that are in the table as they are: nothing to
@@ -226,7 +229,7 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 			continue
 		}
 		if idx, ok := t.byName[r.Name]; ok {
-			old := t.slots[idx]
+			old := &t.slots[idx]
 			next := slot{rule: r, gen: old.gen, epoch: old.epoch, active: true}
 			if restartsState(&old.rule, &r) {
 				next.epoch++
@@ -240,7 +243,7 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 		}
 		idx := t.free[p.taken]
 		p.taken++
-		p.changes = append(p.changes, change{idx: idx, old: t.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true, newKeys: keys})
+		p.changes = append(p.changes, change{idx: idx, old: &t.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true, newKeys: keys})
 		gen++
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -279,7 +282,7 @@ func (t *table) checkKeys(p *plan) error {
 
 // deletion plans the removal of the rule in slot idx.
 func (t *table) deletion(idx uint32) plan {
-	old := t.slots[idx]
+	old := &t.slots[idx]
 	p := plan{changes: []change{{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}}}}
 	p.writes()
 	return p
@@ -291,7 +294,7 @@ func (p *plan) writes() {
 	p.putKeys = make([]keyPut, 0, len(p.changes))
 	for i := range p.changes {
 		c := &p.changes[i]
-		c.oldKeys = keysOf(&c.old)
+		c.oldKeys = keysOf(c.old)
 		if c.newKeys == nil {
 			c.newKeys = keysOf(&c.new)
 		}
@@ -345,8 +348,8 @@ func (t *table) commit(p *plan) {
 		if c.old.active && !c.new.active {
 			t.free = append(t.free, c.idx)
 		}
-		t.slots[c.idx] = c.new
 		t.uses.change(c)
+		t.slots[c.idx] = c.new // and c.old with it
 		if c.create {
 			t.nextGen = max(t.nextGen, c.new.gen+1)
 		}
