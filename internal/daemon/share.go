@@ -258,10 +258,10 @@ func (d *Daemon) writeShare(s share) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e, ok := d.entries[s.name()]
-	if !ok || e.share != s || !e.installed() {
+	if !ok || e.share != s || !e.installed() || e.base == nil {
 		return false
 	}
-	r := e.base
+	r := *e.base
 	s.shape(&r)
 	k := e.kernel
 	if r.Shape == k.Shape && r.Limit == k.Limit && r.Granted == k.Granted && r.Burst == k.Burst && r.Window == k.Window && r.Segments == k.Segments {

@@ -9,7 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
@@ -29,16 +29,23 @@ type entry struct {
 	spec   policy.Rule
 	source string
 	// kernel is the rule as installed; pending says why it is not. base
-	// is the kernel rule the policy gives, before a share shapes it.
+	// is, for a shared rule, the kernel rule the policy gives, before the
+	// share shapes it.
 	kernel  loader.Rule
-	base    loader.Rule
+	base    *loader.Rule
 	pending string
 	ctrl    *adaptive.Controller
 	share   share
 
-	textOnce sync.Once
-	textVal  string
-	textErr  error
+	// The rule's text, written the first time it is asked for. A table
+	// of 100,000 entries is allocated at start and on every reload: what
+	// most never need is kept out of it.
+	written atomic.Pointer[ruleText]
+}
+
+type ruleText struct {
+	text string
+	err  error
 }
 
 func (e *entry) installed() bool { return e.pending == "" }
@@ -46,18 +53,20 @@ func (e *entry) installed() bool { return e.pending == "" }
 // text is the rule as the policy file would have it, written once: the
 // list of every rule asks it of each.
 func (e *entry) text() (string, error) {
-	e.textOnce.Do(func() {
+	w := e.written.Load()
+	if w == nil {
 		b, err := policy.Format(&policy.Policy{Rules: []policy.Rule{e.spec}})
-		e.textVal, e.textErr = strings.TrimPrefix(string(b), "rules:\n"), err
-	})
-	return e.textVal, e.textErr
+		w = &ruleText{strings.TrimPrefix(string(b), "rules:\n"), err}
+		e.written.Store(w)
+	}
+	return w.text, w.err
 }
 
 // limitShown is the limit the CLI and metrics report, given the kernel's:
 // a shared rate's kernel rule grants permits and has no rate of its own,
 // so it is the whole budget's.
 func (e *entry) limitShown(kernel uint32) uint32 {
-	if e.share != nil && e.share.rate() {
+	if e.share != nil && e.share.rate() && e.base != nil {
 		return e.base.Limit
 	}
 	return kernel
@@ -227,8 +236,9 @@ func (d *Daemon) plan(e, old *entry, f found) error {
 		e.pending = "host name has no addresses"
 		return nil
 	}
-	e.base = e.kernel
 	if e.share != nil {
+		base := e.kernel
+		e.base = &base
 		e.share.shape(&e.kernel)
 	}
 	if a, ok := e.spec.Limit.(policy.Adaptive); ok {
