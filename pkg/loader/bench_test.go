@@ -191,6 +191,17 @@ func BenchmarkKernelCost(b *testing.B) {
 		b.ReportMetric(median(c.ns), strings.ReplaceAll(c.name, " ", "-")+"-ns")
 		b.ReportMetric(median(ratios), strings.ReplaceAll(c.name, " ", "-")+"-x")
 	}
+	// The refusal target: a refused connect() costs no more than
+	// one that matches no rule (with rules loaded), round by round.
+	byName := map[string]*costCase{}
+	for _, c := range cases {
+		byName[c.name] = c
+	}
+	ratios := make([]float64, rounds)
+	for i := range ratios {
+		ratios[i] = byName["refused"].ns[i] / byName["no-match"].ns[i]
+	}
+	b.ReportMetric(median(ratios), "refused/no-match")
 }
 
 // BenchmarkRequestTracking reports what tracking requests costs per
