@@ -67,7 +67,12 @@ func parse(data []byte, c *pieceCache) (*Policy, error) {
 	if p, ok := parseSplit(data, splitPiece(data), c); ok {
 		return p, nil
 	}
-	return parseWhole(data)
+	p, err := parseWhole(data)
+	if err == nil && c != nil {
+		// What c holds is of a policy no longer in force: let it go.
+		*c = pieceCache{}
+	}
+	return p, err
 }
 
 // parseWhole parses data in one piece.

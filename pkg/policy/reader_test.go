@@ -68,6 +68,10 @@ func TestReader(t *testing.T) {
 	if _, err := r.Parse(base); err != nil || r.cache.parsed != 0 {
 		t.Fatalf("base after a problem: parsed %d pieces, %v", r.cache.parsed, err)
 	}
+	// A small policy, read in one piece, lets them go.
+	if _, err := r.Parse([]byte("rules:\n" + rule(1))); err != nil || r.cache.rules != nil {
+		t.Fatalf("after a small policy: %d pieces kept, %v", len(r.cache.rules), err)
+	}
 }
 
 func rulesOf(p *Policy) int {
