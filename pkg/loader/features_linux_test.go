@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -139,5 +140,62 @@ func TestInspectPins(t *testing.T) {
 
 	if _, err := InspectPins(filepath.Join(t.TempDir(), "none")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("nothing pinned: err = %v, want ErrNotExist", err)
+	}
+}
+
+// The quick look for a name among the kernel's BTF strings answers as
+// decoding every type does, for enum values that exist and for one that
+// does not.
+func TestBTFNames(t *testing.T) {
+	if _, err := os.Stat(vmlinuxBTF); err != nil {
+		t.Skipf("this kernel has no %s: %v", vmlinuxBTF, err)
+	}
+	for _, name := range []string{"TCP_BPF_SOCK_OPS_CB_FLAGS", "TCP_BPF_IW", "BPF_SOCK_OPS_STATE_CB", "EGRESSD_NO_SUCH_VALUE"} {
+		quick, err := btfNames(vmlinuxBTF, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decoded, err := kernelEnumValue(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if quick != decoded {
+			t.Errorf("%s: among the strings %v, an enum value %v", name, quick, decoded)
+		}
+	}
+}
+
+// btfStrings finds the string section of raw BTF, and refuses what is not.
+func TestBTFStrings(t *testing.T) {
+	raw := func(magic uint16, strLen uint32, strs string) []byte {
+		h := []any{magic, uint8(1), uint8(0), uint32(24), uint32(0), uint32(0), uint32(0), strLen}
+		var b []byte
+		for _, v := range h {
+			b, _ = binary.Append(b, binary.NativeEndian, v)
+		}
+		return append(b, strs...)
+	}
+	strs := "\x00a\x00TCP_BPF_SOCK_OPS_CB_FLAGS_X\x00TCP_BPF_IW\x00"
+	got, err := btfStrings(raw(0xeb9f, uint32(len(strs)), strs))
+	if err != nil || string(got) != strs {
+		t.Fatalf("strings %q, %v", got, err)
+	}
+	for name, data := range map[string][]byte{
+		"no header":        {0x9f, 0xeb},
+		"another magic":    raw(0xbeef, uint32(len(strs)), strs),
+		"strings past end": raw(0xeb9f, uint32(len(strs))+1, strs),
+	} {
+		if _, err := btfStrings(data); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "btf")
+	if err := os.WriteFile(path, raw(0xeb9f, uint32(len(strs)), strs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"TCP_BPF_IW": true, "a": true, "TCP_BPF_SOCK_OPS_CB_FLAGS": false} {
+		if got, err := btfNames(path, name); err != nil || got != want {
+			t.Errorf("%s: %v, %v; want %v", name, got, err, want)
+		}
 	}
 }

@@ -3,6 +3,8 @@
 package loader
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -213,21 +215,88 @@ func checkFeatures() error {
 // haveSockOpsFlagsOption checks that bpf_setsockopt takes
 // TCP_BPF_SOCK_OPS_CB_FLAGS (Linux 6.12), with which connect() marks the
 // sockets it tracks: before it, the call fails at run time, and every
-// admitted connection would go untracked.
+// admitted connection would go untracked. The kernel's BTF names the
+// option in an anonymous enum, which no lookup by type name finds: the
+// kernel's own BTF file is searched for the name first, since decoding
+// every type to find it took a fifth of a second of each Open. A kernel
+// found to have it is asked no more.
 func haveSockOpsFlagsOption() error {
+	const option = "TCP_BPF_SOCK_OPS_CB_FLAGS"
+	if sockOpsFlagsOption.Load() {
+		return nil
+	}
+	found, err := btfNames(vmlinuxBTF, option)
+	if err != nil {
+		found, err = kernelEnumValue(option)
+	}
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("bpf_setsockopt(%s): %w (Linux 6.12 or later)", option, ErrNotSupported)
+	}
+	sockOpsFlagsOption.Store(true)
+	return nil
+}
+
+var sockOpsFlagsOption atomic.Bool
+
+const vmlinuxBTF = "/sys/kernel/btf/vmlinux"
+
+// btfNames reports whether the string section of the BTF at path holds
+// name. Every name in BTF - of a type, a member, an enum value - is one
+// of its strings.
+func btfNames(path, name string) (bool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	strs, err := btfStrings(data)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
+	}
+	return bytes.Contains(strs, []byte("\x00"+name+"\x00")), nil
+}
+
+// btfStrings returns the string section of raw BTF (struct btf_header in
+// include/uapi/linux/btf.h), in this machine's byte order as the kernel
+// writes it.
+func btfStrings(data []byte) ([]byte, error) {
+	var h struct {
+		Magic                                  uint16
+		Version, Flags                         uint8
+		HdrLen                                 uint32
+		TypeOff, TypeLen, StringOff, StringLen uint32
+	}
+	if _, err := binary.Decode(data, binary.NativeEndian, &h); err != nil {
+		return nil, fmt.Errorf("BTF header: %w", err)
+	}
+	if h.Magic != 0xeb9f || h.HdrLen < 24 {
+		return nil, errors.New("not BTF in this byte order")
+	}
+	start := uint64(h.HdrLen) + uint64(h.StringOff)
+	if end := start + uint64(h.StringLen); end > uint64(len(data)) || h.StringLen == 0 {
+		return nil, errors.New("BTF string section out of bounds")
+	}
+	return data[start : start+uint64(h.StringLen)], nil
+}
+
+// kernelEnumValue reports whether an enum of the kernel's BTF, wherever
+// cilium/ebpf finds it, has a value called name, decoding every type.
+func kernelEnumValue(name string) (bool, error) {
 	spec, err := btf.LoadKernelSpec()
 	if err != nil {
-		return fmt.Errorf("kernel BTF: %w", errors.Join(ErrNotSupported, err))
+		return false, fmt.Errorf("kernel BTF: %w", errors.Join(ErrNotSupported, err))
 	}
 	for typ, err := range spec.All() {
 		if err != nil {
-			return fmt.Errorf("kernel BTF: %w", err)
+			return false, fmt.Errorf("kernel BTF: %w", err)
 		}
-		if e, ok := typ.(*btf.Enum); ok && slices.ContainsFunc(e.Values, func(v btf.EnumValue) bool { return v.Name == "TCP_BPF_SOCK_OPS_CB_FLAGS" }) {
-			return nil
+		if e, ok := typ.(*btf.Enum); ok && slices.ContainsFunc(e.Values, func(v btf.EnumValue) bool { return v.Name == name }) {
+			return true, nil
 		}
 	}
-	return fmt.Errorf("bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS): %w (Linux 6.12 or later)", ErrNotSupported)
+	return false, nil
 }
 
 // lockDir takes an exclusive lock on the pin directory for the life of the
