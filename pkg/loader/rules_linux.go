@@ -400,16 +400,12 @@ func (d *Datapath) write(w *writer, p *plan, want hints) error {
 			return err
 		}
 	}
-	if err := writeSlots(w, "rule metadata", d.objs.RuleMetas, p.metas, func(i int) (egressdRuleMeta, egressdRuleMeta) {
-		c := &p.changes[p.metaOf[i]]
-		return encodeMeta(c.new.rule), encodeMeta(c.old.rule)
-	}); err != nil {
+	if err := writeSlots(w, "rule metadata", d.objs.RuleMetas, p.metas, func(i int) *change { return &p.changes[p.metaOf[i]] },
+		func(s *slot) egressdRuleMeta { return encodeMeta(s.rule) }); err != nil {
 		return err
 	}
-	if err := writeSlots(w, "rules", d.objs.Rules, p.rules, func(i int) (egressdRule, egressdRule) {
-		c := &p.changes[i]
-		return c.new.kernelRule(), c.old.kernelRule()
-	}); err != nil {
+	if err := writeSlots(w, "rules", d.objs.Rules, p.rules, func(i int) *change { return &p.changes[i] },
+		(*slot).kernelRule); err != nil {
 		return err
 	}
 	if p.hintsChange() {
@@ -473,21 +469,23 @@ func (d *Datapath) putKeys(puts []keyPut) error {
 	return nil
 }
 
-// writeSlots writes the values of slots idxs into a rule table; its undo
-// writes back the old values, worked out only if it runs: a start with
-// 100,000 rules would hold both for nothing.
-func writeSlots[V any](w *writer, what string, m *ebpf.Map, idxs []uint32, values func(i int) (new, old V)) error {
+// writeSlots writes value of the new slot of each change changeOf(i) into
+// slot idxs[i] of a rule table; its undo writes back the old slots'
+// values, worked out only if it runs: a start with 100,000 rules would
+// encode and hold both for nothing.
+func writeSlots[V any](w *writer, what string, m *ebpf.Map, idxs []uint32, changeOf func(i int) *change, value func(*slot) V) error {
 	if len(idxs) == 0 {
 		return nil
 	}
 	write := func(old bool) error {
 		vals := make([]V, len(idxs))
 		for i := range idxs {
-			if n, o := values(i); old {
-				vals[i] = o
-			} else {
-				vals[i] = n
+			c := changeOf(i)
+			s := &c.new
+			if old {
+				s = c.old
 			}
+			vals[i] = value(s)
 		}
 		return batchUpdate(m, idxs, vals)
 	}
