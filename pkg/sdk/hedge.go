@@ -24,7 +24,7 @@ type HedgeOptions struct {
 	// Percentile, if set, learns the delay online: the given quantile (in
 	// (0, 1), e.g. 0.95) of the latencies of the recent first attempts of
 	// this hedge's calls that came to OK, or below it when the latencies
-	// show a slower mode starting there (see the package docs), never below
+	// show a slower mode starting there (see docs/sdk.md), never below
 	// MinDelay. A first attempt a hedge cut short counts as slower than any.
 	// It is learned from the last thousand or two latencies, older ones
 	// weighing less.
@@ -435,11 +435,11 @@ func (l *latencies) count() {
 // for: the exact quantile then sits on the edge of that mode, and noise
 // alone would put it inside, where hedging stops helping. Stopping below
 // the gap hedges the slow mode and little else; the margin bounds how far
-// down a gap is looked for. A censored latency counts as slower than any, which keeps the
-// quantile exact as long as it is below the delay that censored it; when it
-// is not - clearly more first attempts ran past the delay than 1-q - the
-// delay grows by half. ok is false until minLatencies have been seen, and
-// between recomputations.
+// down a gap is looked for. A censored latency counts as slower than any,
+// which keeps the quantile exact as long as it is below the delay that
+// censored it; when it is not - clearly more first attempts ran past the
+// delay than 1-q - the delay grows by half. ok is false until minLatencies
+// have been seen, and between recomputations.
 func (l *latencies) delay(q float64, cur time.Duration) (time.Duration, bool) {
 	if l.total < minLatencies || l.sinceQ < latencyWindow/20 && cur > 0 {
 		return 0, false
