@@ -20,6 +20,7 @@ import (
 type fakeDatapath struct {
 	mu      sync.Mutex
 	rules   map[string]loader.Rule
+	synced  map[string]loader.Rule // as the last Sync wrote them, before any Put
 	stats   map[string]loader.Stats
 	adopted bool
 	syncs   int // Syncs done
@@ -82,7 +83,7 @@ func (f *fakeDatapath) Sync(rules []loader.Rule) error {
 		}
 		next[r.Name] = r
 	}
-	f.rules = next
+	f.rules, f.synced = next, maps.Clone(next)
 	f.syncs++
 	return nil
 }
@@ -140,6 +141,14 @@ func (f *fakeDatapath) Rule(name string) (loader.Rule, error) {
 		return loader.Rule{}, fmt.Errorf("rule %s: %w", name, loader.ErrUnknownRule)
 	}
 	return r, nil
+}
+
+// syncedRule returns a rule as the last Sync wrote it.
+func (f *fakeDatapath) syncedRule(name string) (loader.Rule, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.synced[name]
+	return r, ok
 }
 
 // Reclaim lowers a granted rule's grant to what is spent and keep.
