@@ -34,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egressd/egressd/internal/dns"
+	"github.com/egressd/egressd/internal/hugeheap"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
@@ -193,6 +194,9 @@ type Daemon struct {
 	// reader reads the policy file; it keeps the rules it read last, so
 	// that a reload parses only what changed.
 	reader policy.Reader
+	// huge is where the heap grows while a large policy is read and
+	// installed; nil for a small one.
+	huge *hugeheap.Region
 
 	// mu guards the rule table and what was applied: the entries in force,
 	// the policy and overrides they came from, the last reload. No lock is

@@ -42,6 +42,10 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	var stack cleanups
 	defer func() { err = errors.Join(err, stack.run()) }()
 	d.started = time.Now()
+	d.huge = reserveHeap(d.cfg.PolicyFile)
+	d.huge.Advise()
+	grown := sync.OnceFunc(d.huge.Withdraw)
+	defer grown()
 	pol, err := d.loadPolicyFile(true)
 	if err != nil {
 		return err
@@ -86,6 +90,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := d.installAtStart(ctx, pol); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
+	grown()
 	var metricsLn net.Listener
 	if d.cfg.MetricsAddr != "" {
 		if metricsLn, err = net.Listen("tcp", d.cfg.MetricsAddr); err != nil {
