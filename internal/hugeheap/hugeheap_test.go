@@ -55,10 +55,13 @@ func TestRegionTakesGrowthInHugePages(t *testing.T) {
 	if !slicesContains(flags, "hg") {
 		t.Errorf("advised twice, withdrawn once: VmFlags %v, want hg", flags)
 	}
+	if huge < n/2 {
+		t.Errorf("64 MiB touched: %d MiB of it in huge pages", huge>>20)
+	}
 	// 16,384 faults in 4 KiB pages; 32 in 2 MiB ones, and a few of the
 	// runtime's own.
-	if faults > n/4096/8 || huge < n/2 {
-		t.Errorf("64 MiB touched: %d faults, %d MiB in huge pages", faults, huge>>20)
+	if faults > n/4096/8 && !raceEnabled {
+		t.Errorf("64 MiB touched: %d faults", faults)
 	}
 	r.Withdraw()
 	withdrawn = true
