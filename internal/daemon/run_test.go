@@ -3,11 +3,13 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/hugeheap"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
@@ -119,11 +121,46 @@ func TestRunServesAndStops(t *testing.T) {
 	if err != nil || l.Limit != 5 {
 		t.Fatalf("limit db = %+v, %v", l, err)
 	}
+	if td.huge != nil {
+		t.Error("a region for huge pages for a policy of one rule")
+	}
 	if err := stop(); err != nil {
 		t.Fatalf("run: %v", err)
 	}
 	if td.fake.closed != "closed" {
 		t.Errorf("the datapath was %q after a stop, want closed (pinned)", td.fake.closed)
+	}
+}
+
+// TestRunLargePolicyHugeHeap: a policy file of 1 MiB and more gets the
+// heap a region for huge pages, advised while the policy is read and
+// installed, at start and on a reload, and not after; a smaller one none.
+func TestRunLargePolicyHugeHeap(t *testing.T) {
+	td := newTestDaemon(t)
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for i := 0; b.Len() < hugeHeapFrom; i++ {
+		fmt.Fprintf(&b, "  - {name: r%d, destination: 10.%d.%d.%d, port: %d, concurrency: 100}\n", i, i>>16&255, i>>8&255, i&255, 1+i%2000)
+	}
+	writeFile(t, td.cfg.PolicyFile, b.String())
+	td.start(t)
+	if hugeheap.Mode() != "madvise" {
+		if td.huge != nil {
+			t.Errorf("transparent huge pages %q: a region, want none", hugeheap.Mode())
+		}
+		return
+	}
+	if td.huge == nil {
+		t.Fatal("no region for a policy of 1 MiB")
+	}
+	if td.huge.Advised() {
+		t.Error("the region is advised after start")
+	}
+	if _, err := td.client().ReloadPolicy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if td.huge.Advised() {
+		t.Error("the region is advised after a reload")
 	}
 }
 

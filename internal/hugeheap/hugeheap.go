@@ -97,6 +97,16 @@ func (r *Region) Withdraw() {
 	}
 }
 
+// Advised says whether the region asks for huge pages now.
+func (r *Region) Advised() bool {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.advised > 0
+}
+
 // madvise takes the region by address: a slice over memory the collector
 // has freed would be a pointer into a free span. It is best effort; an
 // error leaves the heap as the runtime made it.

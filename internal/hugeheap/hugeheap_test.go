@@ -63,8 +63,14 @@ func TestRegionTakesGrowthInHugePages(t *testing.T) {
 	if faults > n/4096/8 && !raceEnabled {
 		t.Errorf("64 MiB touched: %d faults", faults)
 	}
+	if !r.Advised() {
+		t.Error("advised twice, withdrawn once: Advised is false")
+	}
 	r.Withdraw()
 	withdrawn = true
+	if r.Advised() {
+		t.Error("withdrawn: Advised is true")
+	}
 	if flags, _ := mapping(t, in); !slicesContains(flags, "nh") || slicesContains(flags, "hg") {
 		t.Errorf("withdrawn: VmFlags %v, want nh", flags)
 	}
