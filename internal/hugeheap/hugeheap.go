@@ -39,13 +39,26 @@ type Region struct {
 	advised int // Advise calls not yet withdrawn
 }
 
-// Reserve makes n bytes of the heap's address space a region. It returns
-// nil where advice changes nothing: the kernel gives huge pages to all
-// anonymous memory or to none. Call it while the heap is small, before the
-// growth it is for: the allocation must come from memory never touched,
-// which then stays untouched until the heap grows into it.
+// Reserve makes up to n bytes of the heap's address space a region. It
+// returns nil where advice changes nothing, the kernel giving huge pages
+// to all anonymous memory or to none, and where the kernel counts address
+// space strictly (vm.overcommit_memory 2): there the region, never freed,
+// would hold that much of the commit limit, and an allocation over it
+// ends the process. Elsewhere a region is at most a quarter of the RAM,
+// far below what the kernel's heuristic refuses. Call it while the heap is
+// small, before the growth it is for: the allocation must come from memory
+// never touched, which then stays untouched until the heap grows into it.
 func Reserve(n int) *Region {
-	if n <= 0 || Mode() != "madvise" {
+	if Mode() != "madvise" {
+		return nil
+	}
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return nil
+	}
+	overcommit, _ := os.ReadFile("/proc/sys/vm/overcommit_memory")
+	n = regionSize(n, uint64(si.Totalram)*uint64(si.Unit), strings.TrimSpace(string(overcommit)))
+	if n == 0 {
 		return nil
 	}
 	b := make([]byte, n)
@@ -54,6 +67,15 @@ func Reserve(n int) *Region {
 	runtime.KeepAlive(b)
 	runtime.GC()
 	return r
+}
+
+// regionSize is how much of n bytes to reserve on a machine of ram bytes
+// whose vm.overcommit_memory is overcommit: 0 for none.
+func regionSize(n int, ram uint64, overcommit string) int {
+	if n <= 0 || (overcommit != "0" && overcommit != "1") {
+		return 0
+	}
+	return int(min(uint64(n), ram/4))
 }
 
 // Mode is the kernel's transparent huge page mode: "always", "madvise" or

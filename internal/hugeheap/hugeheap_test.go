@@ -77,6 +77,28 @@ func TestRegionTakesGrowthInHugePages(t *testing.T) {
 	b[0]++
 }
 
+func TestRegionSize(t *testing.T) {
+	const gib = 1 << 30
+	for _, tt := range []struct {
+		n          int
+		ram        uint64
+		overcommit string
+		want       int
+	}{
+		{474 << 20, 24 * gib, "0", 474 << 20},
+		{474 << 20, 24 * gib, "1", 474 << 20},
+		{474 << 20, 24 * gib, "2", 0}, // strict accounting: none
+		{474 << 20, 24 * gib, "", 0},  // unknown: none
+		{4 * gib, 8 * gib, "0", 2 * gib},
+		{0, 24 * gib, "0", 0},
+		{-1, 24 * gib, "0", 0},
+	} {
+		if got := regionSize(tt.n, tt.ram, tt.overcommit); got != tt.want {
+			t.Errorf("regionSize(%d, %d, %q) = %d, want %d", tt.n, tt.ram, tt.overcommit, got, tt.want)
+		}
+	}
+}
+
 func TestNilRegion(t *testing.T) {
 	var r *Region
 	r.Advise()
