@@ -144,9 +144,9 @@ func TestRunLargePolicyHugeHeap(t *testing.T) {
 	}
 	writeFile(t, td.cfg.PolicyFile, b.String())
 	td.start(t)
-	if hugeheap.Mode() != "madvise" {
+	if !hugeheap.Available() {
 		if td.huge != nil {
-			t.Errorf("transparent huge pages %q: a region, want none", hugeheap.Mode())
+			t.Error("a region where none is available")
 		}
 		return
 	}

@@ -2,7 +2,7 @@
 // fast: while the daemon reads and installs a large policy.
 //
 // On a virtual machine a page fault can be dear. On the machine of
-// docs/bench.md the first touch of a 4 KiB page costs about 13.6 µs, and a
+// docs/bench.md the first touch of a 4 KiB page costs 13–17 µs, and a
 // start with 100,000 rules touches about 50,000 new pages: 0.7 s of its
 // 1.8 s. A 2 MiB page is one fault where 512 small pages are 512. The Go
 // runtime does not advise its heap for huge pages, so where the kernel
@@ -39,26 +39,21 @@ type Region struct {
 	advised int // Advise calls not yet withdrawn
 }
 
-// Reserve makes up to n bytes of the heap's address space a region. It
-// returns nil where advice changes nothing, the kernel giving huge pages
-// to all anonymous memory or to none, and where the kernel counts address
-// space strictly (vm.overcommit_memory 2): there the region, never freed,
-// would hold that much of the commit limit, and an allocation over it
-// ends the process. Elsewhere a region is at most a quarter of the RAM,
-// far below what the kernel's heuristic refuses. Call it while the heap is
-// small, before the growth it is for: the allocation must come from memory
-// never touched, which then stays untouched until the heap grows into it.
+// Reserve makes up to n bytes of the heap's address space a region, at
+// most a quarter of the RAM, far below what the kernel's overcommit
+// heuristic refuses; nil where it is not [Available]. Call it while the
+// heap is small, before the growth it is for: the allocation must come
+// from memory never touched, which then stays untouched until the heap
+// grows into it.
 func Reserve(n int) *Region {
-	if Mode() != "madvise" {
+	if !Available() {
 		return nil
 	}
 	var si unix.Sysinfo_t
 	if unix.Sysinfo(&si) != nil {
 		return nil
 	}
-	overcommit, _ := os.ReadFile("/proc/sys/vm/overcommit_memory")
-	n = regionSize(n, uint64(si.Totalram)*uint64(si.Unit), strings.TrimSpace(string(overcommit)))
-	if n == 0 {
+	if n = regionSize(n, uint64(si.Totalram)*uint64(si.Unit)); n == 0 {
 		return nil
 	}
 	b := make([]byte, n)
@@ -69,13 +64,26 @@ func Reserve(n int) *Region {
 	return r
 }
 
-// regionSize is how much of n bytes to reserve on a machine of ram bytes
-// whose vm.overcommit_memory is overcommit: 0 for none.
-func regionSize(n int, ram uint64, overcommit string) int {
-	if n <= 0 || (overcommit != "0" && overcommit != "1") {
+// regionSize is how much of n bytes to reserve on a machine of ram bytes.
+func regionSize(n int, ram uint64) int {
+	if n <= 0 {
 		return 0
 	}
 	return int(min(uint64(n), ram/4))
+}
+
+// Available says whether a region changes anything here, and costs
+// nothing but address space: the kernel gives huge pages only to memory
+// that asks, and does not count address space strictly. Where it does
+// (vm.overcommit_memory 2), a region, never freed, would hold that much of
+// the commit limit, and an allocation over the limit ends the process.
+func Available() bool {
+	overcommit, err := os.ReadFile("/proc/sys/vm/overcommit_memory")
+	return err == nil && available(Mode(), strings.TrimSpace(string(overcommit)))
+}
+
+func available(mode, overcommit string) bool {
+	return mode == "madvise" && (overcommit == "0" || overcommit == "1")
 }
 
 // Mode is the kernel's transparent huge page mode: "always", "madvise" or

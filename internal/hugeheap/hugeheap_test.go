@@ -21,8 +21,9 @@ var region = sync.OnceValue(func() *Region { return Reserve(256 << 20) })
 // is advised: the memory lands in the region and takes its pages 2 MiB at
 // a time. Once withdrawn, the region asks for no huge pages.
 func TestRegionTakesGrowthInHugePages(t *testing.T) {
-	if m := Mode(); m != "madvise" {
-		t.Skipf("transparent huge pages are %q here (%s): advice changes nothing", m, ModeFile)
+	if !Available() {
+		overcommit, _ := os.ReadFile("/proc/sys/vm/overcommit_memory")
+		t.Skipf("no region here: transparent huge pages %q (%s), vm.overcommit_memory %s", Mode(), ModeFile, overcommit)
 	}
 	r := region()
 	if r == nil {
@@ -80,21 +81,35 @@ func TestRegionTakesGrowthInHugePages(t *testing.T) {
 func TestRegionSize(t *testing.T) {
 	const gib = 1 << 30
 	for _, tt := range []struct {
-		n          int
-		ram        uint64
-		overcommit string
-		want       int
+		n    int
+		ram  uint64
+		want int
 	}{
-		{474 << 20, 24 * gib, "0", 474 << 20},
-		{474 << 20, 24 * gib, "1", 474 << 20},
-		{474 << 20, 24 * gib, "2", 0}, // strict accounting: none
-		{474 << 20, 24 * gib, "", 0},  // unknown: none
-		{4 * gib, 8 * gib, "0", 2 * gib},
-		{0, 24 * gib, "0", 0},
-		{-1, 24 * gib, "0", 0},
+		{474 << 20, 24 * gib, 474 << 20},
+		{4 * gib, 8 * gib, 2 * gib},
+		{0, 24 * gib, 0},
+		{-1, 24 * gib, 0},
 	} {
-		if got := regionSize(tt.n, tt.ram, tt.overcommit); got != tt.want {
-			t.Errorf("regionSize(%d, %d, %q) = %d, want %d", tt.n, tt.ram, tt.overcommit, got, tt.want)
+		if got := regionSize(tt.n, tt.ram); got != tt.want {
+			t.Errorf("regionSize(%d, %d) = %d, want %d", tt.n, tt.ram, got, tt.want)
+		}
+	}
+}
+
+func TestAvailable(t *testing.T) {
+	for _, tt := range []struct {
+		mode, overcommit string
+		want             bool
+	}{
+		{"madvise", "0", true},
+		{"madvise", "1", true},
+		{"madvise", "2", false}, // strict accounting
+		{"always", "0", false},  // huge pages anyway
+		{"never", "0", false},
+		{"", "0", false}, // no transparent huge pages
+	} {
+		if got := available(tt.mode, tt.overcommit); got != tt.want {
+			t.Errorf("available(%q, %q) = %v, want %v", tt.mode, tt.overcommit, got, tt.want)
 		}
 	}
 }
