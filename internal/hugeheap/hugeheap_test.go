@@ -2,8 +2,8 @@ package hugeheap
 
 import (
 	"bufio"
-	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,7 +53,7 @@ func TestRegionTakesGrowthInHugePages(t *testing.T) {
 	}
 	in := max(p, r.base) + 1<<20
 	flags, huge := mapping(t, in)
-	if !slicesContains(flags, "hg") {
+	if !slices.Contains(flags, "hg") {
 		t.Errorf("advised twice, withdrawn once: VmFlags %v, want hg", flags)
 	}
 	if huge < n/2 {
@@ -72,7 +72,7 @@ func TestRegionTakesGrowthInHugePages(t *testing.T) {
 	if r.Advised() {
 		t.Error("withdrawn: Advised is true")
 	}
-	if flags, _ := mapping(t, in); !slicesContains(flags, "nh") || slicesContains(flags, "hg") {
+	if flags, _ := mapping(t, in); !slices.Contains(flags, "nh") || slices.Contains(flags, "hg") {
 		t.Errorf("withdrawn: VmFlags %v, want nh", flags)
 	}
 	b[0]++
@@ -131,15 +131,6 @@ func minorFaults(t *testing.T) int64 {
 	return ru.Minflt
 }
 
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
 // mapping is the VmFlags and AnonHugePages of the mapping that holds p.
 func mapping(t *testing.T, p uintptr) (flags []string, huge int) {
 	t.Helper()
@@ -181,7 +172,7 @@ func mapping(t *testing.T, p uintptr) (flags []string, huge int) {
 		t.Fatal(err)
 	}
 	if flags == nil {
-		t.Fatal(fmt.Sprintf("no mapping holds %#x", p))
+		t.Fatalf("no mapping holds %#x", p)
 	}
 	return flags, huge
 }
