@@ -147,7 +147,7 @@ func (s *Server) admit(ctx context.Context, method string, trailer func(metadata
 		took := time.Since(start)
 		if err != nil {
 			done()
-			out, rerr, md := reject(ctx, p.name, err)
+			out, md, rerr := reject(ctx, p.name, err)
 			if p.obs != nil {
 				p.obs.OnRequest(out, took)
 			}
@@ -181,18 +181,18 @@ func (p *serverPolicy) applies(method string) bool {
 // outlasted the caller, is RESOURCE_EXHAUSTED (with the limiter's hint as
 // the retry pushback, when it has one), which a client reads as Throttled;
 // a limiter that could not decide is UNAVAILABLE.
-func reject(ctx context.Context, policy string, err error) (serve.Outcome, error, metadata.MD) {
+func reject(ctx context.Context, policy string, err error) (serve.Outcome, metadata.MD, error) {
 	if rl, ok := sdk.AsRateLimited(err); ok {
 		var md metadata.MD
 		if rl.RetryAfter > 0 {
 			md = metadata.Pairs(PushbackKey, FormatPushback(rl.RetryAfter))
 		}
-		return serve.Refused, status.Error(codes.ResourceExhausted, "refused by "+policy), md
+		return serve.Refused, md, status.Error(codes.ResourceExhausted, "refused by "+policy)
 	}
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return serve.Cancelled, status.Error(codes.ResourceExhausted, "no permit from "+policy+" before the deadline"), nil
+		return serve.Cancelled, nil, status.Error(codes.ResourceExhausted, "no permit from "+policy+" before the deadline")
 	}
-	return serve.Failed, status.Error(codes.Unavailable, policy+": "+err.Error()), nil
+	return serve.Failed, nil, status.Error(codes.Unavailable, policy+": "+err.Error())
 }
 
 // edge reads the caller's criticality and timeout from ctx's metadata under
