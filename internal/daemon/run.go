@@ -39,6 +39,12 @@ func (c cleanups) run() error {
 // pinned and enforcing unless it was asked to uninstall (then the result
 // is ErrUninstalled) or to detach on exit.
 func (d *Daemon) Run(ctx context.Context) (err error) {
+	// SIGHUP is caught from the first moment: its default is to end the
+	// process, and one that comes while the daemon starts, or just after
+	// it said it is ready (systemctl start, then reload), is a reload.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var stack cleanups
 	defer func() { err = errors.Join(err, stack.run()) }()
 	d.started = time.Now()
@@ -99,7 +105,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	serving = true
 	d.serve(ctx, &stack, srv, ln, metricsLn)
-	uninstall := d.wait(ctx)
+	uninstall := d.wait(ctx, hup)
 	detach = uninstall || d.cfg.DetachOnExit
 	d.log.Info("egressd stopping", "detach", detach)
 	if uninstall {
@@ -167,9 +173,10 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server
 }
 
 // wait tells the service manager the daemon is ready and runs until ctx
-// ends or an uninstall request, reloading on SIGHUP and pinging the
-// watchdog. It reports whether the daemon is to uninstall.
-func (d *Daemon) wait(ctx context.Context) (uninstall bool) {
+// ends or an uninstall request, reloading on each SIGHUP that hup brings
+// and pinging the watchdog. It reports whether the daemon is to
+// uninstall.
+func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal) (uninstall bool) {
 	n := d.cfg.Notify
 	n.Ready()
 	defer n.Stopping()
@@ -183,9 +190,6 @@ func (d *Daemon) wait(ctx context.Context) (uninstall bool) {
 	rules := len(d.entries)
 	d.mu.Unlock()
 	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules)
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for {
 		select {
 		case <-ctx.Done():

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,6 +163,35 @@ func TestRunLargePolicyHugeHeap(t *testing.T) {
 	}
 	if td.huge.Advised() {
 		t.Error("the region is advised after a reload")
+	}
+}
+
+// TestRunSIGHUPDuringStart: a SIGHUP that comes while the daemon starts
+// does not end it (the signal's default): once it runs, it reloads the
+// policy, which changed meanwhile.
+func TestRunSIGHUPDuringStart(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
+	td.cfg.open = func(cfg *loader.Config) (datapath, error) {
+		writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 7}\n")
+		// To this process, as systemctl reload sends it to the daemon.
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Error(err)
+		}
+		return td.fake.open(cfg)
+	}
+	td.start(t)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l, err := td.client().Limit(context.Background(), "db")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Limit == 7 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("limit db = %d 10 s after a SIGHUP during start, want 7 from the policy reloaded", l.Limit)
+		}
 	}
 }
 
