@@ -56,12 +56,13 @@ func effective(p *policy.Policy, o overrides) []*entry {
 	for _, n := range o.Removed {
 		removed[n] = true
 	}
-	set := map[string]policy.Rule{}
-	for _, r := range o.Set {
-		set[r.Name] = r
+	set := map[string]*policy.Rule{}
+	for i := range o.Set {
+		set[o.Set[i].Name] = &o.Set[i]
 	}
 	out := make([]*entry, 0, len(p.Rules)+len(o.Set))
-	for _, r := range p.Rules {
+	for i := range p.Rules {
+		r := &p.Rules[i]
 		if removed[r.Name] {
 			continue
 		}
@@ -72,7 +73,8 @@ func effective(p *policy.Policy, o overrides) []*entry {
 		}
 		out = append(out, &entry{spec: r, source: sourcePolicy})
 	}
-	for _, r := range o.Set {
+	for i := range o.Set {
+		r := &o.Set[i]
 		if _, ok := set[r.Name]; ok && !removed[r.Name] {
 			out = append(out, &entry{spec: r, source: sourceCLI})
 		}

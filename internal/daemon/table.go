@@ -26,7 +26,7 @@ import (
 
 // entry is one rule in force.
 type entry struct {
-	spec   policy.Rule
+	spec   *policy.Rule // the policy's or the overrides', never changed in place
 	source string
 	// kernel is the rule as installed; pending says why it is not. base
 	// is, for a shared rule, the kernel rule the policy gives, before the
@@ -55,7 +55,7 @@ func (e *entry) installed() bool { return e.pending == "" }
 func (e *entry) text() (string, error) {
 	w := e.written.Load()
 	if w == nil {
-		b, err := policy.Format(&policy.Policy{Rules: []policy.Rule{e.spec}})
+		b, err := policy.Format(&policy.Policy{Rules: []policy.Rule{*e.spec}})
 		w = &ruleText{strings.TrimPrefix(string(b), "rules:\n"), err}
 		e.written.Store(w)
 	}
@@ -196,7 +196,7 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 func specs(es []*entry) []policy.Rule {
 	out := make([]policy.Rule, len(es))
 	for i, e := range es {
-		out[i] = e.spec
+		out[i] = *e.spec
 	}
 	return out
 }
@@ -206,11 +206,11 @@ func specs(es []*entry) []policy.Rule {
 // unchanged rule keeps old's adaptive loop and share; a new shared rule
 // gets a share, which carries on old's or what the kernel holds.
 func (d *Daemon) plan(e, old *entry, f found) error {
-	if old != nil && old.spec == e.spec {
+	if old != nil && *old.spec == *e.spec {
 		e.ctrl, e.share = old.ctrl, old.share
 	}
 	if e.spec.IsShared() && e.share == nil {
-		s, err := d.newShare(e.spec)
+		s, err := d.newShare(*e.spec)
 		if err != nil {
 			return err
 		}
@@ -287,7 +287,7 @@ func (c *ruleChanges) count(old, e *entry) {
 	}
 }
 
-func ruleChanged(old, e *entry) bool { return old.spec != e.spec || old.pending != e.pending }
+func ruleChanged(old, e *entry) bool { return *old.spec != *e.spec || old.pending != e.pending }
 
 // logChanges writes one line per rule added, changed or removed when the
 // table went from old to next, the entries merged: past logChangesEach

@@ -32,7 +32,7 @@ type testDaemon struct {
 	hosts string
 }
 
-func newTestDaemon(t *testing.T) *testDaemon {
+func newTestDaemon(t testing.TB) *testDaemon {
 	t.Helper()
 	dir := t.TempDir()
 	td := &testDaemon{fake: newFake(), clock: clocktest.New(), dir: dir, hosts: filepath.Join(dir, "hosts")}
@@ -54,14 +54,14 @@ func newTestDaemon(t *testing.T) *testDaemon {
 	return td
 }
 
-func writeFile(t *testing.T, path, text string) {
+func writeFile(t testing.TB, path, text string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func parse(t *testing.T, text string) *policy.Policy {
+func parse(t testing.TB, text string) *policy.Policy {
 	t.Helper()
 	p, err := policy.Parse([]byte(text))
 	if err != nil {
