@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -139,12 +138,7 @@ func TestRunServesAndStops(t *testing.T) {
 // installed, at start and on a reload, and not after; a smaller one none.
 func TestRunLargePolicyHugeHeap(t *testing.T) {
 	td := newTestDaemon(t)
-	var b strings.Builder
-	b.WriteString("rules:\n")
-	for i := 0; b.Len() < hugeHeapFrom; i++ {
-		fmt.Fprintf(&b, "  - {name: r%d, destination: 10.%d.%d.%d, port: %d, concurrency: 100}\n", i, i>>16&255, i>>8&255, i&255, 1+i%2000)
-	}
-	writeFile(t, td.cfg.PolicyFile, b.String())
+	writeFile(t, td.cfg.PolicyFile, manyRules(hugeHeapFrom/40, 0)) // a rule's line is longer than 40 bytes
 	td.start(t)
 	if !hugeheap.Available() {
 		if td.huge != nil {
@@ -173,7 +167,10 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 	td := newTestDaemon(t)
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
 	td.cfg.open = func(cfg *loader.Config) (datapath, error) {
-		writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 7}\n")
+		// Not writeFile: this runs in Run's goroutine, where t.Fatal must not.
+		if err := os.WriteFile(td.cfg.PolicyFile, []byte("rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 7}\n"), 0o644); err != nil {
+			t.Error(err)
+		}
 		// To this process, as systemctl reload sends it to the daemon.
 		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 			t.Error(err)
