@@ -17,6 +17,7 @@ import (
 
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
 )
 
 // cleanups are what Run undoes as it stops, last started first.
@@ -76,32 +77,17 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		return ln.Close()
 	})
-	// Tables of the size the policy wants from the start: a resize is
-	// without a gap, but not free.
-	slots, explicit := d.ruleSlots(pol, len(pol.Rules)+len(d.overrides.Set))
-	dp, err := d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir, MaxRules: slots, GrowOnly: !explicit})
-	if err != nil {
-		return fmt.Errorf("datapath: %w", err)
-	}
-	d.dp = dp
-	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", d.cfg.Cgroup)
 	detach := false
-	stack.push(func() error {
-		if detach {
-			return dp.Uninstall()
-		}
-		return dp.Close()
-	})
-	stack.push(func() error { d.endShares(detach); d.closeRedis(); return nil })
+	if err := d.openDatapath(pol, &stack, &detach); err != nil {
+		return err
+	}
 	if err := d.installAtStart(ctx, pol); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
 	grown()
-	var metricsLn net.Listener
-	if d.cfg.MetricsAddr != "" {
-		if metricsLn, err = net.Listen("tcp", d.cfg.MetricsAddr); err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
-		}
+	metricsLn, err := d.listenMetrics()
+	if err != nil {
+		return err
 	}
 	serving = true
 	d.serve(ctx, &stack, srv, ln, metricsLn)
@@ -112,6 +98,41 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return ErrUninstalled
 	}
 	return nil
+}
+
+// openDatapath opens the datapath, with tables of the size the policy
+// wants from the start (a resize is without a gap, but not free), and
+// pushes on stack what stops it: the shares and their Redis clients, then
+// the datapath, closed (pinned and enforcing) or, if *detach is true by
+// then, uninstalled.
+func (d *Daemon) openDatapath(pol *policy.Policy, stack *cleanups, detach *bool) error {
+	slots, explicit := d.ruleSlots(pol, len(pol.Rules)+len(d.overrides.Set))
+	dp, err := d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir, MaxRules: slots, GrowOnly: !explicit})
+	if err != nil {
+		return fmt.Errorf("datapath: %w", err)
+	}
+	d.dp = dp
+	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", d.cfg.Cgroup)
+	stack.push(func() error {
+		if *detach {
+			return dp.Uninstall()
+		}
+		return dp.Close()
+	})
+	stack.push(func() error { d.endShares(*detach); d.closeRedis(); return nil })
+	return nil
+}
+
+// listenMetrics opens the metrics listener; nil when metrics are off.
+func (d *Daemon) listenMetrics() (net.Listener, error) {
+	if d.cfg.MetricsAddr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", d.cfg.MetricsAddr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	return ln, nil
 }
 
 // serve starts the daemon's loops and servers, each in a goroutine that
