@@ -11,10 +11,10 @@ import (
 // kernel rules need need slots (loader.SlotsFor): egressd run
 // --max-rules, else the policy's maxRules (explicit), else what they need
 // and a quarter more, in whole multiples of loader.DefaultMaxRules.
-func (d *Daemon) ruleSlots(p *policy.Policy, need int) (n int, explicit bool) {
+func (c *Config) ruleSlots(p *policy.Policy, need int) (n int, explicit bool) {
 	switch {
-	case d.cfg.MaxRules > 0:
-		return d.cfg.MaxRules, true
+	case c.MaxRules > 0:
+		return c.MaxRules, true
 	case p.MaxRules > 0:
 		return p.MaxRules, true
 	}
@@ -27,7 +27,7 @@ func (d *Daemon) ruleSlots(p *policy.Policy, need int) (n int, explicit bool) {
 // size, or up when the size taken from the policy outgrew them. Tables that
 // hold a rule beyond an explicit smaller size stay as they are.
 func (d *Daemon) fitTables(p *policy.Policy, kernel []loader.Rule) error {
-	n, explicit := d.ruleSlots(p, loader.SlotsFor(kernel))
+	n, explicit := d.cfg.ruleSlots(p, loader.SlotsFor(kernel))
 	cur := d.dp.MaxRules()
 	if n == cur || (!explicit && n < cur) {
 		return nil

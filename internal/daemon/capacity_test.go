@@ -27,8 +27,8 @@ func TestRuleSlots(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := &Daemon{cfg: Config{MaxRules: tt.flag}}
-			n, explicit := d.ruleSlots(&policy.Policy{MaxRules: tt.policy}, tt.rules)
+			c := Config{MaxRules: tt.flag}
+			n, explicit := c.ruleSlots(&policy.Policy{MaxRules: tt.policy}, tt.rules)
 			if n != tt.want || explicit != tt.explicit {
 				t.Errorf("ruleSlots = %d, %v; want %d, %v", n, explicit, tt.want, tt.explicit)
 			}

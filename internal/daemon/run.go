@@ -106,7 +106,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 // the datapath, closed (pinned and enforcing) or, if *detach is true by
 // then, uninstalled.
 func (d *Daemon) openDatapath(pol *policy.Policy, stack *cleanups, detach *bool) error {
-	slots, explicit := d.ruleSlots(pol, len(pol.Rules)+len(d.overrides.Set))
+	slots, explicit := d.cfg.ruleSlots(pol, len(pol.Rules)+len(d.overrides.Set))
 	dp, err := d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir, MaxRules: slots, GrowOnly: !explicit})
 	if err != nil {
 		return fmt.Errorf("datapath: %w", err)
