@@ -15,6 +15,10 @@ import (
 	"github.com/egressd/egressd/pkg/policy"
 )
 
+// The control API's handlers: what status, limits, events and attribution
+// show, a policy check, and the changes a writer asks for (limits, reload,
+// uninstall). Package control serves them and checks who may call which.
+
 func (d *Daemon) routes() map[string]control.Route {
 	get := func(h control.HandlerFunc) control.Route { return control.Route{Method: http.MethodGet, Handler: h} }
 	post := func(h control.HandlerFunc) control.Route {

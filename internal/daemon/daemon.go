@@ -4,13 +4,14 @@
 // API and the metrics, and follows refusals.
 //
 // Where things live:
-//   - daemon.go: the configuration, New, and Run, which starts the parts
-//     and stops them on one path.
+//   - daemon.go: the configuration and New, which checks it; run.go: Run,
+//     which starts the parts and stops them on one path.
 //   - datapath.go: the kernel side, as the narrow interface the daemon
 //     calls (the loader implements it; the tests' fake does too).
 //   - table.go: the rule table: which rules are in force and how each is
 //     written to the kernel. overrides.go keeps run-time changes on disk;
-//     reload.go reads the policy file; scope.go finds cgroups and units.
+//     reload.go reads the policy file; scope.go finds cgroups and units;
+//     capacity.go sizes the kernel's rule tables.
 //   - names.go: host-name destinations, looked up outside every lock.
 //   - adaptive.go: adaptive rules' loops and their pushes to the kernel.
 //   - share*.go: this host's shares of shared budgets (the decisions are

@@ -10,6 +10,11 @@ import (
 	"github.com/egressd/egressd/pkg/loader"
 )
 
+// What the kernel reports, followed: refusals, kept for `egressd events`
+// and to attribute a caller's EPERM; latency samples, fed to adaptive
+// rules' loops; and live connections at an adaptive rule's limit, which
+// mark it constrained.
+
 const (
 	// eventsKept is how many recent refusal events the daemon keeps for
 	// `egressd events`. An event stands for a process's refusals by one

@@ -20,6 +20,9 @@ import (
 	"github.com/egressd/egressd/pkg/policy"
 )
 
+// Run: the daemon's start, its loops and servers, its wait for signals and
+// requests, and the one path that stops all it started.
+
 // cleanups are what Run undoes as it stops, last started first.
 type cleanups []func() error
 
