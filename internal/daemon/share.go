@@ -58,8 +58,9 @@ type share interface {
 	name() string
 	// rate reports a rate's share (permits), not a concurrency's (slots).
 	rate() bool
-	// shape sets the kernel rule to enforce the share as it stands; the
-	// table calls it with its lock held.
+	// shape sets the kernel rule to enforce the share as it stands, in
+	// the fields Rule.SameLimit compares; the table calls it with its
+	// lock held.
 	shape(r *loader.Rule)
 	// sameBudget reports whether other spends the same budget under the
 	// same holder: a rule whose settings changed but not its Redis, key
@@ -263,8 +264,7 @@ func (d *Daemon) writeShare(s share) bool {
 	}
 	r := *e.base
 	s.shape(&r)
-	k := e.kernel
-	if r.Shape == k.Shape && r.Limit == k.Limit && r.Granted == k.Granted && r.Burst == k.Burst && r.Window == k.Window && r.Segments == k.Segments {
+	if r.SameLimit(e.kernel) { // shape changes only the limit
 		return true
 	}
 	if err := d.dp.Put(r); err != nil {

@@ -117,6 +117,14 @@ type Rule struct {
 	Requests bool
 }
 
+// SameLimit reports whether r and o limit alike: the same shape and the
+// same figures for it. What they apply to (scope, destinations, port) and
+// how (shadow, errno, tracking) is not compared.
+func (r Rule) SameLimit(o Rule) bool {
+	return r.Shape == o.Shape && r.Limit == o.Limit && r.Granted == o.Granted &&
+		r.Burst == o.Burst && r.Window == o.Window && r.Segments == o.Segments
+}
+
 // MaxDests bounds the destinations of one rule.
 const MaxDests = 256
 

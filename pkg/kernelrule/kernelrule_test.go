@@ -70,3 +70,30 @@ func TestWithDefaults(t *testing.T) {
 		t.Errorf("Mapped(10.0.0.0/8) = %v", got)
 	}
 }
+
+func TestSameLimit(t *testing.T) {
+	base := Rule{Name: "db", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Shape: ShapePerWindow, Limit: 10, Burst: 10, Window: time.Second, Segments: 4}
+	tests := []struct {
+		name   string
+		change func(*Rule)
+		same   bool
+	}{
+		{"itself", func(*Rule) {}, true},
+		{"another name, scope, destination, port, errno, flags", func(r *Rule) {
+			r.Name, r.Scope, r.Dests, r.Port, r.Errno, r.Shadow, r.Samples, r.Requests = "web", Scope{CgroupID: 7}, nil, 80, 1, true, true, true
+		}, true},
+		{"shape", func(r *Rule) { r.Shape = ShapePerSecond }, false},
+		{"limit", func(r *Rule) { r.Limit++ }, false},
+		{"granted", func(r *Rule) { r.Granted = 5 }, false},
+		{"burst", func(r *Rule) { r.Burst++ }, false},
+		{"window", func(r *Rule) { r.Window *= 2 }, false},
+		{"segments", func(r *Rule) { r.Segments = 8 }, false},
+	}
+	for _, tt := range tests {
+		r := base
+		tt.change(&r)
+		if got := base.SameLimit(r); got != tt.same {
+			t.Errorf("%s: SameLimit = %v, want %v", tt.name, got, tt.same)
+		}
+	}
+}
