@@ -23,12 +23,19 @@ import (
 	"github.com/egressd/egressd/pkg/cgroups"
 )
 
-// RequireRoot skips the test, saying why, unless it runs as root on a
-// kernel with a cgroup v2 hierarchy and BTF.
+// RequireRoot skips the test, saying why, unless it runs as root of the
+// initial user namespace on a kernel with a cgroup v2 hierarchy and BTF.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root (loads BPF programs, creates cgroups and network namespaces)")
+	}
+	// Root of another user namespace (unshare -r) has capabilities that
+	// the kernel's BPF does not honour.
+	if m, err := os.ReadFile("/proc/self/uid_map"); err == nil {
+		if uidMap := strings.Join(strings.Fields(string(m)), " "); uidMap != "0 0 4294967295" {
+			t.Skipf("skipping: needs root of the initial user namespace, not of one whose uid_map is %q (loads BPF programs)", uidMap)
+		}
 	}
 	if _, err := cgroups.Mount(); err != nil {
 		t.Skipf("skipping: %v", err)
