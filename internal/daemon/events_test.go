@@ -11,17 +11,6 @@ import (
 	"github.com/egressd/egressd/pkg/loader"
 )
 
-// waitFor polls cond until it holds, failing the test after 10 s: for
-// what goroutines of the daemon do after an event the test sent.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting: %s", what)
-		}
-	}
-}
-
 // TestRefusalAttribution: a refusal the kernel reports explains the EPERM
 // of that process's connect() to that destination, and no other; a shadow
 // rule's refusal explains nothing (the connection went through); every
@@ -37,13 +26,11 @@ func TestRefusalAttribution(t *testing.T) {
 	c := td.client()
 	ctx := context.Background()
 	var listed []control.Refusal
-	td.fake.refusals.drain(t)
-	waitFor(t, "both refusals listed", func() bool {
-		listed = listed[:0]
-		err := c.Events(ctx, false, func(r control.Refusal) error { listed = append(listed, r); return nil })
-		return err == nil && len(listed) == 2
-	})
-	if listed[0].Rule != "db" || listed[1].Rule != "web" || !listed[1].Shadow {
+	td.fake.refusals.drain(t) // each is listed before the next is read
+	if err := c.Events(ctx, false, func(r control.Refusal) error { listed = append(listed, r); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(listed) != 2 || listed[0].Rule != "db" || listed[1].Rule != "web" || !listed[1].Shadow {
 		t.Errorf("events = %+v, want db then web (shadow)", listed)
 	}
 	tests := []struct {
@@ -115,12 +102,12 @@ func TestAdaptiveFollowsSamples(t *testing.T) {
 		t.Fatalf("after a constrained fast round: kernel limit %d, want 5", got)
 	}
 	// Live connections at the limit hold callers back too.
-	td.fake.set("dep", loader.Stats{Live: 5})
-	waitFor(t, "the limit to grow with live at the limit", func() bool {
-		td.sendRound(t, time.Millisecond)
-		td.fake.samples.drain(t)
-		return td.kernelLimit(t, "dep") > 5
-	})
+	td.fake.awaitLive(t, "dep", td.fake.set("dep", loader.Stats{Live: 5}))
+	td.sendRound(t, time.Millisecond)
+	td.fake.samples.drain(t)
+	if got := td.kernelLimit(t, "dep"); got != 6 {
+		t.Fatalf("after a fast round with live at the limit: kernel limit %d, want 6", got)
+	}
 	// Latency far above the baseline: the limit falls.
 	td.fake.set("dep", loader.Stats{})
 	before := td.kernelLimit(t, "dep")

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/pkg/loader"
 )
@@ -39,12 +40,23 @@ type fakeDatapath struct {
 
 	refusals *fakeReader[loader.Refusal]
 	samples  *fakeReader[loader.Sample]
+
+	// sets counts set's calls; each Live sends on lives the rule and the
+	// count it read under, while there is room.
+	sets  int
+	lives chan liveRead
+}
+
+type liveRead struct {
+	rule string
+	set  int
 }
 
 func newFake() *fakeDatapath {
 	return &fakeDatapath{
 		rules: map[string]loader.Rule{}, stats: map[string]loader.Stats{}, maxRules: loader.DefaultMaxRules,
 		refusals: newFakeReader[loader.Refusal](), samples: newFakeReader[loader.Sample](),
+		lives: make(chan liveRead, 16),
 	}
 }
 
@@ -175,8 +187,33 @@ func (f *fakeDatapath) Stats(name string) (loader.Stats, error) {
 }
 
 func (f *fakeDatapath) Live(name string) (int64, error) {
+	f.mu.Lock()
+	set := f.sets
+	f.mu.Unlock()
 	st, err := f.Stats(name)
+	select {
+	case f.lives <- liveRead{name, set}:
+	default:
+	}
 	return st.Live, err
+}
+
+// awaitLive waits until a rule's live count has been read twice since
+// set's call number set: the daemon has acted on the first read (its
+// reader handles what one read brought before it reads again).
+func (f *fakeDatapath) awaitLive(t *testing.T, rule string, set int) {
+	t.Helper()
+	timeout := time.After(time.Minute)
+	for seen := 0; seen < 2; {
+		select {
+		case r := <-f.lives:
+			if r.rule == rule && r.set >= set {
+				seen++
+			}
+		case <-timeout:
+			t.Fatal("live was not read twice within a minute of setting it")
+		}
+	}
 }
 
 func (f *fakeDatapath) Status() ([]loader.RuleStatus, error) {
@@ -217,10 +254,13 @@ func (f *fakeDatapath) refuse(r loader.Refusal) {
 }
 
 // set sets a rule's counts.
-func (f *fakeDatapath) set(name string, st loader.Stats) {
+// set sets a rule's counters, and returns the number of this call.
+func (f *fakeDatapath) set(name string, st loader.Stats) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.stats[name] = st
+	f.sets++
+	return f.sets
 }
 
 func (f *fakeDatapath) ruleCount() int {
@@ -248,12 +288,13 @@ func (f *fakeDatapath) fail(err error) {
 type fakeReader[T any] struct {
 	ch          chan T
 	sent, reads atomic.Int64
+	asked       chan struct{} // a Read came since drain last looked
 	once        sync.Once
 	done        chan struct{}
 }
 
 func newFakeReader[T any]() *fakeReader[T] {
-	return &fakeReader[T]{ch: make(chan T, 64), done: make(chan struct{})}
+	return &fakeReader[T]{ch: make(chan T, 64), asked: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 func (r *fakeReader[T]) send(v T) { r.sent.Add(1); r.ch <- v }
@@ -262,11 +303,22 @@ func (r *fakeReader[T]) send(v T) { r.sent.Add(1); r.ch <- v }
 // sent: the daemon is done with every event before it.
 func (r *fakeReader[T]) drain(t *testing.T) {
 	t.Helper()
-	waitFor(t, "the daemon to read every event sent", func() bool { return r.reads.Load() == r.sent.Load()+1 })
+	timeout := time.After(time.Minute)
+	for r.reads.Load() != r.sent.Load()+1 {
+		select {
+		case <-r.asked:
+		case <-timeout:
+			t.Fatalf("the daemon read %d events of %d sent within a minute", r.reads.Load()-1, r.sent.Load())
+		}
+	}
 }
 
 func (r *fakeReader[T]) Read() (T, error) {
 	r.reads.Add(1)
+	select {
+	case r.asked <- struct{}{}:
+	default: // drain has yet to look since the last Read
+	}
 	select {
 	case v := <-r.ch:
 		return v, nil

@@ -23,8 +23,8 @@ func (td *testDaemon) apply(t *testing.T, text string) {
 	}
 }
 
-// start runs the daemon until the test ends, and waits until its socket
-// answers. The test fails if Run fails, or returns leaving a goroutine of
+// start runs the daemon until the test ends, and waits until it says it
+// is ready. The test fails if Run fails, or returns leaving a goroutine of
 // the daemon's behind.
 func (td *testDaemon) start(t *testing.T) (stop func() error) {
 	t.Helper()
@@ -49,24 +49,15 @@ func (td *testDaemon) start(t *testing.T) (stop func() error) {
 			t.Errorf("run: %v", err)
 		}
 	})
-	c := td.client()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := c.Status(context.Background()); err == nil {
-			return once
-		}
-		select {
-		case <-done:
-			t.Fatalf("run exited before serving: %v", result)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the daemon never answered on its socket")
-		}
-	}
+	td.done = done
+	await(t, td.notify.ready, "ready", done)
+	return once
 }
 
 func (td *testDaemon) client() *control.Client {
-	return &control.Client{Socket: td.cfg.Socket, Timeout: 5 * time.Second}
+	// A bound for a hang only: a reload of a large policy under -race on
+	// a loaded machine takes seconds.
+	return &control.Client{Socket: td.cfg.Socket, Timeout: time.Minute}
 }
 
 // daemonGoroutines returns the stacks of goroutines running the daemon's
@@ -178,17 +169,14 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 		return td.fake.open(cfg)
 	}
 	td.start(t)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		l, err := td.client().Limit(context.Background(), "db")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Limit == 7 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("limit db = %d 10 s after a SIGHUP during start, want 7 from the policy reloaded", l.Limit)
-		}
+	await(t, td.notify.reloading, "reloading", td.done)
+	await(t, td.notify.ready, "ready after the reload", td.done)
+	l, err := td.client().Limit(context.Background(), "db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Limit != 7 {
+		t.Fatalf("limit db = %d after a SIGHUP during start, want 7 from the policy reloaded", l.Limit)
 	}
 }
 

@@ -26,22 +26,55 @@ import (
 // own for host-name destinations (and no DNS server: a closed port).
 type testDaemon struct {
 	*Daemon
-	fake  *fakeDatapath
-	clock *clocktest.Manual // the shares'
-	dir   string
-	hosts string
+	fake   *fakeDatapath
+	clock  *clocktest.Manual // the shares'
+	dir    string
+	hosts  string
+	notify *testNotifier
+	done   <-chan struct{} // closed when Run, started by start, returns
+}
+
+// testNotifier passes on what the daemon tells the service manager, for
+// tests to wait on.
+type testNotifier struct {
+	ready, reloading chan struct{}
+}
+
+func newTestNotifier() *testNotifier {
+	return &testNotifier{ready: make(chan struct{}, 64), reloading: make(chan struct{}, 64)}
+}
+
+func (n *testNotifier) Ready()                                { n.ready <- struct{}{} }
+func (n *testNotifier) Reloading()                            { n.reloading <- struct{}{} }
+func (*testNotifier) Stopping()                               {}
+func (*testNotifier) Watchdog()                               {}
+func (*testNotifier) WatchdogInterval() (time.Duration, bool) { return 0, false }
+
+// await waits for the daemon to say what ch carries, failing the test
+// once stopped is closed or after a minute: a bound for a hang only, as
+// a large policy under -race on a loaded machine starts in more than 10 s.
+func await(t *testing.T, ch <-chan struct{}, what string, stopped <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-stopped:
+		t.Fatalf("the daemon stopped before it was %s", what)
+	case <-time.After(time.Minute):
+		t.Fatalf("the daemon was not %s within a minute", what)
+	}
 }
 
 func newTestDaemon(t testing.TB) *testDaemon {
 	t.Helper()
 	dir := t.TempDir()
-	td := &testDaemon{fake: newFake(), clock: clocktest.New(), dir: dir, hosts: filepath.Join(dir, "hosts")}
+	td := &testDaemon{fake: newFake(), clock: clocktest.New(), dir: dir, hosts: filepath.Join(dir, "hosts"), notify: newTestNotifier()}
 	writeFile(t, td.hosts, "")
 	writeFile(t, filepath.Join(dir, "policy.yaml"), "rules: []\n")
 	d, err := New(Config{
 		PolicyFile: filepath.Join(dir, "policy.yaml"), StateDir: filepath.Join(dir, "state"), Socket: filepath.Join(dir, "sock"),
 		HostID: "test-host", Version: "test", Logger: slog.New(slog.DiscardHandler),
 		Resolver: &dns.Resolver{HostsFile: td.hosts, Servers: []string{"127.0.0.1:1"}, Timeout: 100 * time.Millisecond, MinTTL: time.Second, MaxTTL: time.Second},
+		Notify:   td.notify,
 		open:     td.fake.open,
 		now:      td.clock.Now,
 	})
