@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
 )
 
@@ -28,6 +29,7 @@ type metrics struct {
 	lost, driftDesc, reloads, buildInfo, rules             *prometheus.Desc
 	shares                                                 shareDescs
 	probing, settled, probes                               *prometheus.Desc
+	ruleInfo, window                                       *prometheus.Desc
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -51,6 +53,8 @@ func newMetrics(d *Daemon) *metrics {
 		reloads:        prometheus.NewDesc("egressd_policy_reloads_total", "Policy loads, by outcome.", []string{"outcome"}, nil),
 		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
 		rules:          prometheus.NewDesc("egressd_rules", "Rules by state: installed in the kernel or pending (unit not running, host name not resolved).", []string{"state"}, nil),
+		ruleInfo:       prometheus.NewDesc("egressd_rule_info", "Always 1; shape says what egressd_limit counts: concurrency, adaptive, perSecond or perWindow, as in the policy.", []string{"rule", "shape"}, nil),
+		window:         prometheus.NewDesc("egressd_limit_window_seconds", "The window a perWindow rule's egressd_limit is per.", rule, nil),
 		shares:         newShareDescs(),
 	}
 }
@@ -84,7 +88,7 @@ func (m *metrics) recount() {
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.buildInfo, m.rules,
-		m.probing, m.settled, m.probes} {
+		m.probing, m.settled, m.probes, m.ruleInfo, m.window} {
 		ch <- d
 	}
 	m.shares.describe(ch)
@@ -110,7 +114,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.driftDesc, prometheus.GaugeValue, float64(drift), name)
 	}
 	m.driftMu.Unlock()
-	m.collectKernel(ch, t.budgets)
+	m.collectKernel(ch, t)
 }
 
 // tableView is what the metrics read of the rule table, copied under its
@@ -119,15 +123,15 @@ type tableView struct {
 	installed, pending int
 	loops              map[string]*adaptive.Controller
 	shares             map[string]shareView
-	// budgets are shared rates' limits: the budget is shown, not the
-	// permits granted in the kernel (limitShown).
-	budgets map[string]uint32
+	// rates are shared rates' kernel rules as the policy gives them: their
+	// budget and shape are shown, not the permits granted in the kernel.
+	rates map[string]*loader.Rule
 }
 
 func (d *Daemon) tableView() tableView {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	t := tableView{loops: map[string]*adaptive.Controller{}, shares: map[string]shareView{}, budgets: map[string]uint32{}}
+	t := tableView{loops: map[string]*adaptive.Controller{}, shares: map[string]shareView{}, rates: map[string]*loader.Rule{}}
 	for name, e := range d.entries {
 		if e.share != nil {
 			t.shares[name] = e.share.view()
@@ -140,8 +144,8 @@ func (d *Daemon) tableView() tableView {
 		if e.ctrl != nil {
 			t.loops[name] = e.ctrl
 		}
-		if e.share != nil && e.share.rate() {
-			t.budgets[name] = e.limitShown(0)
+		if e.share != nil && e.share.rate() && e.base != nil {
+			t.rates[name] = e.base
 		}
 	}
 	return t
@@ -170,7 +174,7 @@ func (m *metrics) collectLoops(ch chan<- prometheus.Metric, loops map[string]*ad
 // goes out in the order the registry sorts it to (label values in label
 // name order), which its sort then finds done: with 100,000 rules that
 // sort was a second a scrape.
-func (m *metrics) collectKernel(ch chan<- prometheus.Metric, budgets map[string]uint32) {
+func (m *metrics) collectKernel(ch chan<- prometheus.Metric, t tableView) {
 	status, err := m.d.dp.Status()
 	if err != nil {
 		m.d.log.Error("metrics: read counters", "err", err)
@@ -203,12 +207,28 @@ func (m *metrics) collectKernel(ch chan<- prometheus.Metric, budgets map[string]
 	each(func(s *loader.RuleStatus) {
 		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(s.Stats.ConnectFailed), s.Name)
 	})
-	each(func(s *loader.RuleStatus) {
-		limit := s.Limit
-		if b, ok := budgets[s.Name]; ok {
-			limit = b
+	// What the policy asks, where the kernel's rule says otherwise: a
+	// shared rate's kernel rule grants permits.
+	asked := func(s *loader.RuleStatus) *loader.Rule {
+		if r, ok := t.rates[s.Name]; ok {
+			return r
 		}
-		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(limit), s.Name)
+		return &s.Rule
+	}
+	each(func(s *loader.RuleStatus) {
+		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(asked(s).Limit), s.Name)
+	})
+	each(func(s *loader.RuleStatus) {
+		shape := policyShapes[asked(s).Shape]
+		if _, ok := t.loops[s.Name]; ok {
+			shape = "adaptive"
+		}
+		ch <- prometheus.MustNewConstMetric(m.ruleInfo, prometheus.GaugeValue, 1, s.Name, shape)
+	})
+	each(func(s *loader.RuleStatus) {
+		if r := asked(s); r.Shape == loader.ShapePerWindow {
+			ch <- prometheus.MustNewConstMetric(m.window, prometheus.GaugeValue, r.Window.Seconds(), s.Name)
+		}
 	})
 	each(func(s *loader.RuleStatus) { ch <- histogram(m.connectLatency, s.Stats.ConnectLatency, s.Name) })
 	// 31 series that stay empty for a rule that tracks no requests:
@@ -218,6 +238,15 @@ func (m *metrics) collectKernel(ch chan<- prometheus.Metric, budgets map[string]
 			ch <- histogram(m.requestLatency, s.Stats.RequestLatency, s.Name)
 		}
 	})
+}
+
+// policyShapes names kernel shapes as the policy does. A rule of the
+// policy is never granted: that is a shared rate's kernel rule.
+var policyShapes = [kernelrule.ShapeLen]string{
+	loader.ShapeConcurrency: "concurrency",
+	loader.ShapePerSecond:   "perSecond",
+	loader.ShapePerWindow:   "perWindow",
+	loader.ShapeGranted:     "granted",
 }
 
 // histogram turns the kernel's power-of-two microsecond buckets into a

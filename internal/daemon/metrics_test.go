@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,10 +101,12 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_in_flight_requests",
 		"egressd_leases_total",
 		"egressd_limit",
+		"egressd_limit_window_seconds",
 		"egressd_live_connections",
 		"egressd_policy_reloads_total",
 		"egressd_recount_drift",
 		"egressd_request_latency_seconds",
+		"egressd_rule_info",
 		"egressd_rules",
 		"egressd_shared_expired",
 		"egressd_shared_failure_mode_info",
@@ -124,6 +127,24 @@ func TestMetricsLint(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(d.metrics, "egressd_leases_total"); n != 3*7 {
 		t.Errorf("egressd_leases_total has %d samples, want 3 outcomes × 7 installed rules", n)
+	}
+	// What egressd_limit counts, as the policy says it: a shared rate's
+	// kernel rule grants permits, but the rule is perSecond.
+	if err := testutil.CollectAndCompare(d.metrics, strings.NewReader(`
+# HELP egressd_limit_window_seconds The window a perWindow rule's egressd_limit is per.
+# TYPE egressd_limit_window_seconds gauge
+egressd_limit_window_seconds{rule="window"} 60
+# HELP egressd_rule_info Always 1; shape says what egressd_limit counts: concurrency, adaptive, perSecond or perWindow, as in the policy.
+# TYPE egressd_rule_info gauge
+egressd_rule_info{rule="adapt",shape="adaptive"} 1
+egressd_rule_info{rule="conc",shape="concurrency"} 1
+egressd_rule_info{rule="rate",shape="perSecond"} 1
+egressd_rule_info{rule="shadow",shape="concurrency"} 1
+egressd_rule_info{rule="shared-pool",shape="concurrency"} 1
+egressd_rule_info{rule="shared-rate",shape="perSecond"} 1
+egressd_rule_info{rule="window",shape="perWindow"} 1
+`), "egressd_rule_info", "egressd_limit_window_seconds"); err != nil {
+		t.Error(err)
 	}
 }
 
