@@ -27,21 +27,28 @@ import (
 // initial user namespace on a kernel with a cgroup v2 hierarchy and BTF.
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root (loads BPF programs, creates cgroups and network namespaces)")
-	}
-	// Root of another user namespace (unshare -r) has capabilities that
-	// the kernel's BPF does not honour.
-	if m, err := os.ReadFile("/proc/self/uid_map"); err == nil {
-		if uidMap := strings.Join(strings.Fields(string(m)), " "); uidMap != "0 0 4294967295" {
-			t.Skipf("skipping: needs root of the initial user namespace, not of one whose uid_map is %q (loads BPF programs)", uidMap)
-		}
-	}
+	RequireHostRoot(t, "loads BPF programs, creates cgroups and network namespaces")
 	if _, err := cgroups.Mount(); err != nil {
 		t.Skipf("skipping: %v", err)
 	}
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skip("skipping: kernel has no BTF (/sys/kernel/btf/vmlinux)")
+	}
+}
+
+// RequireHostRoot skips the test, saying why it needs root, unless it
+// runs as root of the initial user namespace: root of another (unshare
+// -r) has capabilities that the kernel's BPF does not honour, and only
+// its own uid to switch or chown to.
+func RequireHostRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skipf("skipping: needs root (%s)", why)
+	}
+	if m, err := os.ReadFile("/proc/self/uid_map"); err == nil {
+		if uidMap := strings.Join(strings.Fields(string(m)), " "); uidMap != "0 0 4294967295" {
+			t.Skipf("skipping: needs root of the initial user namespace, not of one whose uid_map is %q (%s)", uidMap, why)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/control"
 )
 
@@ -279,7 +280,5 @@ func (h *harness) raw(t testing.TB, method, path, body string, header http.Heade
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root (starts clients under other uids and chowns sockets)")
-	}
+	privtest.RequireHostRoot(t, "starts clients under other uids and chowns sockets")
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/privtest"
 )
 
 // The kernel's answer for our own connection is our own credentials,
@@ -61,9 +63,7 @@ func TestPeerOfSocketpair(t *testing.T) {
 // More supplementary groups than peerGroups's first buffer holds take the
 // ERANGE retry.
 func TestPeerGroupsMany(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root (sets this process's supplementary groups)")
-	}
+	privtest.RequireHostRoot(t, "sets this process's supplementary groups")
 	// syscall.Setgroups changes every thread (x/sys's only the calling one).
 	orig, err := syscall.Getgroups()
 	if err != nil {
