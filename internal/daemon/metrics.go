@@ -207,29 +207,7 @@ func (m *metrics) collectKernel(ch chan<- prometheus.Metric, t tableView) {
 	each(func(s *loader.RuleStatus) {
 		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(s.Stats.ConnectFailed), s.Name)
 	})
-	// What the policy asks, where the kernel's rule says otherwise: a
-	// shared rate's kernel rule grants permits.
-	asked := func(s *loader.RuleStatus) *loader.Rule {
-		if r, ok := t.rates[s.Name]; ok {
-			return r
-		}
-		return &s.Rule
-	}
-	each(func(s *loader.RuleStatus) {
-		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(asked(s).Limit), s.Name)
-	})
-	each(func(s *loader.RuleStatus) {
-		shape := policyShapes[asked(s).Shape]
-		if _, ok := t.loops[s.Name]; ok {
-			shape = "adaptive"
-		}
-		ch <- prometheus.MustNewConstMetric(m.ruleInfo, prometheus.GaugeValue, 1, s.Name, shape)
-	})
-	each(func(s *loader.RuleStatus) {
-		if r := asked(s); r.Shape == loader.ShapePerWindow {
-			ch <- prometheus.MustNewConstMetric(m.window, prometheus.GaugeValue, r.Window.Seconds(), s.Name)
-		}
-	})
+	m.collectLimits(ch, status, t)
 	each(func(s *loader.RuleStatus) { ch <- histogram(m.connectLatency, s.Stats.ConnectLatency, s.Name) })
 	// 31 series that stay empty for a rule that tracks no requests:
 	// with 100,000 rules, 3.1 million of them, 200 MB a scrape.
@@ -238,6 +216,34 @@ func (m *metrics) collectKernel(ch chan<- prometheus.Metric, t tableView) {
 			ch <- histogram(m.requestLatency, s.Stats.RequestLatency, s.Name)
 		}
 	})
+}
+
+// collectLimits reports each rule's limit and what it counts, as the
+// policy asks them where the kernel's rule says otherwise: a shared
+// rate's kernel rule grants permits. Families go out sorted, as
+// collectKernel's.
+func (m *metrics) collectLimits(ch chan<- prometheus.Metric, status []loader.RuleStatus, t tableView) {
+	asked := func(s *loader.RuleStatus) *loader.Rule {
+		if r, ok := t.rates[s.Name]; ok {
+			return r
+		}
+		return &s.Rule
+	}
+	for i := range status {
+		ch <- prometheus.MustNewConstMetric(m.limit, prometheus.GaugeValue, float64(asked(&status[i]).Limit), status[i].Name)
+	}
+	for i := range status {
+		shape := policyShapes[asked(&status[i]).Shape]
+		if _, ok := t.loops[status[i].Name]; ok {
+			shape = "adaptive"
+		}
+		ch <- prometheus.MustNewConstMetric(m.ruleInfo, prometheus.GaugeValue, 1, status[i].Name, shape)
+	}
+	for i := range status {
+		if r := asked(&status[i]); r.Shape == loader.ShapePerWindow {
+			ch <- prometheus.MustNewConstMetric(m.window, prometheus.GaugeValue, r.Window.Seconds(), status[i].Name)
+		}
+	}
 }
 
 // policyShapes names kernel shapes as the policy does. A rule of the
