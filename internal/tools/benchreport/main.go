@@ -35,7 +35,7 @@ var suites = []struct{ title, pkg, pattern, benchtime, note string }{
 	{"In-process limiters", "./pkg/limit/", ".", "", "Acquire+Release per shape, serial and parallel."},
 	{"SDK executor", "./pkg/sdk/", ".", "", "Run on the success path."},
 	{"Adaptive controller", "./pkg/adaptive/", ".", "", "Recording one latency sample."},
-	{"Shared limiters (Redis)", "./pkg/shared/", ".", "", "Admissions against a local redis-server, 1 and 8 clients; and the daemon's path to a shared rate, claims of 10 permits (permits/s)."},
+	{"Shared limiters (Redis)", "./pkg/shared/", ".", "", "Admissions against a local redis-server, 1 and 8 clients; the daemon's path to a shared rate, claims of 10 permits (permits/s); and 1,000 holders on one budget, each its own Slots or Grants: calls a second, Redis's CPU a second, Jain's fairness among them, overshoot."},
 	{"Partitioned limiters", "./pkg/partition/", ".", "", "Acquire+Release on a partition found by key."},
 }
 
