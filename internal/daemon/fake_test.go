@@ -253,8 +253,7 @@ func (f *fakeDatapath) refuse(r loader.Refusal) {
 	f.refusals.send(r)
 }
 
-// set sets a rule's counts.
-// set sets a rule's counters, and returns the number of this call.
+// set sets a rule's counts, and returns the number of this call.
 func (f *fakeDatapath) set(name string, st loader.Stats) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()

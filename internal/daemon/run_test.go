@@ -30,8 +30,8 @@ func (td *testDaemon) start(t *testing.T) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	var result error
-	go func() { defer close(done); result = td.Run(ctx) }()
+	td.done = done
+	go func() { defer close(done); td.runErr = td.Run(ctx) }()
 	stopped := false
 	once := func() error {
 		if !stopped {
@@ -42,15 +42,14 @@ func (td *testDaemon) start(t *testing.T) (stop func() error) {
 				t.Errorf("Run returned with the daemon's goroutines still running:\n%s", g)
 			}
 		}
-		return result
+		return td.runErr
 	}
 	t.Cleanup(func() {
 		if err := once(); err != nil && !errors.Is(err, ErrUninstalled) {
 			t.Errorf("run: %v", err)
 		}
 	})
-	td.done = done
-	await(t, td.notify.ready, "ready", done)
+	td.await(t, td.notify.ready, "ready")
 	return once
 }
 
@@ -169,8 +168,8 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 		return td.fake.open(cfg)
 	}
 	td.start(t)
-	await(t, td.notify.reloading, "reloading", td.done)
-	await(t, td.notify.ready, "ready after the reload", td.done)
+	td.await(t, td.notify.reloading, "reloading")
+	td.await(t, td.notify.ready, "ready after the reload")
 	l, err := td.client().Limit(context.Background(), "db")
 	if err != nil {
 		t.Fatal(err)

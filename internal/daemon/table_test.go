@@ -31,11 +31,14 @@ type testDaemon struct {
 	dir    string
 	hosts  string
 	notify *testNotifier
-	done   <-chan struct{} // closed when Run, started by start, returns
+	// done is closed when Run, started by start, returns runErr.
+	done   <-chan struct{}
+	runErr error
 }
 
 // testNotifier passes on what the daemon tells the service manager, for
-// tests to wait on.
+// tests to wait on. Ready and Reloading block once 64 are unread, more
+// than any test causes.
 type testNotifier struct {
 	ready, reloading chan struct{}
 }
@@ -50,15 +53,16 @@ func (*testNotifier) Stopping()                               {}
 func (*testNotifier) Watchdog()                               {}
 func (*testNotifier) WatchdogInterval() (time.Duration, bool) { return 0, false }
 
-// await waits for the daemon to say what ch carries, failing the test
-// once stopped is closed or after a minute: a bound for a hang only, as
-// a large policy under -race on a loaded machine starts in more than 10 s.
-func await(t *testing.T, ch <-chan struct{}, what string, stopped <-chan struct{}) {
+// await waits for the daemon, started by start, to say what ch carries,
+// failing the test once Run returns or after a minute: a bound for a hang
+// only, as a large policy under -race on a loaded machine starts in more
+// than 10 s.
+func (td *testDaemon) await(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {
 	case <-ch:
-	case <-stopped:
-		t.Fatalf("the daemon stopped before it was %s", what)
+	case <-td.done:
+		t.Fatalf("the daemon stopped before it was %s: run: %v", what, td.runErr)
 	case <-time.After(time.Minute):
 		t.Fatalf("the daemon was not %s within a minute", what)
 	}
