@@ -123,8 +123,7 @@ type tableView struct {
 	installed, pending int
 	loops              map[string]*adaptive.Controller
 	shares             map[string]shareView
-	// rates are shared rates' kernel rules as the policy gives them: their
-	// budget and shape are shown, not the permits granted in the kernel.
+	// rates are shared rates' rules as the policy gives them (sharedRate).
 	rates map[string]*loader.Rule
 }
 
@@ -144,8 +143,8 @@ func (d *Daemon) tableView() tableView {
 		if e.ctrl != nil {
 			t.loops[name] = e.ctrl
 		}
-		if e.share != nil && e.share.rate() && e.base != nil {
-			t.rates[name] = e.base
+		if r := e.sharedRate(); r != nil {
+			t.rates[name] = r
 		}
 	}
 	return t

@@ -62,12 +62,21 @@ func (e *entry) text() (string, error) {
 	return w.text, w.err
 }
 
-// limitShown is the limit the CLI and metrics report, given the kernel's:
-// a shared rate's kernel rule grants permits and has no rate of its own,
-// so it is the whole budget's.
+// sharedRate is, for a shared rate, its kernel rule as the policy gives
+// it (the whole budget's rate and shape); nil for any other rule. The
+// kernel's rule grants permits and has no rate of its own, so the CLI
+// and the metrics show this one.
+func (e *entry) sharedRate() *loader.Rule {
+	if e.share != nil && e.share.rate() {
+		return e.base
+	}
+	return nil
+}
+
+// limitShown is the limit the CLI reports, given the kernel's.
 func (e *entry) limitShown(kernel uint32) uint32 {
-	if e.share != nil && e.share.rate() && e.base != nil {
-		return e.base.Limit
+	if r := e.sharedRate(); r != nil {
+		return r.Limit
 	}
 	return kernel
 }
