@@ -19,6 +19,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/egressd/egressd/internal/bpffs"
 	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/pkg/cgroups"
 	"github.com/egressd/egressd/pkg/control"
@@ -338,18 +339,16 @@ func checkCgroup2(cgroup string) check {
 	return c
 }
 
-const bpffsMagic = 0xcafe4a11
-
 func checkBPFFS(pinDir string) check {
 	c := check{Name: "bpffs"}
 	parent := filepath.Dir(filepath.Clean(pinDir))
-	var st unix.Statfs_t
-	if err := unix.Statfs(parent, &st); err != nil {
+	mounted, err := bpffs.Mounted(parent)
+	if err != nil {
 		c.Status, c.Detail = statusFail, fmt.Sprintf("%s: %v", parent, err)
 		c.Fix = "mount -t bpf bpffs " + parent
 		return c
 	}
-	if st.Type != bpffsMagic {
+	if !mounted {
 		c.Status = statusFail
 		c.Detail = parent + " is not a bpffs: the pins that keep enforcement across restarts have nowhere to live"
 		c.Fix = "mount -t bpf bpffs " + parent + " (systemd does at boot; the unit cannot, holding no CAP_SYS_ADMIN)"

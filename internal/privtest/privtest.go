@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/egressd/egressd/internal/bpffs"
 	"github.com/egressd/egressd/pkg/cgroups"
 )
 
@@ -145,6 +146,11 @@ func Join(t testing.TB, dir string) {
 func PinDir(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join("/sys/fs/bpf", "egressd-test-"+suffix())
+	// As the daemon would on its first start: a test that looks at the
+	// host before any datapath is loaded must not depend on test order.
+	if err := bpffs.Ensure(dir); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Errorf("remove pins: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/egressd/egressd/internal/bpffs"
 	"github.com/egressd/egressd/pkg/cgroups"
 )
 
@@ -150,7 +151,7 @@ func Open(cfg *Config) (*Datapath, error) {
 	if d.ncpu, err = ebpf.PossibleCPU(); err != nil {
 		return nil, fmt.Errorf("possible cpus: %w", err)
 	}
-	if err := ensureBPFFS(c.PinDir); err != nil {
+	if err := bpffs.Ensure(c.PinDir); err != nil {
 		return nil, err
 	}
 	for _, dir := range []string{d.mapsDir(), d.linksDir()} {
@@ -315,28 +316,6 @@ func lockDir(dir string) (*os.File, error) {
 		return nil, fmt.Errorf("lock pin dir: %w", err)
 	}
 	return f, nil
-}
-
-const bpffsMagic = 0xcafe4a11
-
-// ensureBPFFS mounts bpffs on the pin directory's parent when nothing is
-// mounted there yet, as on hosts where systemd did not do it.
-func ensureBPFFS(pinDir string) error {
-	parent := filepath.Dir(filepath.Clean(pinDir))
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return fmt.Errorf("bpffs: %w", err)
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(parent, &fs); err != nil {
-		return fmt.Errorf("bpffs: %w", err)
-	}
-	if fs.Type == bpffsMagic {
-		return nil
-	}
-	if err := unix.Mount("bpffs", parent, "bpf", 0, "mode=0700"); err != nil {
-		return fmt.Errorf("mount bpffs on %s: %w", parent, err)
-	}
-	return nil
 }
 
 // ruleTables are sized by MaxRules (latency by MaxRules per sample kind),
