@@ -3,8 +3,10 @@ package privtest
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"slices"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,6 +35,23 @@ func Monotonic() int64 {
 		panic(err) // CLOCK_MONOTONIC always exists on Linux
 	}
 	return ts.Nano()
+}
+
+// WallOffset is the wall clock less CLOCK_MONOTONIC, read where the two
+// reads are closest together of a few tries. It changes only when the wall
+// clock is set: by hand, or when a paused virtual machine is given the time
+// again.
+func WallOffset() time.Duration {
+	best, bracket := time.Duration(0), time.Duration(math.MaxInt64)
+	for range 5 {
+		before := Monotonic()
+		wall := time.Now().UnixNano()
+		after := Monotonic()
+		if d := time.Duration(after - before); d < bracket {
+			best, bracket = time.Duration(wall-(before+after)/2), d
+		}
+	}
+	return best
 }
 
 // WriteIntervals writes intervals to path.

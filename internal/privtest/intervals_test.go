@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 func TestMaxOverlap(t *testing.T) {
@@ -36,5 +37,19 @@ func TestIntervalsRoundTrip(t *testing.T) {
 	got, err := ReadIntervals(path)
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("ReadIntervals = %v, %v; want %v", got, err, want)
+	}
+}
+
+// TestWallOffset: with the wall clock left alone, the offset read twice is
+// the same, and is what one pair of reads gives, to within a millisecond.
+func TestWallOffset(t *testing.T) {
+	a := WallOffset()
+	rough := time.Duration(time.Now().UnixNano() - Monotonic())
+	b := WallOffset()
+	if d := (b - a).Abs(); d > time.Millisecond {
+		t.Errorf("WallOffset moved %v between two reads", d)
+	}
+	if d := (rough - a).Abs(); d > time.Millisecond {
+		t.Errorf("WallOffset %v, one pair of reads %v", a, rough)
 	}
 }
