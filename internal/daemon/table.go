@@ -182,7 +182,10 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 	d.logChanges(changes, merged, d.entries, next)
 	var gone []retired
 	for name, old := range d.entries {
-		if n := next[name]; old.share != nil && (n == nil || n.share != old.share) {
+		if old.share == nil {
+			continue // most rules: no need to look up the new table
+		}
+		if n := next[name]; n == nil || n.share != old.share {
 			gone = append(gone, retired{old.share, n == nil || n.share == nil || !old.share.sameBudget(n.share)})
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"reflect"
@@ -475,6 +476,9 @@ func checkKernelAgrees(t *testing.T, d *Datapath) {
 	}
 	if got, want := sortedRules(kt.rules()), sortedRules(d.t.rules()); !reflect.DeepEqual(got, want) {
 		t.Fatalf("kernel holds %+v, loader says %+v", got, want)
+	}
+	if !maps.Equal(kt.byName, d.t.byName) || !maps.Equal(kt.byKey, d.t.byKey) {
+		t.Fatalf("kernel holds names %v keys %v, loader says %v and %v", kt.byName, kt.byKey, d.t.byName, d.t.byKey)
 	}
 	kh, err := d.readHints()
 	if err != nil {

@@ -2,6 +2,9 @@ package loader
 
 import (
 	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -217,6 +220,71 @@ func TestCommit(t *testing.T) {
 	}
 	if tb.uses.exact != 0 || tb.uses.prefixes != 2 {
 		t.Fatalf("%d exact keys and %d prefixes, want 0 and 2", tb.uses.exact, tb.uses.prefixes)
+	}
+}
+
+// After any sequence of whole-set changes (Sync's plans: rules added,
+// removed, moved to other keys, keys passed between rules, limits
+// changed), the name and key indexes are what the active slots give.
+func TestCommitKeepsIndexes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	tb := tableWith(t, 64)
+	for step := range 500 {
+		// A rule's keys are drawn from a small pool, so that keys pass
+		// between rules; rules the draw makes conflict are left out.
+		var rules []Rule
+		claimed := map[ruleKey]bool{}
+		for i := range 48 {
+			if rng.IntN(4) == 0 {
+				continue
+			}
+			r := Rule{Name: fmt.Sprint("r", i), Limit: 1 + rng.Uint32N(3), Port: uint16(rng.IntN(2) * 80)}
+			for range 1 + rng.IntN(3) {
+				d := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(16)), 0}), 24+8*rng.IntN(2))
+				if !slices.Contains(r.Dests, d) {
+					r.Dests = append(r.Dests, d)
+				}
+			}
+			keys := ruleKeys(&r)
+			if slices.ContainsFunc(keys, func(k ruleKey) bool { return claimed[k] }) {
+				continue
+			}
+			for _, k := range keys {
+				claimed[k] = true
+			}
+			rules = append(rules, r)
+		}
+		keep := map[string]bool{}
+		for _, r := range rules {
+			keep[r.Name] = true
+		}
+		var gone []uint32
+		for name, idx := range tb.byName {
+			if !keep[name] {
+				gone = append(gone, idx)
+			}
+		}
+		slices.Sort(gone)
+		p, err := tb.plan(rules, gone)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		tb.commit(&p)
+		names, keys := map[string]uint32{}, map[ruleKey]uint32{}
+		for i, s := range tb.slots {
+			if s.active {
+				names[s.rule.Name] = uint32(i)
+				for _, k := range ruleKeys(&s.rule) {
+					keys[k] = uint32(i)
+				}
+			}
+		}
+		if !maps.Equal(tb.byName, names) || !maps.Equal(tb.byKey, keys) {
+			t.Fatalf("step %d: names %v keys %v, the slots give %v and %v", step, tb.byName, tb.byKey, names, keys)
+		}
+		if len(names) != len(rules) {
+			t.Fatalf("step %d: %d rules active, want %d", step, len(names), len(rules))
+		}
 	}
 }
 
