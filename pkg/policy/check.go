@@ -6,8 +6,11 @@ import (
 	"math"
 	"net/netip"
 	"path"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -127,37 +130,97 @@ func check(rules []Rule, wheres []*where) []Problem {
 		}
 		return wheres[i]
 	}
+	checkerOf := func(i int) checker {
+		return checker{w: locate(i), rule: label(rules[i].Name, i), problems: &problems}
+	}
 	ruleAt := func(i int) string {
 		if w := locate(i); w.rule != nil {
 			return fmt.Sprintf("the rule at line %d", w.rule.Line)
 		}
 		return fmt.Sprintf("rule #%d", i+1)
 	}
-	byName := make(map[string]int, len(rules))
-	byKey := make(map[matchKey]int, len(rules))
-	for i, r := range rules {
-		c := checker{w: locate(i), rule: label(r.Name, i), problems: &problems}
-		c.check(r)
-		if r.Name != "" {
-			if j, ok := byName[r.Name]; ok {
-				c.add("name", "name %s is already used by %s", r.Name, ruleAt(j))
-			} else {
-				byName[r.Name] = i
-			}
+	// A rule whose match was partly refused would match the wrong traffic
+	// here and claim conflicts it does not have.
+	refused := func(i int) bool {
+		w := locate(i)
+		return slices.ContainsFunc([]string{"destination", "port", "unit", "cgroup"}, func(p string) bool { return w.bad[p] })
+	}
+	// The rules used twice, found first so that each rule's problems come
+	// together, in the order of its fields.
+	earlierName, earlierMatch := map[int]int{}, map[int]int{}
+	sameName(rules, func(i, j int) { earlierName[i] = j })
+	sameMatch(rules, refused, func(i, j int) { earlierMatch[i] = j })
+	for i := range rules {
+		c := checkerOf(i)
+		c.check(rules[i])
+		if j, ok := earlierName[i]; ok {
+			c.add("name", "name %s is already used by %s", rules[i].Name, ruleAt(j))
 		}
-		// A rule whose match was partly refused would match the wrong
-		// traffic here and claim conflicts it does not have.
-		refused := slices.ContainsFunc([]string{"destination", "port", "unit", "cgroup"}, func(p string) bool { return c.w.bad[p] })
-		if r.Destination != (Destination{}) && !refused {
-			k := r.matchKey()
-			if j, ok := byKey[k]; ok {
-				c.add("destination", "same scope, destination and port as rule %s; the kernel takes one rule for the same traffic", label(rules[j].Name, j))
-			} else {
-				byKey[k] = i
-			}
+		if j, ok := earlierMatch[i]; ok {
+			c.add("destination", "same scope, destination and port as rule %s; the kernel takes one rule for the same traffic", label(rules[j].Name, j))
 		}
 	}
 	return problems
+}
+
+// clean reports whether check would find no problem with rules, whose
+// fields were not refused while decoding. It spreads the work over the
+// CPUs: checking 100,000 rules took 0.13 s of every start and reload on
+// one, half of it in the lookups for names and matches used twice.
+func clean(rules []Rule) bool {
+	var bad atomic.Bool
+	found := func(int, int) { bad.Store(true) }
+	var wg sync.WaitGroup
+	wg.Go(func() { sameName(rules, found) })
+	wg.Go(func() { sameMatch(rules, func(int) bool { return false }, found) })
+	parts := runtime.GOMAXPROCS(0)
+	for part := range parts {
+		wg.Go(func() {
+			var problems []Problem
+			for i := part * len(rules) / parts; i < (part+1)*len(rules)/parts && !bad.Load(); i++ {
+				checker{w: &where{}, rule: label(rules[i].Name, i), problems: &problems}.check(rules[i])
+				if len(problems) > 0 {
+					bad.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return !bad.Load()
+}
+
+// sameName calls dup(i, j) for each rule i whose name an earlier rule j has.
+func sameName(rules []Rule, dup func(i, j int)) {
+	byName := make(map[string]int, len(rules))
+	for i := range rules {
+		name := rules[i].Name
+		if name == "" {
+			continue
+		}
+		if j, ok := byName[name]; ok {
+			dup(i, j)
+		} else {
+			byName[name] = i
+		}
+	}
+}
+
+// sameMatch calls dup(i, j) for each rule i that matches the traffic an
+// earlier rule j matches, leaving out rules without a destination and
+// those skip names.
+func sameMatch(rules []Rule, skip func(i int) bool, dup func(i, j int)) {
+	byKey := make(map[matchKey]int, len(rules))
+	for i := range rules {
+		if rules[i].Destination == (Destination{}) || skip(i) {
+			continue
+		}
+		k := rules[i].matchKey()
+		if j, ok := byKey[k]; ok {
+			dup(i, j)
+		} else {
+			byKey[k] = i
+		}
+	}
 }
 
 // matchKey is the traffic a rule matches. Two rules may not share one: the

@@ -116,7 +116,7 @@ func parseSplit(data []byte, perPiece int, c *pieceCache) (p *Policy, ok bool) {
 	}
 	// Without where the rules were written: a problem is reported by the
 	// parse in one piece.
-	if len(check(rules, nil)) > 0 || len(checkCapacity(len(rules), d.maxRules, d.maxRulesAt)) > 0 {
+	if !clean(rules) || len(checkCapacity(len(rules), d.maxRules, d.maxRulesAt)) > 0 {
 		return nil, false
 	}
 	if c != nil {

@@ -63,6 +63,20 @@ func TestValidate(t *testing.T) {
 				{Rule: "b", Msg: "same scope, destination and port as rule a; the kernel takes one rule for the same traffic"},
 			},
 		},
+		{
+			name: "each rule's problems together",
+			rules: []Rule{
+				{Name: "a", Destination: mustDest(t, "10.0.0.1"), Limit: Concurrency(1)},
+				{Name: "a", Destination: mustDest(t, "10.0.0.1"), Limit: Concurrency(0)},
+				{Name: "b", Limit: Concurrency(1)},
+			},
+			want: []Problem{
+				{Rule: "a", Msg: "concurrency must be at least 1"},
+				{Rule: "a", Msg: "name a is already used by rule #1"},
+				{Rule: "a", Msg: "same scope, destination and port as rule a; the kernel takes one rule for the same traffic"},
+				{Rule: "b", Msg: "destination is missing"},
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,6 +88,10 @@ func TestValidate(t *testing.T) {
 			}
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("problems\n got %s\nwant %s", dump(got), dump(tt.want))
+			}
+			// What a large policy's parse asks instead, over the CPUs.
+			if clean(tt.rules) != (len(tt.want) == 0) {
+				t.Errorf("clean says %v with %d problems", clean(tt.rules), len(tt.want))
 			}
 		})
 	}
