@@ -18,11 +18,14 @@ func Mounted(dir string) (bool, error) {
 	return st.Type == unix.BPF_FS_MAGIC, nil
 }
 
-// Ensure mounts a bpffs on the parent of pinDir unless one is there, as
-// systemd does at boot on /sys/fs/bpf: hosts booted without systemd may
-// have none. It takes CAP_SYS_ADMIN when it has to mount.
+// Root is where the bpffs that holds pinDir is mounted: its parent.
+func Root(pinDir string) string { return filepath.Dir(filepath.Clean(pinDir)) }
+
+// Ensure mounts a bpffs on Root(pinDir) unless one is there, as systemd
+// does at boot on /sys/fs/bpf: hosts booted without systemd may have
+// none. It takes CAP_SYS_ADMIN when it has to mount.
 func Ensure(pinDir string) error {
-	parent := filepath.Dir(filepath.Clean(pinDir))
+	parent := Root(pinDir)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return fmt.Errorf("bpffs: %w", err)
 	}

@@ -341,7 +341,7 @@ func checkCgroup2(cgroup string) check {
 
 func checkBPFFS(pinDir string) check {
 	c := check{Name: "bpffs"}
-	parent := filepath.Dir(filepath.Clean(pinDir))
+	parent := bpffs.Root(pinDir)
 	mounted, err := bpffs.Mounted(parent)
 	if err != nil {
 		c.Status, c.Detail = statusFail, fmt.Sprintf("%s: %v", parent, err)

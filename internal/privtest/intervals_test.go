@@ -41,7 +41,9 @@ func TestIntervalsRoundTrip(t *testing.T) {
 }
 
 // TestWallOffset: with the wall clock left alone, the offset read twice is
-// the same, and is what one pair of reads gives, to within a millisecond.
+// the same to within a millisecond, and is the wall clock less the
+// monotonic one (a wrong sign or unit is off by years; one pair of reads
+// preempted on a loaded machine, by milliseconds).
 func TestWallOffset(t *testing.T) {
 	a := WallOffset()
 	rough := time.Duration(time.Now().UnixNano() - Monotonic())
@@ -49,7 +51,7 @@ func TestWallOffset(t *testing.T) {
 	if d := (b - a).Abs(); d > time.Millisecond {
 		t.Errorf("WallOffset moved %v between two reads", d)
 	}
-	if d := (rough - a).Abs(); d > time.Millisecond {
+	if d := (rough - a).Abs(); d > time.Second {
 		t.Errorf("WallOffset %v, one pair of reads %v", a, rough)
 	}
 }
