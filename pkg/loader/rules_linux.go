@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -493,14 +495,32 @@ func writeSlots[V any](w *writer, what string, m *ebpf.Map, idxs []uint32, chang
 }
 
 // batchUpdate writes one entry with a plain update, the path the adaptive
-// loop takes on every move, and more in one batch.
+// loop takes on every move, and more in batches, a large write split over
+// the CPUs: the kernel writes a batch an entry at a time, locking at most
+// the entry's hash bucket, and the 100,000 keys of a large start kept one
+// CPU busy for 70 ms while the others waited.
 func batchUpdate[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	if len(keys) == 1 {
 		return m.Update(&keys[0], &vals[0], ebpf.UpdateAny)
 	}
-	_, err := m.BatchUpdate(keys, vals, nil)
-	return err
+	parts := min(runtime.GOMAXPROCS(0), len(keys)/batchPart)
+	if parts <= 1 {
+		_, err := m.BatchUpdate(keys, vals, nil)
+		return err
+	}
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for i := range parts {
+		lo, hi := i*len(keys)/parts, (i+1)*len(keys)/parts
+		wg.Go(func() { _, errs[i] = m.BatchUpdate(keys[lo:hi], vals[lo:hi], nil) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
+
+// batchPart is the least a part of a split batch writes: below it a
+// goroutine costs more than the CPU it adds.
+const batchPart = 4096
 
 // readHints reads what the kernel's lookup hints hold now.
 func (d *Datapath) readHints() (hints, error) {

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -265,20 +266,30 @@ func TestRequestProgramsFollowRules(t *testing.T) {
 	}
 }
 
+// TestPutManyLoadsAFullTable fills a table in one batch, large enough to
+// be written in parts over four CPUs whatever this machine has, half the
+// keys exact and half prefixes: the kernel must then hold what the loader
+// says.
 func TestPutManyLoadsAFullTable(t *testing.T) {
 	privtest.RequireRoot(t)
-	d, err := Open(&Config{Cgroup: privtest.Cgroup(t, "batch"), PinDir: privtest.PinDir(t), MaxRules: 10_000})
+	const n = 4 * batchPart
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	d, err := Open(&Config{Cgroup: privtest.Cgroup(t, "batch"), PinDir: privtest.PinDir(t), MaxRules: n})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Uninstall() })
-	rules := manyRules(10_000)
+	rules := manyRules(n)
+	for i := range rules[:n/2] {
+		rules[i].Dests = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{11, byte(i >> 8), byte(i), 0}), 24)}
+	}
 	if err := d.PutMany(rules); err != nil {
 		t.Fatal(err)
 	}
 	if got := len(d.Rules()); got != len(rules) {
 		t.Fatalf("%d rules loaded, want %d", got, len(rules))
 	}
+	checkKernelAgrees(t, d)
 }
 
 // manyRules makes n distinct host-wide /32 rules on varied ports.
