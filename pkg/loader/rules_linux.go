@@ -162,7 +162,7 @@ func (d *Datapath) Put(r Rule) error {
 // PutMany applies many rules with batched map writes. Every rule is
 // checked before anything is written; on a problem nothing changes.
 func (d *Datapath) PutMany(rules []Rule) error {
-	if _, err := validateAll(rules); err != nil {
+	if err := validateAll(rules); err != nil {
 		return err
 	}
 	d.mu.Lock()
@@ -178,41 +178,35 @@ func (d *Datapath) PutMany(rules []Rule) error {
 // the rest put, all checked first and written together, so that a policy
 // reload either applies whole or changes nothing.
 func (d *Datapath) Sync(rules []Rule) error {
-	keep, err := validateAll(rules)
-	if err != nil {
+	if err := validateAll(rules); err != nil {
 		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var gone []uint32
-	for name, idx := range d.t.byName {
-		if !keep[name] {
-			gone = append(gone, idx)
-		}
-	}
-	slices.Sort(gone)
-	p, err := d.t.plan(rules, gone)
+	p, err := d.t.replacing(rules)
 	if err != nil {
 		return err
 	}
 	return d.apply(&p)
 }
 
-// validateAll checks rules and returns the set of their names.
-func validateAll(rules []Rule) (map[string]bool, error) {
+// validateAll checks rules, their names given once each.
+func validateAll(rules []Rule) error {
 	var errs []error
-	seen := make(map[string]bool, len(rules))
+	seen := make(map[string]struct{}, len(rules))
 	for i := range rules {
 		r := &rules[i]
 		if err := r.Validate(); err != nil {
 			errs = append(errs, err)
 		}
-		if seen[r.Name] {
+		// One map operation per rule, not a lookup and then an insert.
+		n := len(seen)
+		seen[r.Name] = struct{}{}
+		if len(seen) == n {
 			errs = append(errs, fmt.Errorf("rule %d: %w: name %q given twice", i, ErrConflict, r.Name))
 		}
-		seen[r.Name] = true
 	}
-	return seen, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // Reclaim takes back a granted rule's unspent permits but keep: it lowers

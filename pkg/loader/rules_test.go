@@ -332,6 +332,14 @@ func TestSync(t *testing.T) {
 	if got := names(); !slices.Equal(got, []string{"b=3", "c=4"}) {
 		t.Fatalf("after a refused sync: %v", got)
 	}
+	// So does a name given twice, even for different traffic.
+	err = d.Sync([]Rule{{Name: "d", Dests: prefix("10.6.0.0/16"), Limit: 1}, {Name: "d", Dests: prefix("10.7.0.0/16"), Limit: 1}})
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), `name "d" given twice`) {
+		t.Fatalf("sync naming a rule twice: %v", err)
+	}
+	if got := names(); !slices.Equal(got, []string{"b=3", "c=4"}) {
+		t.Fatalf("after a sync naming a rule twice: %v", got)
+	}
 }
 
 // A granted rule admits exactly the permits user space gave it, and

@@ -170,18 +170,24 @@ func tracks(s *slot) int {
 // checking conflicts and capacity, without touching the kernel or the
 // table. New rules take free slots from the head of the queue.
 func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
-	p := plan{changes: make([]change, 0, len(gone))}
+	return t.planWith(rules, gone, false)
+}
+
+// replacing is the plan that makes rules the whole table: every slot no
+// rule holds is deleted. The slots are found as plan looks the rules up,
+// not by looking every name of the table up in the rules' names.
+func (t *table) replacing(rules []Rule) (plan, error) {
+	return t.planWith(rules, nil, true)
+}
+
+func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error) {
+	var p plan
 	// The slots of the rules in the batch, and of those an unchanged rule
 	// keeps, which keeps its keys: a reload of 100,000 rules that changes a
 	// few looks up the keys of those few alone.
 	var inBatch, kept []bool
 	if len(t.byName) > 0 || len(gone) > 0 {
 		inBatch, kept = make([]bool, len(t.slots)), make([]bool, len(t.slots))
-	}
-	for _, idx := range gone {
-		inBatch[idx] = true
-		old := &t.slots[idx]
-		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
 	}
 	// same marks the rules that are in the table as they are: nothing to
 	// write. held is the slot each rule holds, -1 for a new rule.
@@ -199,7 +205,19 @@ func (t *table) plan(rules []Rule, gone []uint32) (plan, error) {
 			}
 		}
 	}
-	p.changes = slices.Grow(p.changes, n)
+	if replace && inBatch != nil {
+		for idx := range t.slots {
+			if t.slots[idx].active && !inBatch[idx] {
+				gone = append(gone, uint32(idx))
+			}
+		}
+	}
+	p.changes = make([]change, 0, len(gone)+n)
+	for _, idx := range gone {
+		inBatch[idx] = true
+		old := &t.slots[idx]
+		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
+	}
 	claimed := make(map[ruleKey]string, n)
 	gen := t.nextGen
 	var errs []error

@@ -225,7 +225,8 @@ func TestCommit(t *testing.T) {
 
 // After any sequence of whole-set changes (Sync's plans: rules added,
 // removed, moved to other keys, keys passed between rules, limits
-// changed), the name and key indexes are what the active slots give.
+// changed), the name and key indexes are what the active slots give, and
+// each plan deleted exactly the slots of the names the rules left out.
 func TestCommitKeepsIndexes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	tb := tableWith(t, 64)
@@ -265,9 +266,18 @@ func TestCommitKeepsIndexes(t *testing.T) {
 			}
 		}
 		slices.Sort(gone)
-		p, err := tb.plan(rules, gone)
+		p, err := tb.replacing(rules)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
+		}
+		var removed []uint32
+		for _, c := range p.changes {
+			if c.old.active && !c.new.active {
+				removed = append(removed, c.idx)
+			}
+		}
+		if !slices.Equal(removed, gone) {
+			t.Fatalf("step %d: plan deletes slots %v, want %v", step, removed, gone)
 		}
 		tb.commit(&p)
 		names, keys := map[string]uint32{}, map[ruleKey]uint32{}
