@@ -209,7 +209,10 @@ type Daemon struct {
 	overrides overrides
 	applied   overrides
 	entries   map[string]*entry
-	reload    control.Reload
+	// order is entries in the order they were applied, where the next
+	// apply looks for each rule first.
+	order  []*entry
+	reload control.Reload
 	// What entries were planned with (the cgroups of scopes) and views of
 	// them, so that loops that tick often do not walk or plan again a table
 	// of 100,000 rules: the host names its rules use, and its installed

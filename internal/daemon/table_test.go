@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/dns"
+	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -392,6 +394,37 @@ func TestLogChanges(t *testing.T) {
 	td.apply(t, "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 2}\n  - {name: d, destination: 10.0.0.4, concurrency: 1}\n")
 	if want := []string{"rule changed", "rule added", "rule removed"}; !slices.Equal(m.got, want) {
 		t.Errorf("logged %q; want %q", m.got, want)
+	}
+}
+
+// TestReloadFindsEachRulesState: a reload that moves rules to other places
+// in the file, with one removed and one added, gives each rule kept the
+// adaptive loop it had, whatever rule held its place before.
+func TestReloadFindsEachRulesState(t *testing.T) {
+	td := newTestDaemon(t)
+	rule := func(name string) string {
+		return fmt.Sprintf("  - {name: %s, destination: 10.0.0.%d, adaptive: {initial: 5}}\n", name, name[0])
+	}
+	td.apply(t, "rules:\n"+rule("a")+rule("b")+rule("c")+rule("d"))
+	td.mu.Lock()
+	loops := map[string]*adaptive.Controller{}
+	for name, e := range td.entries {
+		loops[name] = e.ctrl
+	}
+	td.mu.Unlock()
+	td.apply(t, "rules:\n"+rule("d")+rule("b")+rule("x")+rule("a"))
+	td.mu.Lock()
+	defer td.mu.Unlock()
+	for _, name := range []string{"a", "b", "d"} {
+		if e := td.entries[name]; e == nil || e.ctrl != loops[name] {
+			t.Errorf("rule %s lost its adaptive loop", name)
+		}
+	}
+	if x := td.entries["x"]; x == nil || x.ctrl == nil || slices.Contains(slices.Collect(maps.Values(loops)), x.ctrl) {
+		t.Errorf("the new rule x has no loop of its own")
+	}
+	if _, ok := td.entries["c"]; ok || len(td.entries) != 4 {
+		t.Errorf("table %v after the reload", slices.Collect(maps.Keys(td.entries)))
 	}
 }
 
