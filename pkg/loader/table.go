@@ -30,6 +30,9 @@ type table struct {
 	uses    uses
 	// maxKeys is the size of each key table: whole addresses, prefixes.
 	maxKeys int
+	// order is the slot of each rule of the last whole-set plan, in its
+	// order: where the next one looks for each rule first.
+	order []uint32
 }
 
 // keysPerRule is how many destinations each rule of a full table may have
@@ -135,6 +138,7 @@ type plan struct {
 	metaOf  []int    // the change of each of metas
 	rules   []uint32 // slots whose rule is written: every change's, in order
 	putKeys []keyPut
+	order   []uint32 // a whole-set plan's: the slot of each of its rules
 }
 
 // hintsChange reports whether the lookup hints can change: only keys
@@ -196,7 +200,7 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 	n := len(rules)
 	for i := range rules {
 		held[i] = -1
-		if idx, ok := t.byName[rules[i].Name]; ok {
+		if idx, ok := t.slotOf(i, rules[i].Name); ok {
 			held[i] = int32(idx)
 			inBatch[idx] = true
 			if r := rules[i].WithDefaults(); sameRule(&t.slots[idx].rule, &r) {
@@ -218,11 +222,17 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 		old := &t.slots[idx]
 		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
 	}
+	if replace {
+		p.order = make([]uint32, len(rules))
+	}
 	claimed := make(map[ruleKey]string, n)
 	gen := t.nextGen
 	var errs []error
 	for i := range rules {
 		if same[i] {
+			if p.order != nil {
+				p.order[i] = uint32(held[i])
+			}
 			continue
 		}
 		r := rules[i].WithDefaults()
@@ -257,6 +267,9 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 				next.epoch++
 			}
 			p.changes = append(p.changes, change{idx: idx, old: old, new: next, newKeys: keys})
+			if p.order != nil {
+				p.order[i] = idx
+			}
 			continue
 		}
 		if p.taken == len(t.free) {
@@ -266,6 +279,9 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 		idx := t.free[p.taken]
 		p.taken++
 		p.changes = append(p.changes, change{idx: idx, old: &t.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true, newKeys: keys})
+		if p.order != nil {
+			p.order[i] = idx
+		}
 		gen++
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -276,6 +292,19 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 		return plan{}, err
 	}
 	return p, nil
+}
+
+// slotOf is the slot of the rule named name, looked for first where the
+// last whole-set plan put its i-th rule: a reload of rules that kept their
+// places then walks the slots in turn, not the map of 100,000 names.
+func (t *table) slotOf(i int, name string) (uint32, bool) {
+	if i < len(t.order) {
+		if idx := t.order[i]; int(idx) < len(t.slots) && t.slots[idx].active && t.slots[idx].rule.Name == name {
+			return idx, true
+		}
+	}
+	idx, ok := t.byName[name]
+	return idx, ok
 }
 
 // checkKeys refuses a plan whose keys would not fit the kernel's key
@@ -353,6 +382,9 @@ func keysOf(s *slot) []ruleKey {
 // commit makes the table what p makes the kernel.
 func (t *table) commit(p *plan) {
 	t.free = t.free[p.taken:]
+	if p.order != nil {
+		t.order = p.order
+	}
 	// Maps grown by many rules at once are made at their size: a start
 	// with 100,000 rules would otherwise grow them a dozen times.
 	if len(p.changes) > len(t.byName) {

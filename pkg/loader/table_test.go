@@ -225,8 +225,10 @@ func TestCommit(t *testing.T) {
 
 // After any sequence of whole-set changes (Sync's plans: rules added,
 // removed, moved to other keys, keys passed between rules, limits
-// changed), the name and key indexes are what the active slots give, and
-// each plan deleted exactly the slots of the names the rules left out.
+// changed), with rules deleted one by one between them (Delete's plans),
+// the name and key indexes are what the active slots give, the free slots
+// are the inactive ones, and each whole-set plan deleted exactly the slots
+// of the names the rules left out.
 func TestCommitKeepsIndexes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	tb := tableWith(t, 64)
@@ -294,6 +296,23 @@ func TestCommitKeepsIndexes(t *testing.T) {
 		}
 		if len(names) != len(rules) {
 			t.Fatalf("step %d: %d rules active, want %d", step, len(names), len(rules))
+		}
+		if len(rules) > 0 && rng.IntN(2) == 0 {
+			// A rule deleted by itself: its slot is freed, its name kept
+			// there, and the next whole-set plan may list it where the
+			// last one did.
+			r := rules[rng.IntN(len(rules))]
+			d := tb.deletion(tb.byName[r.Name])
+			tb.commit(&d)
+		}
+		var free []uint32
+		for i, s := range tb.slots {
+			if !s.active {
+				free = append(free, uint32(i))
+			}
+		}
+		if got := slices.Sorted(slices.Values(tb.free)); !slices.Equal(got, free) {
+			t.Fatalf("step %d: free slots %v, the inactive ones are %v", step, got, free)
 		}
 	}
 }
