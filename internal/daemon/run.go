@@ -56,10 +56,6 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.huge.Advise()
 	grown := sync.OnceFunc(d.huge.Withdraw)
 	defer grown()
-	pol, err := d.loadPolicyFile(true)
-	if err != nil {
-		return err
-	}
 	if d.overrides, err = loadOverrides(d.cfg.StateDir); err != nil {
 		return err
 	}
@@ -80,8 +76,13 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		return ln.Close()
 	})
+	early := d.openEarly()
+	pol, err := d.loadPolicyFile(true)
+	if err != nil {
+		return errors.Join(err, early.undo())
+	}
 	detach := false
-	if err := d.openDatapath(pol, &stack, &detach); err != nil {
+	if err := d.openDatapath(pol, early, &stack, &detach); err != nil {
 		return err
 	}
 	if err := d.installAtStart(ctx, pol); err != nil {
@@ -103,14 +104,88 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	return nil
 }
 
-// openDatapath opens the datapath, with tables of the size the policy
-// wants from the start (a resize is without a gap, but not free), and
+// earlyOpen is the datapath opened while a large policy is parsed.
+type earlyOpen struct {
+	done chan struct{}
+	dp   datapath
+	err  error
+}
+
+// openEarly opens the datapath in the background, with tables of the size
+// the policy file's text asks for, when that text says it without being
+// parsed (policy.Size: a large policy, which takes most of a second to
+// parse). nil when it does not: the datapath is then opened after the
+// parse. The size read so is the parse's own unless the file changes
+// between the two reads; then the install resizes the tables, as for any
+// policy that outgrew them.
+func (d *Daemon) openEarly() *earlyOpen {
+	fi, err := os.Stat(d.cfg.PolicyFile)
+	if err != nil || fi.Size() < splitFrom {
+		return nil
+	}
+	e := &earlyOpen{done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		// A file that cannot be read or sized so is opened for after the
+		// parse, which reports what is wrong with it.
+		data, err := os.ReadFile(d.cfg.PolicyFile)
+		if err != nil {
+			return
+		}
+		rules, maxRules, ok := policy.Size(data)
+		if !ok {
+			return
+		}
+		e.dp, e.err = d.openWith(&policy.Policy{MaxRules: maxRules}, rules)
+	}()
+	return e
+}
+
+// splitFrom is about the smallest policy file policy.Size reads: smaller
+// ones are not worth a second read of the file.
+const splitFrom = 64 << 10
+
+// wait returns the datapath opened early, if it was.
+func (e *earlyOpen) wait() (datapath, error) {
+	if e == nil {
+		return nil, nil
+	}
+	<-e.done
+	return e.dp, e.err
+}
+
+// undo puts back what opening the datapath early changed when the policy
+// cannot be read: a datapath made just now is taken down, as though the
+// start had never begun; one adopted from a previous daemon is left
+// pinned and enforcing its rules, with the programs of this build that
+// adopting it put in place.
+func (e *earlyOpen) undo() error {
+	dp, err := e.wait()
+	if dp == nil || err != nil {
+		return nil
+	}
+	if dp.Adopted() {
+		return dp.Close()
+	}
+	return dp.Uninstall()
+}
+
+// openWith opens the datapath with tables of the size pol wants for its
+// rules and the run-time ones (a resize is without a gap, but not free).
+func (d *Daemon) openWith(pol *policy.Policy, rules int) (datapath, error) {
+	slots, explicit := d.cfg.ruleSlots(pol, rules+len(d.overrides.Set))
+	return d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir, MaxRules: slots, GrowOnly: !explicit})
+}
+
+// openDatapath opens the datapath, unless early opened it already, and
 // pushes on stack what stops it: the shares and their Redis clients, then
 // the datapath, closed (pinned and enforcing) or, if *detach is true by
 // then, uninstalled.
-func (d *Daemon) openDatapath(pol *policy.Policy, stack *cleanups, detach *bool) error {
-	slots, explicit := d.cfg.ruleSlots(pol, len(pol.Rules)+len(d.overrides.Set))
-	dp, err := d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir, MaxRules: slots, GrowOnly: !explicit})
+func (d *Daemon) openDatapath(pol *policy.Policy, early *earlyOpen, stack *cleanups, detach *bool) error {
+	dp, err := early.wait()
+	if dp == nil && err == nil {
+		dp, err = d.openWith(pol, len(pol.Rules))
+	}
 	if err != nil {
 		return fmt.Errorf("datapath: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -210,6 +211,51 @@ func TestRunSocketTakenFirst(t *testing.T) {
 	second.cfg.open = func(*loader.Config) (datapath, error) { opened = true; return second.fake, nil }
 	if err := second.Run(context.Background()); err == nil || opened {
 		t.Errorf("a second daemon on a live socket: run = %v, opened the datapath %v; want an error, not opened", err, opened)
+	}
+}
+
+// TestRunOpensLargePolicyEarly: the datapath of a large policy is opened
+// while the policy is parsed, once, with tables of the size its text
+// asks for. When the policy then turns out bad, a datapath made just now
+// is taken down and an adopted one left pinned, as the start found it; a
+// small bad policy is never opened for.
+func TestRunOpensLargePolicyEarly(t *testing.T) {
+	large := manyRules(3000, 5000)
+	bad := strings.Replace(large, "{name: r2999, ", "{name: r2999, port: 0, ", 1)
+	for _, tc := range []struct {
+		name, policy string
+		adopted      bool
+		opens        int
+		closed       string
+		maxRules     int
+		ok           bool
+	}{
+		{"large", large, false, 1, "closed", 5000, true},
+		{"large and bad", bad, false, 1, "uninstalled", 5000, false},
+		{"large and bad, adopted", bad, true, 1, "closed", 5000, false},
+		{"small and bad", "rules:\n  - {name: db, destination: 10.0.0.1, port: 0, concurrency: 5}\n", false, 0, "", loader.DefaultMaxRules, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			writeFile(t, td.cfg.PolicyFile, tc.policy)
+			td.fake.adopted = tc.adopted
+			var opens atomic.Int32
+			td.cfg.open = func(cfg *loader.Config) (datapath, error) {
+				opens.Add(1)
+				return td.fake.open(cfg)
+			}
+			if tc.ok {
+				td.start(t)()
+			} else if err := td.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "port") {
+				t.Fatalf("run with a bad policy: %v", err)
+			}
+			if int(opens.Load()) != tc.opens || td.fake.closed != tc.closed || td.fake.maxRules != tc.maxRules {
+				t.Errorf("opened %d times, datapath %q with %d slots; want %d, %q, %d", opens.Load(), td.fake.closed, td.fake.maxRules, tc.opens, tc.closed, tc.maxRules)
+			}
+			if g := daemonGoroutines(); g != "" {
+				t.Errorf("goroutines left:\n%s", g)
+			}
+		})
 	}
 }
 

@@ -53,17 +53,8 @@ func parseSplit(data []byte, perPiece int, c *pieceCache) (p *Policy, ok bool) {
 	if perPiece <= 0 {
 		return nil, false
 	}
-	s, ok := splitRules(data)
+	s, d, ok := splitTop(data)
 	if !ok || len(s.items) <= perPiece {
-		return nil, false
-	}
-	var d decoder
-	rest := append(append([]byte(nil), data[:s.items[0]]...), data[s.end:]...)
-	root := d.root(rest)
-	if root == nil || !s.keyAt(root) {
-		return nil, false
-	}
-	if rules, _ := d.top(root); rules != nil || len(d.problems) > 0 {
 		return nil, false
 	}
 
@@ -129,6 +120,39 @@ func parseSplit(data []byte, perPiece int, c *pieceCache) (p *Policy, ok bool) {
 		}
 	}
 	return &Policy{Rules: rules, MaxRules: d.maxRules}, true
+}
+
+// splitTop finds the items of data's rules list, and decodes the rest of
+// the top level, without the list, into d.
+func splitTop(data []byte) (s split, d decoder, ok bool) {
+	if s, ok = splitRules(data); !ok {
+		return split{}, decoder{}, false
+	}
+	rest := append(append([]byte(nil), data[:s.items[0]]...), data[s.end:]...)
+	root := d.root(rest)
+	if root == nil || !s.keyAt(root) {
+		return split{}, decoder{}, false
+	}
+	if rules, _ := d.top(root); rules != nil || len(d.problems) > 0 {
+		return split{}, decoder{}, false
+	}
+	return s, d, true
+}
+
+// Size reads from a large policy's text, without parsing its rules, what
+// the size of the tables it needs depends on: how many rules it lists,
+// and its maxRules (0: none). ok is false when the text is small, or not
+// written so that its rules can be found by their lines: then only [Parse]
+// can say. Size says nothing of the policy's validity.
+func Size(data []byte) (rules, maxRules int, ok bool) {
+	if splitPiece(data) == 0 {
+		return 0, 0, false
+	}
+	s, d, ok := splitTop(data)
+	if !ok {
+		return 0, 0, false
+	}
+	return len(s.items), d.maxRules, true
 }
 
 // pieceCache holds the rules of the pieces of the last policy read, by the

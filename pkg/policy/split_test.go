@@ -162,6 +162,40 @@ func TestSplitLarge(t *testing.T) {
 	}
 }
 
+// TestSize: Size reads from a large policy the count of its rules and its
+// maxRules, as Parse would give them, and declines a small policy, one it
+// cannot cut by lines, and one whose top level has a problem.
+func TestSize(t *testing.T) {
+	large := string(manyRules(3 * splitMin))
+	for _, tc := range []struct {
+		name            string
+		text            string
+		rules, maxRules int
+		ok              bool
+	}{
+		{"large", large, 3 * splitMin, 0, true},
+		{"with maxRules after the rules", large + "maxRules: 9000\n", 3 * splitMin, 9000, true},
+		{"with maxRules before the rules", "maxRules: 8000\n" + large, 3 * splitMin, 8000, true},
+		{"small", "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n", 0, 0, false},
+		{"a tab", strings.Replace(large, "  - {name: r7,", "\t- {name: r7,", 1), 0, 0, false},
+		{"a bad maxRules", "maxRules: lots\n" + large, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rules, maxRules, ok := Size([]byte(tc.text))
+			if rules != tc.rules || maxRules != tc.maxRules || ok != tc.ok {
+				t.Fatalf("Size = %d, %d, %v; want %d, %d, %v", rules, maxRules, ok, tc.rules, tc.maxRules, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			p, err := Parse([]byte(tc.text))
+			if err != nil || len(p.Rules) != rules || p.MaxRules != maxRules {
+				t.Fatalf("Parse: %v; Size = %d, %d", err, rules, maxRules)
+			}
+		})
+	}
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""
