@@ -120,7 +120,7 @@ type earlyOpen struct {
 // policy that outgrew them.
 func (d *Daemon) openEarly() *earlyOpen {
 	fi, err := os.Stat(d.cfg.PolicyFile)
-	if err != nil || fi.Size() < splitFrom {
+	if err != nil || fi.Size() < earlyOpenFrom {
 		return nil
 	}
 	e := &earlyOpen{done: make(chan struct{})}
@@ -141,9 +141,10 @@ func (d *Daemon) openEarly() *earlyOpen {
 	return e
 }
 
-// splitFrom is about the smallest policy file policy.Size reads: smaller
-// ones are not worth a second read of the file.
-const splitFrom = 64 << 10
+// earlyOpenFrom is the smallest policy file read for its size before it
+// is parsed: policy.Size sizes none smaller (80 KiB),
+// and a smaller file is read once.
+const earlyOpenFrom = 80 << 10
 
 // wait returns the datapath opened early, if it was.
 func (e *earlyOpen) wait() (datapath, error) {

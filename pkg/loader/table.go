@@ -184,6 +184,7 @@ func (t *table) replacing(rules []Rule) (plan, error) {
 	return t.planWith(rules, nil, true)
 }
 
+// planWith is plan, and with replace, replacing.
 func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error) {
 	var p plan
 	// The slots of the rules in the batch, and of those an unchanged rule
