@@ -32,7 +32,7 @@ type table struct {
 	maxKeys int
 	// order is the slot of each rule of the last whole-set plan, in its
 	// order: where the next one looks for each rule first.
-	order []uint32
+	order []int32
 }
 
 // keysPerRule is how many destinations each rule of a full table may have
@@ -138,7 +138,7 @@ type plan struct {
 	metaOf  []int    // the change of each of metas
 	rules   []uint32 // slots whose rule is written: every change's, in order
 	putKeys []keyPut
-	order   []uint32 // a whole-set plan's: the slot of each of its rules
+	order   []int32 // a whole-set plan's: the slot of each of its rules
 }
 
 // hintsChange reports whether the lookup hints can change: only keys
@@ -195,7 +195,8 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 		inBatch, kept = make([]bool, len(t.slots)), make([]bool, len(t.slots))
 	}
 	// same marks the rules that are in the table as they are: nothing to
-	// write. held is the slot each rule holds, -1 for a new rule.
+	// write. held is the slot each rule holds, -1 for a new rule until it
+	// takes one.
 	same := make([]bool, len(rules))
 	held := make([]int32, len(rules))
 	n := len(rules)
@@ -223,17 +224,11 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 		old := &t.slots[idx]
 		p.changes = append(p.changes, change{idx: idx, old: old, new: slot{rule: old.rule, gen: old.gen}})
 	}
-	if replace {
-		p.order = make([]uint32, len(rules))
-	}
 	claimed := make(map[ruleKey]string, n)
 	gen := t.nextGen
 	var errs []error
 	for i := range rules {
 		if same[i] {
-			if p.order != nil {
-				p.order[i] = uint32(held[i])
-			}
 			continue
 		}
 		r := rules[i].WithDefaults()
@@ -268,9 +263,6 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 				next.epoch++
 			}
 			p.changes = append(p.changes, change{idx: idx, old: old, new: next, newKeys: keys})
-			if p.order != nil {
-				p.order[i] = idx
-			}
 			continue
 		}
 		if p.taken == len(t.free) {
@@ -280,13 +272,14 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 		idx := t.free[p.taken]
 		p.taken++
 		p.changes = append(p.changes, change{idx: idx, old: &t.slots[idx], new: slot{rule: r, gen: gen, epoch: 1, active: true}, create: true, newKeys: keys})
-		if p.order != nil {
-			p.order[i] = idx
-		}
+		held[i] = int32(idx)
 		gen++
 	}
 	if err := errors.Join(errs...); err != nil {
 		return plan{}, err
+	}
+	if replace {
+		p.order = held // every rule holds a slot now
 	}
 	p.writes()
 	if err := t.checkKeys(&p); err != nil {
@@ -300,8 +293,8 @@ func (t *table) planWith(rules []Rule, gone []uint32, replace bool) (plan, error
 // places then walks the slots in turn, not the map of 100,000 names.
 func (t *table) slotOf(i int, name string) (uint32, bool) {
 	if i < len(t.order) {
-		if idx := t.order[i]; int(idx) < len(t.slots) && t.slots[idx].active && t.slots[idx].rule.Name == name {
-			return idx, true
+		if idx := t.order[i]; idx >= 0 && int(idx) < len(t.slots) && t.slots[idx].active && t.slots[idx].rule.Name == name {
+			return uint32(idx), true
 		}
 	}
 	idx, ok := t.byName[name]
