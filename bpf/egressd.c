@@ -1184,7 +1184,11 @@ int egressd_egress(struct __sk_buff *skb)
 	/* Arms only a held socket: a release in between wins. */
 	if (__sync_val_compare_and_swap(&ss->word, held, held | SS_AWAITING) != held)
 		return 1;
-	ss->sent_ns = bpf_ktime_get_ns();
+	/* TCP stamps each packet with when it leaves, on bpf_ktime_get_ns's
+	 * clock (tcp_clock_ns): the send time without a helper call, whose
+	 * clock read waits for every load before it. */
+	__u64 sent = skb->tstamp;
+	ss->sent_ns = sent ? sent : bpf_ktime_get_ns();
 	__u32 slot = ss->rule;
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (st)
@@ -1211,7 +1215,9 @@ int egressd_ingress(struct __sk_buff *skb)
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (st)
 		count(st, COUNTER_RESPONSES, 1);
-	if (r && r->gen == ss->gen)
+	/* A response comes after its request left: a later send time is not
+	 * one, and no sample. */
+	if (r && r->gen == ss->gen && now > ss->sent_ns)
 		record_latency(slot, ss->gen, r->flags, SAMPLE_REQUEST, now, now - ss->sent_ns);
 	return 1;
 }
