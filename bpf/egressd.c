@@ -454,6 +454,7 @@ struct sock_common {
 struct sock;
 struct tcp_sock {
 	__u8 bpf_sock_ops_cb_flags;
+	__u64 tcp_mstamp;
 } __attribute__((preserve_access_index));
 
 extern void *bpf_cast_to_kern_ctx(void *) __ksym;
@@ -480,6 +481,18 @@ static __always_inline __u64 cookie_of(const void *sk)
 	const struct sock_common *skc = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock_common));
 
 	return skc->skc_cookie.counter;
+}
+
+/* synack_ns is when the SYN-ACK that established sk arrived, on
+ * bpf_ktime_get_ns's clock to the microsecond: TCP takes the time for a
+ * socket in SYN_SENT as a packet comes in (tcp_mstamp), before it calls
+ * ACTIVE_ESTABLISHED. A load, where the helper's clock read waits for
+ * every load before it. */
+static __always_inline __u64 synack_ns(const void *sk)
+{
+	const struct tcp_sock *tp = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
+
+	return tp->tcp_mstamp * 1000;
 }
 
 static __always_inline void count(struct rule_state *st, enum counter c, __s64 delta)
@@ -1071,8 +1084,9 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		if (!r || !st || r->gen != ss->gen)
 			return 1;
 		count(st, COUNTER_ESTABLISHED, 1);
-		__u64 now = bpf_ktime_get_ns();
-		record_latency(slot, ss->gen, r->flags, SAMPLE_CONNECT, now, now - ss->connect_ns);
+		__u64 now = synack_ns(sk);
+		if (now > ss->connect_ns)
+			record_latency(slot, ss->gen, r->flags, SAMPLE_CONNECT, now, now - ss->connect_ns);
 		return 1;
 	}
 	case BPF_SOCK_OPS_STATE_CB:

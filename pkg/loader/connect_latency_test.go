@@ -1,0 +1,139 @@
+//go:build linux
+
+package loader
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/privtest"
+)
+
+// TestConnectLatencySample checks a connect latency sample against the
+// client's own clock on a handshake that takes about a second: the
+// listener's accept queue is full, so the first SYN is dropped and the
+// handshake completes when TCP sends it again (its initial timeout, 1s).
+// The sample runs from connect() to the SYN-ACK, so it lies within what
+// the client saw; a stamp TCP took before the SYN-ACK came would make it
+// far shorter.
+func TestConnectLatencySample(t *testing.T) {
+	d, cg := open(t)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// A backlog of 0 queues one connection: the filler's.
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dest := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
+	put(t, d, Rule{Name: "slow", Dests: []netip.Prefix{netip.PrefixFrom(dest.Addr(), 32)}, Port: dest.Port(), Limit: 10, Samples: true})
+	samples, err := d.Samples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { samples.Close() })
+	privtest.Join(t, cg)
+
+	filler, err := net.Dial("tcp4", dest.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { filler.Close() })
+	overflows := listenOverflows(t)
+	cfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(cfd) })
+	start := time.Now()
+	if err := unix.Connect(cfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: int(dest.Port())}); err != unix.EINPROGRESS {
+		t.Fatalf("connect: %v", err)
+	}
+	// Room for it once its first SYN has been dropped.
+	for deadline := time.Now().Add(10 * time.Second); listenOverflows(t) == overflows; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener dropped no SYN in 10s")
+		}
+	}
+	nfd, _, err := unix.Accept(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(nfd)
+	pfd := []unix.PollFd{{Fd: int32(cfd), Events: unix.POLLOUT}}
+	if n, err := unix.Poll(pfd, 10_000); n != 1 || err != nil {
+		t.Fatalf("connect: poll %d, %v", n, err)
+	}
+	took := time.Since(start)
+	if soErr, err := unix.GetsockoptInt(cfd, unix.SOL_SOCKET, unix.SO_ERROR); soErr != 0 || err != nil {
+		t.Fatalf("connect: %v, %v", unix.Errno(soErr), err)
+	}
+	if took < 500*time.Millisecond {
+		t.Fatalf("connect() took %v: its first SYN was not the one dropped, so this checks nothing", took)
+	}
+
+	samples.SetDeadline(time.Now().Add(5 * time.Second))
+	for range 2 { // the filler's, then the slow one's
+		s, err := samples.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Kind != SampleConnect || s.Rule != "slow" {
+			t.Fatalf("sample %+v", s)
+		}
+		if s.Latency < 10*time.Millisecond {
+			continue // the filler's
+		}
+		t.Logf("connect() took %v; its sample %v", took, s.Latency)
+		if s.Latency < took-500*time.Millisecond || s.Latency > took {
+			t.Fatalf("sample %v, want within the %v connect() took (and at most 500ms less)", s.Latency, took)
+		}
+		return
+	}
+	t.Fatal("no sample of the slow connect")
+}
+
+// listenOverflows is how many SYNs listeners of this network namespace
+// have dropped for a full accept queue (TcpExt ListenOverflows).
+func listenOverflows(t *testing.T) uint64 {
+	t.Helper()
+	data, err := os.ReadFile("/proc/net/netstat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pairs of lines: "TcpExt: names..." then "TcpExt: values...".
+	lines := strings.Split(string(data), "\n")
+	for i := 0; i+1 < len(lines); i += 2 {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || names[0] != "TcpExt:" || len(values) != len(names) {
+			continue
+		}
+		for j, name := range names {
+			if name == "ListenOverflows" {
+				n, err := strconv.ParseUint(values[j], 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatal("no TcpExt ListenOverflows in /proc/net/netstat")
+	return 0
+}
