@@ -29,11 +29,17 @@ var ErrDeadline = os.ErrDeadlineExceeded
 // no wakeup each.
 const pollEvery = 100 * time.Millisecond
 
-// ringReader reads records from a ring buffer, polling between wakeups.
+// ringReader reads records from a ring buffer, polling between wakeups
+// while records come. The kernel wakes it for a record unless another
+// woke it less than wakeEvery before; those are found by the next poll.
+// Once a wait of wakeEvery or more ends with nothing to read, the next
+// record will wake the reader: it then waits without polling, so that an
+// idle daemon does not wake ten times a second for nothing.
 type ringReader struct {
 	rd       *ringbuf.Reader
 	rec      ringbuf.Record
 	deadline time.Time
+	quiet    bool // the last poll found nothing
 }
 
 func newRingReader(m *ebpf.Map) (*ringReader, error) {
@@ -47,14 +53,19 @@ func newRingReader(m *ebpf.Map) (*ringReader, error) {
 // next returns the next record's bytes, valid until the next call.
 func (r *ringReader) next(size int) ([]byte, error) {
 	for {
-		wake := time.Now().Add(pollEvery)
-		if !r.deadline.IsZero() && r.deadline.Before(wake) {
+		start := time.Now()
+		var wake time.Time // zero: no deadline
+		if !r.quiet {
+			wake = start.Add(pollEvery)
+		}
+		if !r.deadline.IsZero() && (wake.IsZero() || r.deadline.Before(wake)) {
 			wake = r.deadline
 		}
 		r.rd.SetDeadline(wake)
 		err := r.rd.ReadInto(&r.rec)
 		switch {
 		case err == nil:
+			r.quiet = false
 			if len(r.rec.RawSample) < size {
 				return nil, fmt.Errorf("record of %d bytes, want %d", len(r.rec.RawSample), size)
 			}
@@ -63,6 +74,9 @@ func (r *ringReader) next(size int) ([]byte, error) {
 			if !r.deadline.IsZero() && !time.Now().Before(r.deadline) {
 				return nil, ErrDeadline
 			}
+			// Nothing woke a wait of wakeEvery or more, and the ring is
+			// read to its end: the next record will wake the reader.
+			r.quiet = r.quiet || time.Since(start) >= wakeEvery
 		case errors.Is(err, ringbuf.ErrClosed), errors.Is(err, os.ErrClosed):
 			return nil, ErrClosed
 		default:
