@@ -220,6 +220,9 @@ type Daemon struct {
 	scopes   map[policy.Scope]scoped
 	uses     []nameUse
 	adaptive []*entry
+	// adaptiveAdded has a value once an apply leaves adaptive rules, for
+	// watchSaturation to wait on while there are none.
+	adaptiveAdded chan struct{}
 
 	names   *names
 	redisMu sync.Mutex
@@ -239,7 +242,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{
 		cfg: c, log: c.Logger, entries: map[string]*entry{}, redis: map[string]redis.UniversalClient{},
-		stop: make(chan struct{}), events: newEventLog(),
+		stop: make(chan struct{}), events: newEventLog(), adaptiveAdded: make(chan struct{}, 1),
 	}
 	d.names = newNames(c.Resolver, d.log)
 	d.metrics = newMetrics(d)

@@ -179,11 +179,16 @@ func (e *entry) kernelSampleKind() loader.SampleKind {
 	return loader.SampleConnect
 }
 
+// saturationTick is how often watchSaturation looks at adaptive rules'
+// live connections.
+const saturationTick = 50 * time.Millisecond
+
 // watchSaturation marks adaptive rules constrained when their live
 // connections reach the limit: in-flight at the limit is the other way a
-// limit holds callers back.
+// limit holds callers back. It ticks only while there are adaptive rules:
+// a daemon without one does not wake twenty times a second for nothing.
 func (d *Daemon) watchSaturation(ctx context.Context) {
-	t := time.NewTicker(50 * time.Millisecond)
+	t := time.NewTicker(saturationTick)
 	defer t.Stop()
 	for {
 		select {
@@ -194,6 +199,16 @@ func (d *Daemon) watchSaturation(ctx context.Context) {
 		d.mu.Lock()
 		adaptive := d.adaptive
 		d.mu.Unlock()
+		if len(adaptive) == 0 {
+			t.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.adaptiveAdded:
+			}
+			t.Reset(saturationTick)
+			continue
+		}
 		for _, e := range adaptive {
 			live, err := d.dp.Live(e.spec.Name)
 			if err == nil && live >= int64(e.ctrl.Limit()) {

@@ -57,6 +57,34 @@ func TestRefusalAttribution(t *testing.T) {
 // probes), starting at 4, measuring requests (the default).
 const adaptivePolicy = "rules:\n  - {name: dep, destination: 10.0.0.2, port: 80, adaptive: {initial: 4, minimum: 2, probeEvery: 0}}\n"
 
+// TestSaturationWatchedOnceAdaptive: a daemon started without adaptive
+// rules does not watch live counts, but one a reload adds is watched: live
+// connections at its limit hold callers back, and a fast round grows it.
+func TestSaturationWatchedOnceAdaptive(t *testing.T) {
+	td := newTestDaemon(t)
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: other, destination: 10.0.0.3, concurrency: 5}\n")
+	td.start(t)
+	// Long enough for the watcher to find no adaptive rule and wait (on
+	// a machine so loaded that it is not, the test checks less, and
+	// still passes).
+	time.Sleep(4 * saturationTick)
+	writeFile(t, td.cfg.PolicyFile, adaptivePolicy)
+	if _, err := td.reloadPolicy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 { // enough calls for a baseline; nothing held them back
+		td.sendRound(t, time.Millisecond)
+	}
+	td.fake.samples.drain(t)
+	if got := td.kernelLimit(t, "dep"); got != 4 {
+		t.Fatalf("after unconstrained fast rounds: kernel limit %d, want 4", got)
+	}
+	td.fake.awaitLive(t, "dep", td.fake.set("dep", loader.Stats{Live: 4}))
+	if got := td.roundLimit(t, time.Millisecond); got != 5 {
+		t.Fatalf("after a fast round with live at the limit: kernel limit %d, want 5", got)
+	}
+}
+
 // sendRound sends one round of request samples of latency to rule dep:
 // as many as its limit in the kernel.
 func (td *testDaemon) sendRound(t *testing.T, latency time.Duration) uint32 {
@@ -66,6 +94,15 @@ func (td *testDaemon) sendRound(t *testing.T, latency time.Duration) uint32 {
 		td.fake.samples.send(loader.Sample{Rule: "dep", Kind: loader.SampleRequest, Latency: latency})
 	}
 	return limit
+}
+
+// roundLimit sends one round of request samples of latency to rule dep,
+// waits until the daemon has read them, and returns dep's kernel limit.
+func (td *testDaemon) roundLimit(t *testing.T, latency time.Duration) uint32 {
+	t.Helper()
+	td.sendRound(t, latency)
+	td.fake.samples.drain(t)
+	return td.kernelLimit(t, "dep")
 }
 
 // TestAdaptiveFollowsSamples: an adaptive rule's loop learns from the
@@ -88,32 +125,24 @@ func TestAdaptiveFollowsSamples(t *testing.T) {
 	for range 20 {
 		td.fake.samples.send(loader.Sample{Rule: "dep", Kind: loader.SampleConnect, Latency: time.Second})
 	}
-	td.sendRound(t, time.Millisecond)
-	td.fake.samples.drain(t)
-	if got := td.kernelLimit(t, "dep"); got != 4 {
+	if got := td.roundLimit(t, time.Millisecond); got != 4 {
 		t.Fatalf("after unconstrained fast rounds: kernel limit %d, want 4", got)
 	}
 	// A refusal: the round is constrained and fast, so the limit grows.
 	td.fake.refusals.send(loader.Refusal{Time: time.Now(), PID: 1, Rule: "dep", Dest: netip.MustParseAddrPort("10.0.0.2:80")})
 	td.fake.refusals.drain(t)
-	td.sendRound(t, time.Millisecond)
-	td.fake.samples.drain(t)
-	if got := td.kernelLimit(t, "dep"); got != 5 {
+	if got := td.roundLimit(t, time.Millisecond); got != 5 {
 		t.Fatalf("after a constrained fast round: kernel limit %d, want 5", got)
 	}
 	// Live connections at the limit hold callers back too.
 	td.fake.awaitLive(t, "dep", td.fake.set("dep", loader.Stats{Live: 5}))
-	td.sendRound(t, time.Millisecond)
-	td.fake.samples.drain(t)
-	if got := td.kernelLimit(t, "dep"); got != 6 {
+	if got := td.roundLimit(t, time.Millisecond); got != 6 {
 		t.Fatalf("after a fast round with live at the limit: kernel limit %d, want 6", got)
 	}
 	// Latency far above the baseline: the limit falls.
 	td.fake.set("dep", loader.Stats{})
 	before := td.kernelLimit(t, "dep")
-	td.sendRound(t, time.Second)
-	td.fake.samples.drain(t)
-	if got := td.kernelLimit(t, "dep"); got >= before {
+	if got := td.roundLimit(t, time.Second); got >= before {
 		t.Errorf("after a slow round: kernel limit %d, want below %d", got, before)
 	}
 }

@@ -201,6 +201,12 @@ func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired,
 			d.adaptive = append(d.adaptive, e)
 		}
 	}
+	if len(d.adaptive) > 0 {
+		select {
+		case d.adaptiveAdded <- struct{}{}: // wakes watchSaturation
+		default:
+		}
+	}
 	d.names.keep(d.uses)
 	return gone, nil
 }
