@@ -119,8 +119,9 @@ type earlyOpen struct {
 // between the two reads; then the install resizes the tables, as for any
 // policy that outgrew them.
 func (d *Daemon) openEarly() *earlyOpen {
+	// A file Size cannot size is read once, by the parse.
 	fi, err := os.Stat(d.cfg.PolicyFile)
-	if err != nil || fi.Size() < earlyOpenFrom {
+	if err != nil || fi.Size() < policy.SizedFrom {
 		return nil
 	}
 	e := &earlyOpen{done: make(chan struct{})}
@@ -140,11 +141,6 @@ func (d *Daemon) openEarly() *earlyOpen {
 	}()
 	return e
 }
-
-// earlyOpenFrom is the smallest policy file read for its size before it
-// is parsed: policy.Size sizes none smaller (80 KiB),
-// and a smaller file is read once.
-const earlyOpenFrom = 80 << 10
 
 // wait returns the datapath opened early, if it was.
 func (e *earlyOpen) wait() (datapath, error) {

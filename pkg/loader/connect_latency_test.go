@@ -43,11 +43,7 @@ func TestConnectLatencySample(t *testing.T) {
 	}
 	dest := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
 	put(t, d, Rule{Name: "slow", Dests: []netip.Prefix{netip.PrefixFrom(dest.Addr(), 32)}, Port: dest.Port(), Limit: 10, Samples: true})
-	samples, err := d.Samples()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { samples.Close() })
+	samples := openSamples(t, d)
 	privtest.Join(t, cg)
 
 	filler, err := net.Dial("tcp4", dest.String())

@@ -39,7 +39,7 @@ type ringReader struct {
 	rd       *ringbuf.Reader
 	rec      ringbuf.Record
 	deadline time.Time
-	quiet    bool // the last poll found nothing
+	quiet    bool // a wait of wakeEvery or more found nothing: no polling
 }
 
 func newRingReader(m *ebpf.Map) (*ringReader, error) {

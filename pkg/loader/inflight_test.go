@@ -40,11 +40,7 @@ func TestInFlightRequests(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 	dest := netip.MustParseAddrPort(ln.Addr().String())
 	put(t, d, Rule{Name: "http", Dests: []netip.Prefix{netip.PrefixFrom(dest.Addr(), 32)}, Port: dest.Port(), Limit: 10, Requests: true, Samples: true})
-	samples, err := d.Samples()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { samples.Close() })
+	samples := openSamples(t, d)
 
 	privtest.Join(t, cg)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}

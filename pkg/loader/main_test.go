@@ -68,6 +68,17 @@ func open(t *testing.T) (*Datapath, string) {
 	return d, cg
 }
 
+// openSamples opens d's latency samples until the test ends.
+func openSamples(t *testing.T, d *Datapath) *SampleReader {
+	t.Helper()
+	samples, err := d.Samples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { samples.Close() })
+	return samples
+}
+
 func put(t *testing.T, d *Datapath, r Rule) {
 	t.Helper()
 	if err := d.Put(r); err != nil {

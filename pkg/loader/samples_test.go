@@ -19,11 +19,7 @@ func TestSamplesReadWhetherOrNotTheyWake(t *testing.T) {
 	d, cg := open(t)
 	srv := listen(t, "tcp4", "127.0.0.1:0")
 	put(t, d, Rule{Name: "burst", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Samples: true})
-	samples, err := d.Samples()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { samples.Close() })
+	samples := openSamples(t, d)
 	privtest.Join(t, cg)
 
 	type read struct {

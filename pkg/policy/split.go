@@ -39,12 +39,16 @@ const splitMin = 2048
 // short to be worth splitting. Pieces of 1,024 rules are many per CPU, so
 // that the CPUs finish together, and each one's tree is small.
 func splitPiece(data []byte) int {
-	// A rule takes at least 40 bytes: "- {name: a, destination: b, concurrency: 1}".
-	if len(data) < splitMin*40 {
+	if len(data) < SizedFrom {
 		return 0
 	}
 	return splitMin / 2
 }
+
+// SizedFrom is the length of the shortest text [Size] sizes (80 KiB):
+// splitMin rules of at least 40 bytes each, as in
+// "- {name: a, destination: b, concurrency: 1}".
+const SizedFrom = splitMin * 40
 
 // parseSplit reads data in pieces of about perPiece rules; ok is false when
 // it cannot, or when the policy has a problem. With c set, a piece whose
