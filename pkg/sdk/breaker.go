@@ -3,6 +3,7 @@ package sdk
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egressd/egressd/pkg/verdict"
@@ -67,10 +68,15 @@ type Breaker struct {
 	probes    int
 	onChange  func(from, to BreakerState)
 
+	// closedGen is gen+1 while the breaker is closed, 0 otherwise: Allow
+	// in the closed state - nearly every call - reads it and takes no lock.
+	// Like failures, it is read without mu and written under it.
+	closedGen atomic.Uint64
+	failures  atomic.Int64
+
 	mu       sync.Mutex
 	state    BreakerState
-	gen      uint64 // bumped on every transition
-	failures int
+	gen      uint64    // bumped on every transition
 	until    time.Time // end of the open period
 	inFlight int       // probes out while half-open
 }
@@ -101,12 +107,16 @@ func NewBreaker(o BreakerOptions) *Breaker {
 	if b.probes <= 0 {
 		b.probes = 1
 	}
+	b.closedGen.Store(b.gen + 1)
 	return b
 }
 
 // Allow asks to make an attempt at now. It reports false while the breaker
 // is open, or half-open with every probe slot taken.
 func (b *Breaker) Allow(now time.Time) (Permit, bool) {
+	if g := b.closedGen.Load(); g != 0 {
+		return Permit{gen: g - 1}, true
+	}
 	b.mu.Lock()
 	from := b.state
 	if b.state == BreakerOpen {
@@ -138,18 +148,24 @@ func (b *Breaker) Allow(now time.Time) (Permit, bool) {
 // Record reports what an allowed attempt came to at now. It returns the
 // permit's probe slot whatever the verdict, and counts only OK and Transient.
 func (b *Breaker) Record(now time.Time, p Permit, v verdict.Verdict) {
+	// Without a probe slot to give back, only a Transient outcome, or an OK
+	// one with failures to forget (which only the closed state has), changes
+	// anything: a success in a healthy breaker takes no lock.
+	k := v.Kind()
+	if !p.probe && k != verdict.Transient && (k != verdict.OK || b.failures.Load() == 0) {
+		return
+	}
 	b.mu.Lock()
 	from := b.state
 	current := p.gen == b.gen
 	if p.probe && current && b.inFlight > 0 {
 		b.inFlight--
 	}
-	switch v.Kind() {
+	switch k {
 	case verdict.Transient:
 		switch {
 		case b.state == BreakerClosed:
-			b.failures++
-			if b.failures >= b.threshold {
+			if b.failures.Add(1) >= int64(b.threshold) {
 				b.setLocked(BreakerOpen, now)
 			}
 		case b.state == BreakerHalfOpen && p.probe && current:
@@ -158,7 +174,7 @@ func (b *Breaker) Record(now time.Time, p Permit, v verdict.Verdict) {
 	case verdict.OK:
 		switch {
 		case b.state == BreakerClosed:
-			b.failures = 0
+			b.failures.Store(0)
 		case b.state == BreakerHalfOpen && p.probe && current:
 			b.setLocked(BreakerClosed, now)
 		}
@@ -183,8 +199,13 @@ func (b *Breaker) State(now time.Time) BreakerState {
 func (b *Breaker) setLocked(s BreakerState, now time.Time) {
 	b.state = s
 	b.gen++
-	b.failures = 0
+	b.failures.Store(0)
 	b.inFlight = 0
+	if s == BreakerClosed {
+		b.closedGen.Store(b.gen + 1)
+	} else {
+		b.closedGen.Store(0)
+	}
 	if s == BreakerOpen {
 		b.until = now.Add(b.openFor)
 	}

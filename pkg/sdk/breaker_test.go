@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,5 +147,42 @@ func TestBreakerDefaults(t *testing.T) {
 	}
 	if got := b.State(at(5 * time.Second)); got != BreakerHalfOpen {
 		t.Fatalf("State 5s after the fifth = %v, want half-open", got)
+	}
+}
+
+// TestBreakerOpensUnderConcurrentCalls: Allow in the closed state and a
+// Record with nothing to change take no lock, so a breaker that opens while
+// other goroutines call through it must still be seen open by each of
+// them once it has opened. The race detector checks the publication.
+func TestBreakerOpensUnderConcurrentCalls(t *testing.T) {
+	b := NewBreaker(BreakerOptions{FailureThreshold: 3, OpenFor: time.Hour})
+	opened := make(chan struct{})
+	errs := make(chan string, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-opened:
+					if call(b, t0, throttled) {
+						errs <- "an attempt was allowed after the breaker opened"
+					}
+					return
+				default:
+					call(b, t0, throttled)
+				}
+			}
+		})
+	}
+	for range 3 {
+		if !call(b, t0, transient) {
+			t.Fatal("the breaker opened before its threshold")
+		}
+	}
+	close(opened)
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }

@@ -31,6 +31,8 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
+func (c *fakeClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
 // Advance moves the clock on by d and fires every deadline and timer it
 // reaches.
 func (c *fakeClock) Advance(d time.Duration) {

@@ -208,9 +208,9 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 		}
 		var a outcome[T]
 		attempt(ctx, ctx, c.p, c.clk, fn, attemptInfo{n: c.made + 1}, c.now, c.deadline, c.deadlineIsCtx, &a)
-		end := c.clk.Now()
+		took := c.clk.Since(c.now)
+		end := c.now.Add(took)
 		c.made++
-		took := end.Sub(c.now)
 		delay, stop, err, done := c.after(ctx, &a.settled, a.v, end)
 		if log != nil {
 			*log = append(*log, verdict.NewAttempt(a.v, took, delay))

@@ -110,8 +110,8 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	if cancel != nil {
 		cancel()
 	}
-	end = clk.Now()
-	took = end.Sub(start)
+	took = clk.Since(start)
+	end = start.Add(took)
 	if s.word.CompareAndSwap(active, released(o.v.Kind() == verdict.OK, false, took)) {
 		return nil, end, took // hc is the next holder's now; it keeps ctx and fn until then
 	}
