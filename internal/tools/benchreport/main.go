@@ -39,10 +39,12 @@ var suites = []struct{ title, pkg, pattern, benchtime, note string }{
 	{"Partitioned limiters", "./pkg/partition/", ".", "", "Acquire+Release on a partition found by key."},
 }
 
-// modules are the comparisons kept out of the main module; each prints
-// its own table with ratios measured in the same run.
+// modules are the comparisons, each printing its own table with ratios
+// measured in the same run; those against peers are modules of their own,
+// which keeps the peers out of egressd's go.mod.
 var modules = []struct{ title, dir string }{
 	{"SDK and limiter against peers (failsafe-go, x/time/rate)", "bench/sdkcompare"},
+	{"A hedge that does not fire against Run before hedging (issue 15)", "internal/tools/hedgecost"},
 	{"Adaptive loop against peers in a queueing model", "bench/adaptivesim"},
 }
 
