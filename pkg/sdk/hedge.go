@@ -375,11 +375,18 @@ func (h *Hedge) scan(now time.Time) (next time.Time, busy bool) {
 // a count of censored latencies: first attempts a hedge cut short, known
 // only to have been slower than the delay. The watcher's alone.
 type latencies struct {
-	counts   [latencyBuckets]uint32
-	censored uint32
-	total    uint32 // counts and censored
-	sinceQ   uint32 // added since delay last computed
+	counts   [latencyBuckets]uint32 // weights
+	censored uint32                 // weight
+	total    uint32                 // weight, counts and censored
+	sinceQ   uint32                 // latencies added since delay last computed
 }
+
+// A latency weighs two, so that forgetting - halving every weight, rounding
+// down - keeps a lone old latency once, at half its weight, and drops it
+// the next time. Rounding a weight of one up instead would keep it forever:
+// a bucket that ever held a latency would never be empty again, and the
+// gap below a slower mode would fill up with the stragglers of a long run.
+const sampleWeight = 2
 
 const latencyBuckets = 16 * 62
 
@@ -401,28 +408,28 @@ func bucketTop(b int) uint64 {
 }
 
 func (l *latencies) add(us uint64) {
-	l.counts[bucketOf(us)]++
+	l.counts[bucketOf(us)] += sampleWeight
 	l.count()
 }
 
 func (l *latencies) addCensored() {
-	l.censored++
+	l.censored += sampleWeight
 	l.count()
 }
 
 func (l *latencies) count() {
-	l.total++
+	l.total += sampleWeight
 	l.sinceQ++
-	if l.total < 2*latencyWindow {
+	if l.total < 2*latencyWindow*sampleWeight {
 		return
 	}
 	l.total = 0
 	for i, c := range l.counts {
-		c -= c / 2 // round up, so that a lone old value is not lost at once
+		c /= 2
 		l.counts[i] = c
 		l.total += c
 	}
-	l.censored -= l.censored / 2
+	l.censored /= 2
 	l.total += l.censored
 }
 
@@ -441,14 +448,15 @@ func (l *latencies) count() {
 // delay than 1-q - the delay grows by half. ok is false until minLatencies
 // have been seen, and between recomputations.
 func (l *latencies) delay(q float64, cur time.Duration) (time.Duration, bool) {
-	if l.total < minLatencies || l.sinceQ < latencyWindow/20 && cur > 0 {
+	if l.total < minLatencies*sampleWeight || l.sinceQ < latencyWindow/20 && cur > 0 {
 		return 0, false
 	}
 	l.sinceQ = 0
-	n := float64(l.total)
-	margin := (1-q)/4 + 2*math.Sqrt(q*(1-q)/n)
-	rank := uint32(max(math.Ceil((q-margin)*n), 1))
-	rankQ := uint32(max(math.Ceil(q*n), 1))
+	w := float64(l.total)
+	margin := (1-q)/4 + 2*math.Sqrt(q*(1-q)/(w/sampleWeight))
+	// Ranks are in weight, as the counts are.
+	rank := uint32(max(math.Ceil((q-margin)*w), 1))
+	rankQ := uint32(max(math.Ceil(q*w), 1))
 	var seen uint32
 	for b, c := range l.counts {
 		if seen += c; seen < rank {

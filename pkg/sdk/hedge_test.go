@@ -616,6 +616,19 @@ func TestLatenciesSlowerMode(t *testing.T) {
 	}
 }
 
+// Old latencies are forgotten, however few: a bucket that held one long
+// ago is empty again. (Weights halved rounding up kept a one forever.)
+func TestLatenciesForget(t *testing.T) {
+	var l latencies
+	l.add(5000)
+	for range 10 * latencyWindow {
+		l.add(1000)
+	}
+	if c := l.counts[bucketOf(5000)]; c != 0 {
+		t.Errorf("a latency of long ago still weighs %d", c)
+	}
+}
+
 // Censored latencies count as slower than any: the quantile stays exact
 // while it is below them, noise at the edge of a slow mode allowed for, and
 // the delay grows when clearly too many calls ran past it.
