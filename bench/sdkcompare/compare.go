@@ -140,7 +140,7 @@ func (wallClock) AfterFunc(d time.Duration, f func()) limit.Timer { return time.
 
 func main() {
 	rounds := flag.Int("rounds", 5, "runs of each benchmark, interleaved; the median is reported")
-	hedgeCalls := flag.Int("hedge-calls", 6000, "calls through each hedger")
+	hedgeCalls := flag.Int("hedge-calls", 24000, "calls through each hedger")
 	hedgingOnly := flag.Bool("hedging-only", false, "print the hedging comparison alone")
 	flag.Parse()
 	testing.Init()
