@@ -174,9 +174,11 @@ func TestBreakerOpensUnderConcurrentCalls(t *testing.T) {
 			}
 		})
 	}
-	for range 3 {
+	for i := range 3 {
 		if !call(b, t0, transient) {
-			t.Fatal("the breaker opened before its threshold")
+			// Not Fatal: the callers must still be told to stop.
+			t.Errorf("the breaker opened at transient %d, before its threshold", i+1)
+			break
 		}
 	}
 	close(opened)
