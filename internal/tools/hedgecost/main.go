@@ -158,13 +158,14 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
+// output runs a command in dir and returns what it printed; its error
+// says which command failed, and what it printed then.
 func output(dir, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out.Bytes())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
-	return out.String(), nil
+	return string(out), nil
 }
