@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +32,9 @@ import (
 // limit) and one more was added, until that one refuses - the daemon then
 // parses and writes all 100,000 again. A rule refuses its second
 // connection in an hour. Each iteration starts the daemon three times;
-// the figures are the mean and the slowest. It also reports how long
+// the figures are the mean and the slowest. It also reports the start's
+// phases as the daemon logs them (reading the file; waiting, after that,
+// for the datapath it opened meanwhile; installing the rules), how long
 // parsing the file takes alone, the daemon's page faults at start and in
 // the reload that changes every rule (first touches of memory, mostly),
 // and what one costs here.
@@ -62,6 +65,7 @@ func BenchmarkPolicy100k(b *testing.B) {
 	agent := privtest.Spawn(b, cg, "agent")
 	everyRule := strings.ReplaceAll(rules, "concurrency: 100}", "concurrency: 99}")
 	var start, reload, reloadAll []time.Duration
+	phases := map[string][]time.Duration{}
 	var startFaults, reloadAllFaults int64
 	const rounds, reloadAfter = 3, 5 * time.Second
 	i := 0 // daemons started: each has a socket and state of its own
@@ -73,7 +77,8 @@ func BenchmarkPolicy100k(b *testing.B) {
 			socket := filepath.Join(dir, fmt.Sprint("s", i))
 			cmd := exec.Command(egressd, "run", "--cgroup", cg, "--bpffs", privtest.PinDir(b), "--socket", socket,
 				"--state-dir", filepath.Join(dir, fmt.Sprint("state", i)), "--policy", pol, "--metrics", "", "--detach-on-exit")
-			cmd.Stderr = os.Stderr
+			var log bytes.Buffer
+			cmd.Stderr = io.MultiWriter(os.Stderr, &log)
 			if err := cmd.Start(); err != nil {
 				b.Fatal(err)
 			}
@@ -106,7 +111,10 @@ func BenchmarkPolicy100k(b *testing.B) {
 				*r.faults += minorFaults(b, cmd.Process.Pid) - faults
 			}
 			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
+			cmd.Wait() // and the copy of its log with it
+			for name, took := range startPhases(b, log.String()) {
+				phases[name] = append(phases[name], took)
+			}
 		}
 	}
 	// How much of that is reading the YAML alone.
@@ -117,6 +125,9 @@ func BenchmarkPolicy100k(b *testing.B) {
 	b.ReportMetric(time.Since(t0).Seconds(), "parse-s")
 	b.ReportMetric(mean(start).Seconds(), "start-s")
 	b.ReportMetric(slices.Max(start).Seconds(), "start-max-s")
+	for name, took := range phases {
+		b.ReportMetric(mean(took).Seconds(), "start-"+name+"-s")
+	}
 	b.ReportMetric(mean(reload).Seconds(), "reload-s")
 	b.ReportMetric(slices.Max(reload).Seconds(), "reload-max-s")
 	b.ReportMetric(mean(reloadAll).Seconds(), "reload-every-rule-s")
@@ -124,6 +135,34 @@ func BenchmarkPolicy100k(b *testing.B) {
 	b.ReportMetric(float64(startFaults)/float64(len(start)), "start-faults")
 	b.ReportMetric(float64(reloadAllFaults)/float64(len(reloadAll)), "reload-every-rule-faults")
 	b.ReportMetric(pageFaultCost(b).Seconds()*1e6, "page-fault-us")
+}
+
+// startPhaseAttr is a phase's time in the daemon's line "egressd running".
+var startPhaseAttr = regexp.MustCompile(` (read|datapath|install)=(\S+)`)
+
+// startPhases reads how long the phases of a start took from the log of
+// the daemon that made it.
+func startPhases(b *testing.B, log string) map[string]time.Duration {
+	b.Helper()
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, `msg="egressd running"`) {
+			continue
+		}
+		out := map[string]time.Duration{}
+		for _, m := range startPhaseAttr.FindAllStringSubmatch(line, -1) {
+			d, err := time.ParseDuration(m[2])
+			if err != nil {
+				b.Fatalf("%s in %q: %v", m[1], line, err)
+			}
+			out[m[1]] = d
+		}
+		if len(out) != 3 {
+			b.Fatalf("no start phases in %q", line)
+		}
+		return out
+	}
+	b.Fatalf("the daemon did not say it was running:\n%s", log)
+	return nil
 }
 
 // minorFaults is how many page faults pid has taken that needed no I/O.

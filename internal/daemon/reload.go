@@ -51,13 +51,16 @@ func reserveHeap(path string) *hugeheap.Region {
 func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 	d.huge.Advise()
 	defer d.huge.Withdraw()
+	t := time.Now()
 	p, err := d.loadPolicyFile(false)
 	if errors.Is(err, os.ErrNotExist) {
 		err = control.Errorf(control.CodeInvalid, "policy file: %v", err)
 	}
+	read, t := time.Since(t), time.Now()
 	if err == nil {
 		err = d.install(ctx, p)
 	}
+	install := time.Since(t)
 	r := control.Reload{Time: time.Now(), OK: err == nil}
 	if err != nil {
 		r.Error = err.Error()
@@ -67,7 +70,7 @@ func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 	d.mu.Unlock()
 	d.metrics.reloaded(err == nil)
 	if err == nil {
-		d.log.Info("policy reloaded", "path", d.cfg.PolicyFile)
+		d.log.Info("policy reloaded", "path", d.cfg.PolicyFile, "read", ms(read), "install", ms(install))
 	}
 	return r, err
 }
@@ -94,5 +97,8 @@ func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
 		return gone, nil
 	})
 }
+
+// ms rounds a phase's time for a log line.
+func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 
 func controlReloadOK() control.Reload { return control.Reload{Time: time.Now(), OK: true} }

@@ -77,17 +77,22 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return ln.Close()
 	})
 	early := d.openEarly()
+	var took startTimes
+	t := time.Now()
 	pol, err := d.loadPolicyFile(true)
 	if err != nil {
 		return errors.Join(err, early.undo())
 	}
+	took.read, t = time.Since(t), time.Now()
 	detach := false
 	if err := d.openDatapath(pol, early, &stack, &detach); err != nil {
 		return err
 	}
+	took.datapath, t = time.Since(t), time.Now()
 	if err := d.installAtStart(ctx, pol); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
+	took.install = time.Since(t)
 	grown()
 	metricsLn, err := d.listenMetrics()
 	if err != nil {
@@ -95,7 +100,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	serving = true
 	d.serve(ctx, &stack, srv, ln, metricsLn)
-	uninstall := d.wait(ctx, hup)
+	uninstall := d.wait(ctx, hup, took)
 	detach = uninstall || d.cfg.DetachOnExit
 	d.log.Info("egressd stopping", "detach", detach)
 	if uninstall {
@@ -103,6 +108,12 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	return nil
 }
+
+// startTimes is how long the start's phases took, for its log line: with
+// a large policy, reading it and installing its rules are most of a start,
+// and the datapath is opened while it is read (datapath is the wait for it
+// after the read).
+type startTimes struct{ read, datapath, install time.Duration }
 
 // earlyOpen is the datapath opened while a large policy is parsed.
 type earlyOpen struct {
@@ -268,11 +279,11 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server
 	})
 }
 
-// wait tells the service manager the daemon is ready and runs until ctx
-// ends or an uninstall request, reloading on each SIGHUP that hup brings
-// and pinging the watchdog. It reports whether the daemon is to
-// uninstall.
-func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal) (uninstall bool) {
+// wait tells the service manager the daemon is ready, saying how long the
+// start took, and runs until ctx ends or an uninstall request, reloading
+// on each SIGHUP that hup brings and pinging the watchdog. It reports
+// whether the daemon is to uninstall.
+func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes) (uninstall bool) {
 	n := d.cfg.Notify
 	n.Ready()
 	defer n.Stopping()
@@ -285,7 +296,8 @@ func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal) (uninstall bool
 	d.mu.Lock()
 	rules := len(d.entries)
 	d.mu.Unlock()
-	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules)
+	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules,
+		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath", ms(took.datapath), "install", ms(took.install))
 	for {
 		select {
 		case <-ctx.Done():

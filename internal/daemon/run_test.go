@@ -3,9 +3,11 @@ package daemon
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -178,6 +180,66 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 	if l.Limit != 7 {
 		t.Fatalf("limit db = %d after a SIGHUP during start, want 7 from the policy reloaded", l.Limit)
 	}
+}
+
+// records keeps the attributes of each message logged at Info and above.
+type records struct {
+	mu  sync.Mutex
+	got map[string]map[string]slog.Value
+}
+
+func (r *records) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	attrs := map[string]slog.Value{}
+	rec.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value; return true })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got[rec.Message] = attrs
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// durations are the attributes keys of message msg as durations; the test
+// fails when one is missing or not a duration.
+func (r *records) durations(t *testing.T, msg string, keys ...string) map[string]time.Duration {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]time.Duration{}
+	for _, k := range keys {
+		v, ok := r.got[msg][k]
+		if !ok || v.Kind() != slog.KindDuration {
+			t.Fatalf("%q logged %s = %v, want a duration", msg, k, v)
+		}
+		out[k] = v.Duration()
+	}
+	return out
+}
+
+// TestRunLogsHowLongItTook: the line that says the daemon runs says how
+// long the start took and its phases; a reload's line says its phases.
+func TestRunLogsHowLongItTook(t *testing.T) {
+	td := newTestDaemon(t)
+	rec := &records{got: map[string]map[string]slog.Value{}}
+	td.log = slog.New(rec)
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
+	const opening = 50 * time.Millisecond
+	td.cfg.open = func(cfg *loader.Config) (datapath, error) {
+		time.Sleep(opening)
+		return td.fake.open(cfg)
+	}
+	td.start(t)
+	// A policy this small is read before the datapath is opened. Each
+	// time is rounded to the millisecond: the phases may sum to 2 ms over.
+	d := rec.durations(t, "egressd running", "took", "read", "datapath", "install")
+	if d["datapath"] < opening || d["read"]+d["datapath"]+d["install"] > d["took"]+2*time.Millisecond {
+		t.Errorf("egressd running: %v; want datapath at least %v, and the phases within took", d, opening)
+	}
+	if _, err := td.client().ReloadPolicy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec.durations(t, "policy reloaded", "read", "install")
 }
 
 // TestRunUninstall: an uninstall request ends Run with ErrUninstalled and
