@@ -126,7 +126,7 @@ func BenchmarkPolicy100k(b *testing.B) {
 	b.ReportMetric(mean(start).Seconds(), "start-s")
 	b.ReportMetric(slices.Max(start).Seconds(), "start-max-s")
 	for name, took := range phases {
-		b.ReportMetric(mean(took).Seconds(), "start-"+name+"-s")
+		b.ReportMetric(mean(took).Seconds(), "start-"+strings.ReplaceAll(name, "_", "-")+"-s")
 	}
 	b.ReportMetric(mean(reload).Seconds(), "reload-s")
 	b.ReportMetric(slices.Max(reload).Seconds(), "reload-max-s")
@@ -138,7 +138,7 @@ func BenchmarkPolicy100k(b *testing.B) {
 }
 
 // startPhaseAttr is a phase's time in the daemon's line "egressd running".
-var startPhaseAttr = regexp.MustCompile(` (read|datapath|install)=(\S+)`)
+var startPhaseAttr = regexp.MustCompile(` (read|datapath_wait|install)=(\S+)`)
 
 // startPhases reads how long the phases of a start took from the log of
 // the daemon that made it.

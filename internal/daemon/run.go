@@ -112,7 +112,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 // startTimes is how long the start's phases took, for its log line: with
 // a large policy, reading it and installing its rules are most of a start,
 // and the datapath is opened while it is read (datapath is the wait for it
-// after the read).
+// after the read), so that the phases add up to the start.
 type startTimes struct{ read, datapath, install time.Duration }
 
 // earlyOpen is the datapath opened while a large policy is parsed.
@@ -297,7 +297,7 @@ func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes
 	rules := len(d.entries)
 	d.mu.Unlock()
 	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules,
-		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath", ms(took.datapath), "install", ms(took.install))
+		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath_wait", ms(took.datapath), "install", ms(took.install))
 	for {
 		select {
 		case <-ctx.Done():
