@@ -109,10 +109,11 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	return nil
 }
 
-// startTimes is how long the start's phases took, for its log line: with
+// startTimes is how long the start's phases took, for its log line. With
 // a large policy, reading it and installing its rules are most of a start,
-// and the datapath is opened while it is read (datapath is the wait for it
-// after the read), so that the phases add up to the start.
+// and the datapath opens while it is read: datapath is the wait for it
+// after the read (a small policy's is the whole open), so that the phases
+// add up to the start.
 type startTimes struct{ read, datapath, install time.Duration }
 
 // earlyOpen is the datapath opened while a large policy is parsed.
