@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -182,46 +181,11 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 	}
 }
 
-// records keeps the attributes of each message logged at Info and above.
-type records struct {
-	mu  sync.Mutex
-	got map[string]map[string]slog.Value
-}
-
-func (r *records) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
-func (r *records) Handle(_ context.Context, rec slog.Record) error {
-	attrs := map[string]slog.Value{}
-	rec.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value; return true })
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.got[rec.Message] = attrs
-	return nil
-}
-func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *records) WithGroup(string) slog.Handler      { return r }
-
-// durations are the attributes keys of message msg as durations; the test
-// fails when one is missing or not a duration.
-func (r *records) durations(t *testing.T, msg string, keys ...string) map[string]time.Duration {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[string]time.Duration{}
-	for _, k := range keys {
-		v, ok := r.got[msg][k]
-		if !ok || v.Kind() != slog.KindDuration {
-			t.Fatalf("%q logged %s = %v, want a duration", msg, k, v)
-		}
-		out[k] = v.Duration()
-	}
-	return out
-}
-
 // TestRunLogsHowLongItTook: the line that says the daemon runs says how
 // long the start took and its phases; a reload's line says its phases.
 func TestRunLogsHowLongItTook(t *testing.T) {
 	td := newTestDaemon(t)
-	rec := &records{got: map[string]map[string]slog.Value{}}
+	rec := &messages{}
 	td.log = slog.New(rec)
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
 	const opening = 50 * time.Millisecond

@@ -343,14 +343,39 @@ func TestPinnedAddressesWhenLookupFails(t *testing.T) {
 type messages struct {
 	mu  sync.Mutex
 	got []string
+	// attrs are the attributes of the last record of each message.
+	attrs map[string]map[string]slog.Value
 }
 
 func (m *messages) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
 func (m *messages) Handle(_ context.Context, r slog.Record) error {
+	attrs := map[string]slog.Value{}
+	r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value; return true })
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.got = append(m.got, r.Message)
+	if m.attrs == nil {
+		m.attrs = map[string]map[string]slog.Value{}
+	}
+	m.attrs[r.Message] = attrs
 	return nil
+}
+
+// durations are the attributes keys of the last record of message msg,
+// as durations; the test fails when one is missing or not a duration.
+func (m *messages) durations(t *testing.T, msg string, keys ...string) map[string]time.Duration {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]time.Duration{}
+	for _, k := range keys {
+		v, ok := m.attrs[msg][k]
+		if !ok || v.Kind() != slog.KindDuration {
+			t.Fatalf("%q logged %s = %v, want a duration", msg, k, v)
+		}
+		out[k] = v.Duration()
+	}
+	return out
 }
 func (m *messages) WithAttrs([]slog.Attr) slog.Handler { return m }
 func (m *messages) WithGroup(string) slog.Handler      { return m }
