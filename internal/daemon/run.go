@@ -88,7 +88,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := d.openDatapath(pol, early, &stack, &detach); err != nil {
 		return err
 	}
-	took.datapath, t = time.Since(t), time.Now()
+	took.datapathWait, t = time.Since(t), time.Now()
 	if err := d.installAtStart(ctx, pol); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
@@ -111,10 +111,10 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 
 // startTimes is how long the start's phases took, for its log line. With
 // a large policy, reading it and installing its rules are most of a start,
-// and the datapath opens while it is read: datapath is the wait for it
-// after the read (a small policy's is the whole open), so that the phases
-// add up to the start.
-type startTimes struct{ read, datapath, install time.Duration }
+// and the datapath opens while it is read: datapathWait is the wait for
+// it after the read (a small policy's is the whole open), so that the
+// phases add up to the start.
+type startTimes struct{ read, datapathWait, install time.Duration }
 
 // earlyOpen is the datapath opened while a large policy is parsed.
 type earlyOpen struct {
@@ -298,7 +298,7 @@ func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes
 	rules := len(d.entries)
 	d.mu.Unlock()
 	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules,
-		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath_wait", ms(took.datapath), "install", ms(took.install))
+		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath_wait", ms(took.datapathWait), "install", ms(took.install))
 	for {
 		select {
 		case <-ctx.Done():
