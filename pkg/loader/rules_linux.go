@@ -377,12 +377,25 @@ func (d *Datapath) write(w *writer, p *plan, want hints) error {
 		}
 	}
 	if len(p.fresh) > 0 {
-		// Fresh slots were free: nothing reads their old counts.
+		// A fresh slot was a removed rule's, whose sockets still release
+		// against it while its entry has their generation. The new
+		// generation goes first, inactive until the rule is written
+		// whole, and the counts are zeroed only once every program that
+		// read the old one has finished: a release after the zeroing
+		// would start the new rule below zero, where it would admit
+		// more than its limit.
+		if err := writeSlots(w, "fresh generations", d.objs.Rules, p.fresh, func(i int) *change { return &p.changes[p.freshOf[i]] },
+			func(s *slot) egressdRule { idle := *s; idle.active = false; return idle.kernelRule() }); err != nil {
+			return err
+		}
+		noUndo := func() error { return nil }
+		if err := w.do("wait for programs", waitForPrograms, noUndo); err != nil {
+			return err
+		}
 		hist := make([]uint32, 0, 2*len(p.fresh))
 		for _, idx := range p.fresh {
 			hist = append(hist, idx*uint32(egressdSampleKindSAMPLE_LEN), idx*uint32(egressdSampleKindSAMPLE_LEN)+1)
 		}
-		noUndo := func() error { return nil }
 		if err := w.do("reset rule states", func() error {
 			_, err := d.objs.RuleStates.BatchUpdate(p.fresh, make([]egressdRuleState, len(p.fresh)), nil)
 			return err

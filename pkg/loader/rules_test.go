@@ -164,9 +164,18 @@ func TestSlotReuseKeepsCountsApart(t *testing.T) {
 	if err := d.Delete("old"); !errors.Is(err, ErrUnknownRule) {
 		t.Fatalf("second delete: %v", err)
 	}
+	// One closes while the new rule is written, just after its slot's
+	// counts are zeroed: by then the slot must be the new rule's.
+	d.fault = func(step string) error {
+		if step == "reset rule states" {
+			held[0].Close()
+		}
+		return nil
+	}
 	put(t, d, Rule{Name: "new", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Limit: 1})
+	d.fault = nil
 	dial(t, srv)
-	for _, c := range held {
+	for _, c := range held[1:] {
 		c.Close()
 	}
 	time.Sleep(50 * time.Millisecond)

@@ -134,6 +134,7 @@ type plan struct {
 
 	delKeys []ruleKey
 	fresh   []uint32 // used slots whose state, counters and latency start again at zero
+	freshOf []int    // the change of each of fresh
 	metas   []uint32 // slots whose metadata is written
 	metaOf  []int    // the change of each of metas
 	rules   []uint32 // slots whose rule is written: every change's, in order
@@ -356,7 +357,7 @@ func (p *plan) writes() {
 		}
 		// A slot never used since its table was made is zero already.
 		if c.create && c.old.gen != 0 {
-			p.fresh = append(p.fresh, c.idx)
+			p.fresh, p.freshOf = append(p.fresh, c.idx), append(p.freshOf, i)
 		}
 		if c.create || (c.new.active && metaOf(&c.new.rule) != metaOf(&c.old.rule)) {
 			p.metas, p.metaOf = append(p.metas, c.idx), append(p.metaOf, i)
