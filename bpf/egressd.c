@@ -1195,6 +1195,14 @@ int egressd_egress(struct __sk_buff *skb)
 	__u64 held = cookie << 2 | SS_HELD;
 	if (ss->word != held || !tcp_payload_len(skb))
 		return 1;
+	/* Read while the socket holds the entry (the swap below says it
+	 * still did): once released, the entry may pass to another socket. */
+	__u32 slot = ss->rule, gen = ss->gen;
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	/* A socket whose rule has gone counts no requests: its slot may be
+	 * another rule's now, whose in-flight count it would move. */
+	if (!r || r->gen != gen)
+		return 1;
 	/* Arms only a held socket: a release in between wins. */
 	if (__sync_val_compare_and_swap(&ss->word, held, held | SS_AWAITING) != held)
 		return 1;
@@ -1203,7 +1211,6 @@ int egressd_egress(struct __sk_buff *skb)
 	 * clock read waits for every load before it. */
 	__u64 sent = skb->tstamp;
 	ss->sent_ns = sent ? sent : bpf_ktime_get_ns();
-	__u32 slot = ss->rule;
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (st)
 		count(st, COUNTER_REQUESTS, 1);
@@ -1221,18 +1228,23 @@ int egressd_ingress(struct __sk_buff *skb)
 	__u64 awaiting = cookie << 2 | SS_HELD | SS_AWAITING;
 	if (ss->word != awaiting || !tcp_payload_len(skb))
 		return 1;
+	__u32 slot = ss->rule, gen = ss->gen;
+	__u64 sent = ss->sent_ns;
 	if (__sync_val_compare_and_swap(&ss->word, awaiting, awaiting & ~SS_AWAITING) != awaiting)
 		return 1; /* released meanwhile, which counted the abort */
-	__u64 now = bpf_ktime_get_ns();
-	__u32 slot = ss->rule;
+	/* The request's rule has gone: as release() does, count nothing on
+	 * a slot that may be another rule's now. */
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	if (!r || r->gen != gen)
+		return 1;
+	__u64 now = bpf_ktime_get_ns();
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (st)
 		count(st, COUNTER_RESPONSES, 1);
 	/* A response comes after its request left: a later send time is not
 	 * one, and no sample. */
-	if (r && r->gen == ss->gen && now > ss->sent_ns)
-		record_latency(slot, ss->gen, r->flags, SAMPLE_REQUEST, now, now - ss->sent_ns);
+	if (now > sent)
+		record_latency(slot, gen, r->flags, SAMPLE_REQUEST, now, now - sent);
 	return 1;
 }
 

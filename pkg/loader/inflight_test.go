@@ -127,3 +127,72 @@ func TestInFlightRequests(t *testing.T) {
 		t.Fatalf("in flight after close: %+v", s)
 	}
 }
+
+// A request on a connection whose rule was deleted, and whose slot a new
+// rule took: neither it nor its answer moves the new rule's in-flight
+// count.
+func TestInFlightStaysWithItsRule(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg := privtest.Cgroup(t, "inflight-reuse")
+	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(t), MaxRules: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	dest := netip.MustParseAddrPort(ln.Addr().String())
+	rule := func(name string) Rule {
+		return Rule{Name: name, Dests: []netip.Prefix{netip.PrefixFrom(dest.Addr(), 32)}, Port: dest.Port(), Limit: 5, Requests: true}
+	}
+	put(t, d, rule("old"))
+	privtest.Join(t, cg)
+	c, err := net.Dial("tcp4", dest.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var sc net.Conn
+	select {
+	case sc = <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no connection accepted in 10s")
+	}
+	defer sc.Close()
+	buf := make([]byte, 16)
+	roundTrip := func(from, to net.Conn, what string) {
+		t.Helper()
+		if _, err := io.WriteString(from, what); err != nil {
+			t.Fatal(err)
+		}
+		to.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(to, buf[:len(what)]); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	roundTrip(c, sc, "request")
+	if s := stats(t, d, "old"); s.InFlight != 1 {
+		t.Fatalf("old rule: in flight %d, want 1 (%+v)", s.InFlight, s)
+	}
+
+	if err := d.Delete("old"); err != nil {
+		t.Fatal(err)
+	}
+	put(t, d, rule("new"))
+	roundTrip(sc, c, "answer")
+	roundTrip(c, sc, "another request")
+	c.Close()
+	time.Sleep(50 * time.Millisecond)
+	if s := stats(t, d, "new"); s.InFlight != 0 || s.Requests != 0 || s.Responses != 0 || s.Aborted != 0 {
+		t.Fatalf("new rule counted the old rule's connection: %+v", s)
+	}
+}
