@@ -18,12 +18,14 @@ import (
 var resizedMaps = slices.Concat([]string{"latency"}, ruleTables, keyTables)
 
 // Resize moves the rules to tables of n rule slots, without a moment
-// unenforced: it fills tables of the new size from what the kernel holds,
-// loads the programs on them, points every attachment at the new programs
-// (an atomic swap each), waits until no program runs on the old tables, and
-// adds to the new what the old programs counted after the copy. Counts,
-// buckets and windows carry on exactly; connections the old programs
-// admitted give their slots back to the new tables. Slots of rules keep
+// unenforced: it fills tables of the new size with the rules the kernel
+// holds, loads the programs on them, copies the counts, points every
+// attachment at the new programs (an atomic swap each), waits until no
+// program runs on the old tables, and adds to the new what the old
+// programs counted after the copy. Counts, buckets and windows carry on
+// exactly; connections the old programs admitted give their slots back to
+// the new tables. Until that addition, the new programs do not see what
+// the old admitted after the copy, and may admit as much again. Slots of rules keep
 // their numbers, so a smaller size must hold every rule's slot. The pinned
 // maps are replaced, so that a restart adopts the new size.
 func (d *Datapath) Resize(n int) error {
@@ -72,11 +74,7 @@ func (d *Datapath) resize(n int) error {
 		fresh[name] = m
 	}
 	kept := min(n, old)
-	copied, err := d.fill(fresh, kept)
-	if err == nil {
-		err = (&writer{fault: d.fault}).injected("copied")
-	}
-	if err != nil {
+	if err := d.fill(fresh, kept); err != nil {
 		closeMaps()
 		return err
 	}
@@ -89,6 +87,19 @@ func (d *Datapath) resize(n int) error {
 	}
 	var objs egressdObjects
 	if err := d.loadSpec(spec, &objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		closeMaps()
+		return err
+	}
+	// The counts are copied last, just before the swap. Until the swap
+	// has settled, the new programs do not see what the old admitted
+	// after the copy, and may admit it again: copied before the load,
+	// that gap took in the verifier's time too.
+	copied, err := copyStates(d.objs, fresh, kept)
+	if err == nil {
+		err = (&writer{fault: d.fault}).injected("copied")
+	}
+	if err != nil {
+		objs.Close()
 		closeMaps()
 		return err
 	}
@@ -123,10 +134,9 @@ func (d *Datapath) resize(n int) error {
 	return errors.Join(errs...)
 }
 
-// fill writes into the new tables what the kernel holds of the first kept
-// slots and the keys of the table, and returns the state and latency it
-// copied.
-func (d *Datapath) fill(maps map[string]*ebpf.Map, kept int) (*snapshot, error) {
+// fill writes into the new tables the rules the kernel holds in the first
+// kept slots and the keys of the table; their counts are copyStates'.
+func (d *Datapath) fill(maps map[string]*ebpf.Map, kept int) error {
 	idx := make([]uint32, kept)
 	for i := range idx {
 		idx[i] = uint32(i)
@@ -136,27 +146,20 @@ func (d *Datapath) fill(maps map[string]*ebpf.Map, kept int) (*snapshot, error) 
 	rules := make([]egressdRule, kept)
 	metas := make([]egressdRuleMeta, kept)
 	if err := batchRead(d.objs.Rules, rules); err != nil {
-		return nil, fmt.Errorf("read rules: %w", err)
+		return fmt.Errorf("read rules: %w", err)
 	}
 	if err := batchRead(d.objs.RuleMetas, metas); err != nil {
-		return nil, fmt.Errorf("read rule metadata: %w", err)
+		return fmt.Errorf("read rule metadata: %w", err)
 	}
 	if err := batchWrite(maps["rules"], idx, rules); err != nil {
-		return nil, fmt.Errorf("write rules: %w", err)
+		return fmt.Errorf("write rules: %w", err)
 	}
 	if err := batchWrite(maps["rule_metas"], idx, metas); err != nil {
-		return nil, fmt.Errorf("write rule metadata: %w", err)
-	}
-	snap, err := takeSnapshot(d.objs.RuleStates, d.objs.Latency, kept)
-	if err != nil {
-		return nil, err
-	}
-	if err := snap.write(maps["rule_states"], maps["latency"]); err != nil {
-		return nil, err
+		return fmt.Errorf("write rule metadata: %w", err)
 	}
 	for id, class := range d.hints.scopes {
 		if err := maps["scopes"].Update(id, class, ebpf.UpdateAny); err != nil {
-			return nil, fmt.Errorf("write scope: %w", err)
+			return fmt.Errorf("write scope: %w", err)
 		}
 	}
 	var puts []keyPut
@@ -165,7 +168,20 @@ func (d *Datapath) fill(maps map[string]*ebpf.Map, kept int) (*snapshot, error) 
 	}
 	into := &Datapath{objs: egressdObjects{egressdMaps: egressdMaps{RuleExact: maps["rule_exact"], RulePrefixes: maps["rule_prefixes"]}}}
 	if err := into.putKeys(puts); err != nil {
-		return nil, fmt.Errorf("write rule keys: %w", err)
+		return fmt.Errorf("write rule keys: %w", err)
+	}
+	return nil
+}
+
+// copyStates writes into the new tables the counts, buckets, windows and
+// latency of the first kept slots, and returns what it copied.
+func copyStates(from egressdObjects, maps map[string]*ebpf.Map, kept int) (*snapshot, error) {
+	snap, err := takeSnapshot(from.RuleStates, from.Latency, kept)
+	if err != nil {
+		return nil, err
+	}
+	if err := snap.write(maps["rule_states"], maps["latency"]); err != nil {
+		return nil, err
 	}
 	return snap, nil
 }
