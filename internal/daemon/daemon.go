@@ -198,6 +198,12 @@ type Daemon struct {
 	// huge is where the heap grows while a large policy is read and
 	// installed; nil for a small one.
 	huge *hugeheap.Region
+	// reloadMu makes reloads (SIGHUP's and the API's) one at a time, each
+	// held from the read of the file to the apply: otherwise a reload
+	// whose lookups are slow applies the file it read after a later
+	// reload applied a newer one. d.mu cannot serve: it is not held
+	// across the lookups.
+	reloadMu sync.Mutex
 
 	// mu guards the rule table and what was applied: the entries in force,
 	// the policy and overrides they came from, the last reload. No lock is

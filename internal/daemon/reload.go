@@ -47,8 +47,11 @@ func reserveHeap(path string) *hugeheap.Region {
 }
 
 // reloadPolicy reads the policy file again and applies it whole, or
-// changes nothing and says why.
+// changes nothing and says why. A reload started while another runs waits
+// for it, then reads the file as it is then.
 func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
 	d.huge.Advise()
 	defer d.huge.Withdraw()
 	t := time.Now()

@@ -41,29 +41,36 @@ func TestHostRuleFollowsTTL(t *testing.T) {
 	}
 }
 
-// TestLookupOutsideTheLock: while a DNS server takes its time answering,
-// the rule table is not locked: the API and the metrics go on.
-func TestLookupOutsideTheLock(t *testing.T) {
-	td := newTestDaemon(t)
-	// A DNS server that reads the question and never answers.
+// silentDNS points td's lookups at a DNS server that reads each question
+// and never answers, each waiting timeout; asked receives a value a
+// question. Once pc is closed, later questions fail at once.
+func (td *testDaemon) silentDNS(t *testing.T, timeout time.Duration) (pc net.PacketConn, asked <-chan struct{}) {
+	t.Helper()
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })
-	asked := make(chan struct{}, 8)
+	ch := make(chan struct{}, 64)
 	go func() {
 		buf := make([]byte, 512)
 		for {
 			if _, _, err := pc.ReadFrom(buf); err != nil {
 				return
 			}
-			asked <- struct{}{}
+			ch <- struct{}{}
 		}
 	}()
-	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: 2 * time.Second}
+	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: timeout, MinTTL: time.Second, MaxTTL: time.Second}
 	td.names = newNames(td.cfg.Resolver, td.log)
+	return pc, ch
+}
 
+// TestLookupOutsideTheLock: while a DNS server takes its time answering,
+// the rule table is not locked: the API and the metrics go on.
+func TestLookupOutsideTheLock(t *testing.T) {
+	td := newTestDaemon(t)
+	pc, asked := td.silentDNS(t, 2*time.Second)
 	done := make(chan error, 1)
 	go func() {
 		done <- td.install(context.Background(), parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n"))

@@ -304,6 +304,43 @@ func TestReloadKeepsOldPolicyOnError(t *testing.T) {
 	}
 }
 
+// TestReloadsApplyInTurn: a reload of a newer file while an older one's
+// reload waits on a slow lookup leaves the newer file in force: the second
+// reload waits for the first, rather than the first applying its older
+// read last.
+func TestReloadsApplyInTurn(t *testing.T) {
+	td := newTestDaemon(t)
+	pc, asked := td.silentDNS(t, time.Minute)
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
+	if _, err := td.reloadPolicy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The older file adds a rule whose host name the DNS server sits on.
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 1}\n  - {name: api, destination: api.test, concurrency: 1}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	older := make(chan error, 1)
+	go func() { _, err := td.reloadPolicy(ctx); older <- err }()
+	<-asked
+	newer := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 2}\n"
+	writeFile(t, td.cfg.PolicyFile, newer)
+	second := make(chan error, 1)
+	go func() { _, err := td.reloadPolicy(context.Background()); second <- err }()
+	// Time for the second reload to apply, were it not waiting (on a
+	// machine so loaded that it takes longer, the test checks less, and
+	// still passes).
+	time.Sleep(200 * time.Millisecond)
+	cancel() // the lookup gives up
+	pc.Close()
+	if err := errors.Join(<-older, <-second); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"db": "10.0.0.1/32 concurrency 2 (policy)"}
+	if got := td.state(); !equalMaps(got, want) {
+		t.Errorf("after both reloads, with the newer file in place: %v, want %v", got, want)
+	}
+}
+
 // TestStartWithConflictingRunTimeRule: a run-time rule that conflicts
 // with a policy changed while the daemon was down does not keep the
 // daemon from starting: it runs the policy alone and says so.
