@@ -22,6 +22,12 @@ type names struct {
 
 	mu    sync.Mutex
 	hosts map[string]hostEntry
+	// held counts, by host, the changes of the table that looked the name
+	// up and have yet to apply: keep must not forget what they will plan
+	// with, or their rule is planned pending and leaves the kernel.
+	// (Making each change's lookups and apply one at a time would do too,
+	// but then a `limit set` would wait seconds behind a reload's DNS.)
+	held map[string]int
 }
 
 // hostEntry is what a host name resolved to, until when.
@@ -34,7 +40,7 @@ type hostEntry struct {
 type nameUse struct{ rule, host string }
 
 func newNames(r *dns.Resolver, log *slog.Logger) *names {
-	return &names{resolver: r, log: log, hosts: map[string]hostEntry{}}
+	return &names{resolver: r, log: log, hosts: map[string]hostEntry{}, held: map[string]int{}}
 }
 
 // usesOf returns the host names the rules use.
@@ -97,7 +103,27 @@ func (n *names) addrs(host string) []netip.Addr {
 	return n.hosts[host].addrs
 }
 
-// keep forgets the names no rule in uses has.
+// hold keeps the names of uses, a change's, from being forgotten until
+// release.
+func (n *names) hold(uses []nameUse) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, u := range uses {
+		n.held[u.host]++
+	}
+}
+
+func (n *names) release(uses []nameUse) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, u := range uses {
+		if n.held[u.host]--; n.held[u.host] == 0 {
+			delete(n.held, u.host)
+		}
+	}
+}
+
+// keep forgets the names no rule in uses has, and no change holds.
 func (n *names) keep(uses []nameUse) {
 	in := map[string]bool{}
 	for _, u := range uses {
@@ -106,7 +132,7 @@ func (n *names) keep(uses []nameUse) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for host := range n.hosts {
-		if !in[host] {
+		if !in[host] && n.held[host] == 0 {
 			delete(n.hosts, host)
 		}
 	}

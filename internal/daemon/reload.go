@@ -90,7 +90,7 @@ func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
 		return err
 	}
 	f := d.prepare(ctx, p.Rules...)
-	return d.change(func() ([]retired, error) {
+	return d.change(f, func() ([]retired, error) {
 		gone, ferr := d.applyLocked(p, overrides{Removed: d.overrides.Removed}, f)
 		if ferr != nil {
 			return gone, errors.Join(err, ferr)

@@ -92,6 +92,47 @@ func TestLookupOutsideTheLock(t *testing.T) {
 	}
 }
 
+// TestLookupsSurviveAnotherChange: a change applied while another still
+// looks names up (a limit set during a reload's slow lookup) leaves the
+// addresses the other has found, though its own table does not use them:
+// the other's rule is then installed, not planned pending.
+func TestLookupsSurviveAnotherChange(t *testing.T) {
+	td := newTestDaemon(t)
+	_, asked := td.silentDNS(t, time.Minute)
+	writeFile(t, td.hosts, "10.0.0.9 fast.test\n")
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: 10.0.0.1, concurrency: 3}\n")
+	if _, err := td.reloadPolicy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// api moves to a host name the hosts file has; a new rule's host
+	// name waits on the DNS server.
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, concurrency: 1}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := td.reloadAsync(ctx)
+	<-asked // fast.test is found, slow.test is being asked
+	if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // slow.test's lookup gives up
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"api":   "10.0.0.9/32 concurrency 3 (policy)",
+		"slow":  "pending: host slow.test has no addresses yet",
+		"other": "10.0.0.7/32 concurrency 1 (cli)",
+	}
+	if got := td.state(); !equalMaps(got, want) {
+		t.Errorf("table %v, want %v", got, want)
+	}
+	td.names.mu.Lock()
+	defer td.names.mu.Unlock()
+	if len(td.names.held) != 0 {
+		t.Errorf("names still held after every change applied: %v", td.names.held)
+	}
+}
+
 // TestRefreshPlansOnlyWhatMoved: the table (which may hold 100,000 rules)
 // is planned and written again only when a host name resolved to other
 // addresses or a scope's cgroup moved, not each time a TTL runs out or the

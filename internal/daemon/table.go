@@ -85,9 +85,10 @@ var errUnknownRule = errors.New("no such rule")
 
 // found is what a change of the table needs from outside it, found before
 // its lock is taken: the cgroup of each scope. (Host names' addresses are
-// d.names'.)
+// d.names', which holds those of uses until the change is done.)
 type found struct {
 	scopes map[policy.Scope]scoped
+	uses   []nameUse
 }
 
 // prepare looks up, outside the table's lock, what installing the rules in
@@ -103,8 +104,10 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 	}
 	rules := [][]policy.Rule{inForce, d.overrides.Set, more}
 	d.mu.Unlock()
-	d.names.resolve(ctx, usesOf(rules...), d.pinnedAddrs, d.cfg.now())
-	return found{scopes: scopes(rules...)}
+	uses := usesOf(rules...)
+	d.names.hold(uses)
+	d.names.resolve(ctx, uses, d.pinnedAddrs, d.cfg.now())
+	return found{scopes: scopes(rules...), uses: uses}
 }
 
 // pinnedAddrs returns the addresses the kernel enforces a rule for now:
@@ -129,11 +132,13 @@ type retired struct {
 	release bool
 }
 
-// change runs fn, a change of the table, under the table's lock, then
-// ends the shares it retired.
-func (d *Daemon) change(fn func() ([]retired, error)) error {
+// change runs fn, a change of the table with what prepare found, under
+// the table's lock, lets go of f's host names, then ends the shares fn
+// retired.
+func (d *Daemon) change(f found, fn func() ([]retired, error)) error {
 	d.mu.Lock()
 	gone, err := fn()
+	d.names.release(f.uses)
 	d.mu.Unlock()
 	for _, r := range gone {
 		r.share.end(r.release)
@@ -358,7 +363,7 @@ const logChangesEach = 100
 // changes.
 func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
 	f := d.prepare(ctx, p.Rules...)
-	return d.change(func() ([]retired, error) {
+	return d.change(f, func() ([]retired, error) {
 		gone, err := d.applyLocked(p, d.overrides, f)
 		if err == nil && d.reload.Time.IsZero() {
 			d.reload = controlReloadOK()
@@ -370,14 +375,14 @@ func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
 // setRule sets a rule at run time and keeps it in the state directory.
 func (d *Daemon) setRule(ctx context.Context, r policy.Rule) error {
 	f := d.prepare(ctx, r)
-	return d.change(func() ([]retired, error) { return d.commitLocked(d.overrides.with(r), f) })
+	return d.change(f, func() ([]retired, error) { return d.commitLocked(d.overrides.with(r), f) })
 }
 
 // removeRule removes a rule at run time and keeps that in the state
 // directory.
 func (d *Daemon) removeRule(ctx context.Context, name string) error {
 	f := d.prepare(ctx)
-	return d.change(func() ([]retired, error) {
+	return d.change(f, func() ([]retired, error) {
 		_, known := d.entries[name]
 		if !known && !slices.ContainsFunc(d.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
 			return nil, errUnknownRule
@@ -441,7 +446,7 @@ func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
 		return
 	}
 	f := d.prepare(ctx)
-	err := d.change(func() ([]retired, error) {
+	err := d.change(f, func() ([]retired, error) {
 		if !moved && maps.Equal(f.scopes, d.scopes) {
 			return nil, nil
 		}

@@ -304,6 +304,13 @@ func TestReloadKeepsOldPolicyOnError(t *testing.T) {
 	}
 }
 
+// reloadAsync starts a reload with ctx; its error comes on the channel.
+func (td *testDaemon) reloadAsync(ctx context.Context) <-chan error {
+	done := make(chan error, 1)
+	go func() { _, err := td.reloadPolicy(ctx); done <- err }()
+	return done
+}
+
 // TestReloadsApplyInTurn: a reload of a newer file while an older one's
 // reload waits on a slow lookup leaves the newer file in force: the second
 // reload waits for the first, rather than the first applying its older
@@ -319,13 +326,11 @@ func TestReloadsApplyInTurn(t *testing.T) {
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 1}\n  - {name: api, destination: api.test, concurrency: 1}\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	older := make(chan error, 1)
-	go func() { _, err := td.reloadPolicy(ctx); older <- err }()
+	older := td.reloadAsync(ctx)
 	<-asked
 	newer := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 2}\n"
 	writeFile(t, td.cfg.PolicyFile, newer)
-	second := make(chan error, 1)
-	go func() { _, err := td.reloadPolicy(context.Background()); second <- err }()
+	second := td.reloadAsync(context.Background())
 	// Time for the second reload to apply, were it not waiting (on a
 	// machine so loaded that it takes longer, the test checks less, and
 	// still passes).
