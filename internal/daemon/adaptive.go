@@ -10,20 +10,24 @@ import (
 // written to the kernel here.
 
 // newController makes an adaptive rule's loop, which pushes its limit to
-// the kernel rule named name.
+// the kernel rule named name while that rule is its.
 func (d *Daemon) newController(name string, a policy.Adaptive) (*adaptive.Controller, error) {
 	opts := a.Options()
-	opts.OnChange = func(from, to int) { d.pushLimit(name, to) }
-	return adaptive.New(&opts)
+	var c *adaptive.Controller
+	opts.OnChange = func(from, to int) { d.pushLimit(name, c, to) }
+	c, err := adaptive.New(&opts)
+	return c, err
 }
 
-// pushLimit moves an adaptive rule's kernel limit; it is the controller's
-// change callback.
-func (d *Daemon) pushLimit(name string, limit int) {
+// pushLimit moves an adaptive rule's kernel limit; it is the change
+// callback of c, the rule's loop. A loop the table replaced may still be
+// handed a sample (followSamples lets go of the table first): the rule of
+// its name is then another's, which it must not move.
+func (d *Daemon) pushLimit(name string, c *adaptive.Controller, limit int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e, ok := d.entries[name]
-	if !ok || !e.installed() {
+	if !ok || e.ctrl != c || !e.installed() {
 		return
 	}
 	r := e.kernel
@@ -35,10 +39,8 @@ func (d *Daemon) pushLimit(name string, limit int) {
 	e.kernel = r
 	// Settled is the limit outside probes: during one, the one it restores.
 	settled := limit
-	if e.ctrl != nil {
-		if restore, ok := e.ctrl.Probing(); ok {
-			settled = restore
-		}
+	if restore, ok := c.Probing(); ok {
+		settled = restore
 	}
 	d.log.Debug("adaptive limit", "rule", name, "limit", limit, "settled", settled)
 }

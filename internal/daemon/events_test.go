@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
@@ -144,5 +145,50 @@ func TestAdaptiveFollowsSamples(t *testing.T) {
 	before := td.kernelLimit(t, "dep")
 	if got := td.roundLimit(t, time.Second); got >= before {
 		t.Errorf("after a slow round: kernel limit %d, want below %d", got, before)
+	}
+}
+
+// lowerLimit drives c, a loop of adaptivePolicy's rule, straight through
+// Sample: fast calls for a baseline, then slow ones, which lower its
+// limit below its initial 4.
+func lowerLimit(t *testing.T, c *adaptive.Controller) {
+	t.Helper()
+	now := time.Now()
+	for i := range 60 {
+		latency := time.Millisecond
+		if i >= 40 {
+			latency = time.Second
+		}
+		c.Sample(now.Add(time.Duration(i)*time.Millisecond), latency)
+	}
+	if c.Limit() >= 4 {
+		t.Fatalf("after slow calls the loop's limit is %d, want below 4", c.Limit())
+	}
+}
+
+// TestReplacedAdaptiveLoopLeavesTheRule: a sample handed to an adaptive
+// rule's loop as a reload replaces the rule (followSamples reads the
+// table, then feeds the loop without its lock) moves the old loop only,
+// not the rule that now has the name.
+func TestReplacedAdaptiveLoopLeavesTheRule(t *testing.T) {
+	tests := []struct {
+		name, replacement, want string
+	}{
+		{"a fixed limit", "{name: dep, destination: 10.0.0.2, port: 80, concurrency: 50}", "10.0.0.2/32 concurrency 50 (policy)"},
+		{"another adaptive loop", "{name: dep, destination: 10.0.0.2, port: 80, adaptive: {initial: 9, probeEvery: 0}}", "10.0.0.2/32 concurrency 9 (policy)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			td.apply(t, adaptivePolicy)
+			td.mu.Lock()
+			old := td.entries["dep"].ctrl
+			td.mu.Unlock()
+			td.apply(t, "rules:\n  - "+tt.replacement+"\n")
+			lowerLimit(t, old)
+			if got := td.state()["dep"]; got != tt.want {
+				t.Errorf("dep is %q, want %q", got, tt.want)
+			}
+		})
 	}
 }
