@@ -148,60 +148,90 @@ func (d *Daemon) change(f found, fn func() ([]retired, error)) error {
 
 // applyLocked makes the rules p and o give the table: it checks them,
 // plans each one's kernel rule with f, writes them all in one Sync, and
-// takes the new table. On any problem nothing changes. p is a policy
-// policy.Parse returned, which passed the checks, so they run again only
-// when o sets rules, which can clash with p's or each other's (removing
-// rules cannot make a clash): checking 100,000 rules costs a tenth of a
-// second. Call with d.mu held.
+// takes the new table. On any problem nothing changes. Call with d.mu
+// held.
 func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
-	merged := effective(p, o)
-	rules := p.Rules
+	c, err := d.planLocked(p, o, f)
+	if err != nil {
+		return nil, err
+	}
+	return d.writeLocked(c)
+}
+
+// tableChange is a new table, planned and checked, not yet in force.
+// Until writeLocked takes it, dropping it leaves the table as it was: its
+// new adaptive loops and shares have not started, and it shares the old
+// ones without changing them.
+type tableChange struct {
+	p       *policy.Policy
+	o       overrides
+	f       found
+	rules   []policy.Rule
+	merged  []*entry
+	next    map[string]*entry
+	kernel  []loader.Rule
+	changes ruleChanges
+}
+
+// planLocked checks the rules p and o give and plans each one's kernel
+// rule with f. p is a policy policy.Parse returned, which passed the
+// checks, so they run again only when o sets rules, which can clash with
+// p's or each other's (removing rules cannot make a clash): checking
+// 100,000 rules costs a tenth of a second. The kernel's rule tables are
+// resized if the rules need it. Call with d.mu held.
+func (d *Daemon) planLocked(p *policy.Policy, o overrides, f found) (*tableChange, error) {
+	c := &tableChange{p: p, o: o, f: f, rules: p.Rules, merged: effective(p, o)}
 	if len(o.Set) > 0 || len(o.Removed) > 0 {
-		rules = specs(merged)
+		c.rules = specs(c.merged)
 	}
 	if len(o.Set) > 0 {
-		if err := (&policy.Policy{Rules: rules}).Validate(); err != nil {
+		if err := (&policy.Policy{Rules: c.rules}).Validate(); err != nil {
 			return nil, err
 		}
 	}
-	next := make(map[string]*entry, len(merged))
-	kernel := make([]loader.Rule, 0, len(merged))
-	var changes ruleChanges
-	for i, e := range merged {
+	c.next = make(map[string]*entry, len(c.merged))
+	c.kernel = make([]loader.Rule, 0, len(c.merged))
+	for i, e := range c.merged {
 		old := d.previous(i, e.spec.Name)
 		if err := d.plan(e, old, f); err != nil {
 			return nil, fmt.Errorf("rule %s: %w", e.spec.Name, err)
 		}
-		next[e.spec.Name] = e
-		changes.count(old, e)
+		c.next[e.spec.Name] = e
+		c.changes.count(old, e)
 		if e.installed() {
-			kernel = append(kernel, e.kernel)
+			c.kernel = append(c.kernel, e.kernel)
 		}
 	}
-	if err := d.fitTables(p, kernel); err != nil {
+	if err := d.fitTables(p, c.kernel); err != nil {
 		return nil, err
 	}
-	if err := d.dp.Sync(kernel); err != nil {
+	return c, nil
+}
+
+// writeLocked writes c to the kernel in one Sync and takes it as the
+// table; if the kernel refuses, nothing changes. Call with d.mu held.
+func (d *Daemon) writeLocked(c *tableChange) ([]retired, error) {
+	if err := d.dp.Sync(c.kernel); err != nil {
 		return nil, err
 	}
-	d.logChanges(changes, merged, d.entries, next)
+	d.logChanges(c.changes, c.merged, d.entries, c.next)
 	var gone []retired
 	for name, old := range d.entries {
 		if old.share == nil {
 			continue // most rules: no need to look up the new table
 		}
-		if n := next[name]; n == nil || n.share != old.share {
+		if n := c.next[name]; n == nil || n.share != old.share {
 			gone = append(gone, retired{old.share, n == nil || n.share == nil || !old.share.sameBudget(n.share)})
 		}
 	}
-	for _, e := range next {
+	for _, e := range c.next {
 		if e.share != nil {
 			e.share.start()
 		}
 	}
-	d.policy, d.applied, d.entries, d.order, d.scopes = p, o, next, merged, f.scopes
-	d.uses, d.adaptive = usesOf(rules), nil
-	for _, e := range merged {
+	d.policy, d.applied, d.entries, d.order, d.scopes = c.p, c.o, c.next, c.merged, c.f.scopes
+	d.uses, d.adaptive = usesOf(c.rules), nil
+	for _, e := range c.merged {
 		if e.ctrl != nil && e.installed() {
 			d.adaptive = append(d.adaptive, e)
 		}
@@ -392,20 +422,28 @@ func (d *Daemon) removeRule(ctx context.Context, name string) error {
 	})
 }
 
-// commitLocked applies new overrides and saves them; if the state cannot
-// be saved, the table is put back as it was.
+// commitLocked applies new overrides and saves them, or changes nothing.
+// They are saved once the change is planned and checked but before the
+// kernel has it: a state directory that cannot be written, the likely
+// failure, then leaves the kernel and the table untouched, and no unsaved
+// change is ever in force (the other order had to undo one, and undoing
+// by planning the old table again restarted adaptive loops and shares).
+// If the kernel then refuses the change, the old overrides are saved
+// back.
 func (d *Daemon) commitLocked(o overrides, f found) ([]retired, error) {
-	old := d.applied
-	gone, err := d.applyLocked(d.policy, o, f)
+	c, err := d.planLocked(d.policy, o, f)
 	if err != nil {
 		return nil, err
 	}
 	if err := o.save(d.cfg.StateDir); err != nil {
-		back, rerr := d.applyLocked(d.policy, old, f)
-		if rerr != nil {
-			d.log.Error("restore rules after a failed save", "err", rerr)
+		return nil, err
+	}
+	gone, err := d.writeLocked(c)
+	if err != nil {
+		if serr := d.overrides.save(d.cfg.StateDir); serr != nil {
+			d.log.Error("the state directory keeps a run-time change the kernel refused", "err", serr)
 		}
-		return append(gone, back...), err
+		return nil, err
 	}
 	d.overrides = o
 	return gone, nil

@@ -19,6 +19,7 @@ import (
 
 	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/dns"
+	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
@@ -237,7 +238,7 @@ func TestInstallWholeOrNothing(t *testing.T) {
 
 // TestRunTimeChanges: a rule set or removed at run time is kept in the
 // state directory, survives a reload of the file, and a change whose state
-// cannot be saved is undone in the kernel too.
+// cannot be saved is not made in the kernel either.
 func TestRunTimeChanges(t *testing.T) {
 	td := newTestDaemon(t)
 	file := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
@@ -267,16 +268,68 @@ func TestRunTimeChanges(t *testing.T) {
 		t.Errorf("state saved %+v, %v; want web set and db removed", saved, err)
 	}
 
-	// The state directory cannot be written: the change is undone.
+	// The state directory cannot be written: the change is not made.
 	td.cfg.StateDir = filepath.Join(td.cfg.PolicyFile, "state") // below a file
 	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: more, destination: 10.0.0.3, concurrency: 1}\n").Rules[0]); err == nil {
 		t.Error("a change whose state cannot be saved succeeded")
 	}
 	if _, ok := td.fake.rule("more"); ok {
-		t.Error("a change whose state could not be saved stayed in the kernel")
+		t.Error("a change whose state could not be saved is in the kernel")
 	}
 	if got := td.state(); !equalMaps(got, want) {
 		t.Errorf("after an unsaved change: %v, want %v", got, want)
+	}
+}
+
+// TestRefusedRunTimeChangeLeavesAllAsItWas: a limit set refused because
+// its state cannot be saved, or because the kernel refuses it, leaves all
+// as it was: the kernel never has it, an adaptive rule keeps its loop and
+// the limit it learned, a shared rule its share, and the state directory
+// the limits saved before.
+func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
+	rds := redistest.Start(t)
+	tests := []struct {
+		name   string
+		refuse func(td *testDaemon)
+	}{
+		{"the state cannot be saved", func(td *testDaemon) { td.cfg.StateDir = filepath.Join(td.cfg.PolicyFile, "state") }},
+		{"the kernel refuses it", func(td *testDaemon) { td.fake.fail(errWrite) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			td.apply(t, adaptivePolicy+strings.TrimPrefix(sharedPool(rds, 10, t.Name()), "rules:\n"))
+			ctx := context.Background()
+			if err := td.setRule(ctx, parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
+				t.Fatal(err)
+			}
+			td.mu.Lock()
+			dep, pool := td.entries["dep"], td.entries["pool"]
+			td.mu.Unlock()
+			pool.share.end(false) // its loop stopped: the kernel rule stays as it is
+			lowerLimit(t, dep.ctrl)
+			before, syncs, dir := td.state(), td.fake.syncs, td.cfg.StateDir
+
+			tt.refuse(td)
+			for _, r := range []string{"{name: dep, destination: 10.0.0.2, port: 80, concurrency: 9}", "{name: pool, destination: 127.0.0.9, concurrency: 3}"} {
+				if err := td.setRule(ctx, parse(t, "rules:\n  - "+r+"\n").Rules[0]); err == nil {
+					t.Errorf("limit set %s succeeded", r)
+				}
+			}
+			if got := td.state(); !equalMaps(got, before) || td.fake.syncs != syncs {
+				t.Errorf("after refused changes: table %v (was %v), %d syncs (was %d)", got, before, td.fake.syncs, syncs)
+			}
+			td.mu.Lock()
+			kept := td.entries["dep"].ctrl == dep.ctrl && td.entries["pool"].share == pool.share
+			td.mu.Unlock()
+			if !kept {
+				t.Error("a refused change replaced dep's adaptive loop or pool's share")
+			}
+			saved, err := loadOverrides(dir)
+			if err != nil || len(saved.Set) != 1 || saved.Set[0].Name != "other" {
+				t.Errorf("state saved %+v, %v; want other set alone", saved, err)
+			}
+		})
 	}
 }
 
