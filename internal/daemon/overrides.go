@@ -109,8 +109,9 @@ func loadOverrides(dir string) (overrides, error) {
 	return overrides{Set: p.Rules, Removed: f.Removed}, nil
 }
 
-// save writes the overrides atomically: a crash leaves the old file or the
-// new one, never half of one.
+// save writes the overrides atomically and durably: a crash leaves the
+// old file or the new one, never half of one, and once save returns, the
+// new one.
 func (o overrides) save(dir string) error {
 	text, err := policy.Format(&policy.Policy{Rules: o.Set})
 	if err != nil {
@@ -120,14 +121,26 @@ func (o overrides) save(dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := makeDir(dir); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	return writeAtomic(dir, overridesPath(dir), b)
 }
 
+// makeDir makes dir if it is missing, and syncs its parent, so that a
+// crash does not lose the directory with the file written into it.
+func makeDir(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dir))
+}
+
 // writeAtomic writes path through a temporary file in dir, synced and
-// renamed over it.
+// renamed over it, then syncs dir: until then a crash may undo the rename.
 func writeAtomic(dir, path string, b []byte) (err error) {
 	tmp, err := os.CreateTemp(dir, ".overrides-*")
 	if err != nil {
@@ -144,8 +157,25 @@ func writeAtomic(dir, path string, b []byte) (err error) {
 	if err == nil {
 		err = os.Rename(tmp.Name(), path)
 	}
+	if err == nil {
+		err = syncDir(dir)
+	}
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	return nil
+}
+
+// syncDir makes dir's entries durable. A variable, so that a test can see
+// when it runs.
+var syncDir = func(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

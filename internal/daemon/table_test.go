@@ -281,6 +281,47 @@ func TestRunTimeChanges(t *testing.T) {
 	}
 }
 
+// TestSaveIsDurable: saving the run-time limits syncs the state directory
+// after the rename, so that a crash cannot bring the old file back, and
+// syncs its parent when it made the directory.
+func TestSaveIsDurable(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "state")
+	var synced []string // each directory synced, with the rules saved by then
+	orig := syncDir
+	t.Cleanup(func() { syncDir = orig })
+	syncDir = func(d string) error {
+		o, err := loadOverrides(dir)
+		if err != nil {
+			t.Error(err)
+		}
+		names := []string{}
+		for _, r := range o.Set {
+			names = append(names, r.Name)
+		}
+		synced = append(synced, fmt.Sprintf("%s %v", d, names))
+		return orig(d)
+	}
+	steps := []struct {
+		set  string
+		want []string
+	}{
+		{"{name: a, destination: 10.0.0.1, concurrency: 1}", []string{parent + " []", dir + " [a]"}},
+		{"{name: b, destination: 10.0.0.2, concurrency: 1}", []string{dir + " [a b]"}},
+	}
+	var o overrides
+	for _, s := range steps {
+		synced = nil
+		o = o.with(parse(t, "rules:\n  - "+s.set+"\n").Rules[0])
+		if err := o.save(dir); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(synced, s.want) {
+			t.Errorf("saving %s synced %q, want %q", s.set, synced, s.want)
+		}
+	}
+}
+
 // TestRefusedRunTimeChangeLeavesAllAsItWas: a limit set refused because
 // its state cannot be saved, or because the kernel refuses it, leaves all
 // as it was: the kernel never has it, an adaptive rule keeps its loop and
