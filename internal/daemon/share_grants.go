@@ -124,7 +124,7 @@ func (g *grantShare) claim(ctx, cctx context.Context, p decide.GrantsPlan) {
 		return
 	}
 	g.mu.Lock()
-	k, ev := g.grants.Claimed(p, uint64(c.Got), c.Confirmed, err, g.env.now())
+	k, ev := g.grants.Claimed(p, decide.GrantsReply{Got: uint64(c.Got), Segment: c.Segment, Confirmed: c.Confirmed}, err, g.env.now())
 	g.count(ev, err)
 	g.kernel = k
 	g.mu.Unlock()
@@ -138,14 +138,14 @@ func (g *grantShare) giveBack(ctx context.Context, p decide.GrantsPlan) {
 		return // the rule changed under us; next tick
 	}
 	g.mu.Lock()
-	n := g.grants.Reclaimed(taken, granted, g.env.now())
+	n, since := g.grants.Reclaimed(taken, granted, g.env.now())
 	g.kernel.Granted = granted
 	g.mu.Unlock()
 	g.env.write(g) // the table's copy of the rule, lowered as the kernel's
 	if n == 0 {
 		return
 	}
-	err = g.claims.Return(ctx, int(n))
+	err = g.claims.Return(ctx, int(n), since)
 	g.mu.Lock()
 	g.grants.Returned(n, err)
 	g.mu.Unlock()

@@ -108,6 +108,10 @@ type Claimed struct {
 	// none were asked for. False, a failover could lose it: do not spend
 	// the permits (they stay spent in Redis).
 	Confirmed bool
+	// Segment is, for a sliding window, the id of the segment the permits
+	// were counted in, on Redis's clock: what [Grants.Return] is bounded
+	// by. It is 0 for a token bucket.
+	Segment int64
 }
 
 // Claim takes up to n permits at once, as many as the budget has now: a
@@ -125,30 +129,33 @@ func (g *Grants) Claim(ctx context.Context, n int) (Claimed, error) {
 	if err := ctx.Err(); err != nil {
 		return Claimed{}, err
 	}
-	vals, confirmed, err := g.wait.run(ctx, g.client, g.claim, g.name, "claim", g.key, 2, append(g.args[:len(g.args):len(g.args)], n)...)
+	vals, confirmed, err := g.wait.run(ctx, g.client, g.claim, g.name, "claim", g.key, 3, append(g.args[:len(g.args):len(g.args)], n)...)
 	if err != nil {
 		return Claimed{}, err
 	}
-	return Claimed{Got: int(vals[0]), RetryAfter: time.Duration(vals[1]) * time.Microsecond, Confirmed: confirmed}, nil
+	return Claimed{Got: int(vals[0]), RetryAfter: time.Duration(vals[1]) * time.Microsecond, Confirmed: confirmed, Segment: vals[2]}, nil
 }
 
 // Return gives back n permits claimed and not spent, so that others may
 // spend them. A token bucket gets them back as tokens, never above
 // TokenLimit: the bucket is then what it would have been had they never
-// been claimed. A sliding window subtracts them from its newest counted
-// segments, never below zero: return them within a Window of their Claim,
-// since a permit claimed longer ago has stopped counting already, and
-// returning it would uncount another's.
+// been claimed; it ignores since. A sliding window subtracts them from its
+// newest counted segments no newer than since, never below zero: since is
+// the [Claimed.Segment] of the oldest claim the permits came from. A newer
+// segment counts others' permits (claimed after that one), and uncounting
+// them would let them leave the window early; a segment that has left the
+// window already counts nothing to subtract from. A since of 0 subtracts
+// nothing.
 //
 // n must be at least 1; return only what Claim gave and was not spent, or
 // the budget is exceeded by the difference. Failures are as Claim's.
-func (g *Grants) Return(ctx context.Context, n int) error {
+func (g *Grants) Return(ctx context.Context, n int, since int64) error {
 	if n < 1 {
 		return fmt.Errorf("shared grants %s return: n %d must be at least 1", g.name, n)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := runScript(ctx, g.client, g.back, g.name, "return", g.key, 1, append(g.args[:len(g.args):len(g.args)], n)...)
+	_, err := runScript(ctx, g.client, g.back, g.name, "return", g.key, 1, append(g.args[:len(g.args):len(g.args)], n, since)...)
 	return err
 }

@@ -51,8 +51,8 @@ func newGrants(t testing.TB, c redis.Scripter, opts GrantsOptions) *Grants {
 
 // claim calls g.Claim and fails the test unless it got want, with a
 // RetryAfter in (0, most] when it got none and 0 otherwise. It returns the
-// RetryAfter.
-func claim(t *testing.T, g *Grants, n, want int, most time.Duration) time.Duration {
+// claim.
+func claim(t *testing.T, g *Grants, n, want int, most time.Duration) Claimed {
 	t.Helper()
 	c, err := g.Claim(context.Background(), n)
 	got, retry := c.Got, c.RetryAfter
@@ -62,12 +62,12 @@ func claim(t *testing.T, g *Grants, n, want int, most time.Duration) time.Durati
 	if got != want || (got == 0) != (retry > 0) || retry > most {
 		t.Fatalf("Claim(%d) = %d, retry after %v; want %d, and a retry in (0, %v] only with none", n, got, retry, want, most)
 	}
-	return retry
+	return c
 }
 
-func giveBack(t *testing.T, g *Grants, n int) {
+func giveBack(t *testing.T, g *Grants, n int, since int64) {
 	t.Helper()
-	if err := g.Return(context.Background(), n); err != nil {
+	if err := g.Return(context.Background(), n, since); err != nil {
 		t.Fatalf("Return(%d): %v", n, err)
 	}
 }
@@ -77,16 +77,16 @@ func TestGrantsTokenBucketClaimReturn(t *testing.T) {
 	c := s.Client(t)
 	const period = time.Hour // no refill during the test
 	g := newGrants(t, c, GrantsOptions{TokenBucket: &TokenBucketOptions{TokenLimit: 10, TokensPerPeriod: 1, ReplenishmentPeriod: period}})
-	giveBack(t, g, 5) // to a full (missing) bucket: nothing, and no key
+	giveBack(t, g, 5, 0) // to a full (missing) bucket: nothing, and no key
 	if n := c.Exists(context.Background(), t.Name()).Val(); n != 0 {
 		t.Errorf("Return to a missing bucket created it")
 	}
 	claim(t, g, 4, 4, 0)
 	claim(t, g, 10, 6, 0) // partial
 	claim(t, g, 1, 0, period)
-	giveBack(t, g, 3)
+	giveBack(t, g, 3, 0)
 	claim(t, g, 5, 3, 0)
-	giveBack(t, g, 100) // capped at the limit
+	giveBack(t, g, 100, 0) // capped at the limit
 	// A full bucket expires at once (a missing bucket is full), so the key
 	// may be gone already.
 	if tokens, err := c.HGet(context.Background(), t.Name(), "t").Result(); err != redis.Nil && tokens != "10" {
@@ -148,13 +148,13 @@ func TestGrantsSlidingWindowClaimReturn(t *testing.T) {
 	c := s.Client(t)
 	const window = 600 * time.Millisecond
 	g := newGrants(t, c, GrantsOptions{SlidingWindow: &SlidingWindowOptions{Permits: 10, Window: window, Segments: 3}})
-	giveBack(t, g, 5) // nothing counted: nothing to subtract
+	giveBack(t, g, 5, 0) // nothing counted: nothing to subtract
 	claim(t, g, 4, 4, 0)
 	claim(t, g, 10, 6, 0) // partial
-	claim(t, g, 1, 0, window)
-	giveBack(t, g, 3)
+	last := claim(t, g, 1, 0, window)
+	giveBack(t, g, 3, last.Segment)
 	claim(t, g, 5, 3, 0)
-	retry := claim(t, g, 1, 0, window)
+	retry := claim(t, g, 1, 0, window).RetryAfter
 	// RetryAfter is until the oldest counted segment leaves the window.
 	time.Sleep(retry + 10*time.Millisecond)
 	if c, err := g.Claim(context.Background(), 10); err != nil || c.Got == 0 {
@@ -162,37 +162,90 @@ func TestGrantsSlidingWindowClaimReturn(t *testing.T) {
 	}
 }
 
+// slowWindow returns claims on a sliding window of permits whose segments
+// are ten days long: the current one does not change during a test.
+func slowWindow(t *testing.T, permits int) (*redis.Client, *Grants) {
+	t.Helper()
+	c := startRedis(t).Client(t)
+	return c, newGrants(t, c, GrantsOptions{SlidingWindow: &SlidingWindowOptions{Permits: permits, Window: 100 * 24 * time.Hour, Segments: 10}})
+}
+
 func TestGrantsSlidingWindowReturnsNewestFirst(t *testing.T) {
-	s := startRedis(t)
-	c := s.Client(t)
+	c, g := slowWindow(t, 10)
 	ctx := context.Background()
 	key := t.Name()
-	// Segments of ten days: the current one does not change during the
-	// test.
-	g := newGrants(t, c, GrantsOptions{SlidingWindow: &SlidingWindowOptions{Permits: 10, Window: 100 * 24 * time.Hour, Segments: 10}})
-	claim(t, g, 1, 1, 0)
+	since := claim(t, g, 1, 1, 0).Segment
 	fields := c.HKeys(ctx, key).Val()
 	if len(fields) != 1 {
 		t.Fatalf("window has segments %q after one claim", fields)
 	}
 	cur, err := strconv.ParseInt(fields[0], 10, 64)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || cur != since {
+		t.Fatalf("window counts in segment %q; the claim said %d", fields[0], since)
 	}
 	seg := func(d int64) string { return strconv.FormatInt(cur-d, 10) }
 	// Older claims, made by others.
 	c.HSet(ctx, key, seg(2), 3, seg(1), 2)
 
-	giveBack(t, g, 2)
+	giveBack(t, g, 2, since)
 	want := map[string]string{seg(2): "3", seg(1): "1"} // cur's 1, then one of cur-1's
 	if got := c.HGetAll(ctx, key).Val(); !equalMaps(got, want) {
 		t.Errorf("window %v after returning 2, want %v", got, want)
 	}
 	claim(t, g, 10, 6, 0)
-	giveBack(t, g, 100) // never below zero
+	giveBack(t, g, 100, since) // never below zero
 	if n := c.Exists(ctx, key).Val(); n != 0 {
 		t.Errorf("window left with %v after returning more than was counted", c.HGetAll(ctx, key).Val())
 	}
+}
+
+// A returned permit is uncounted in its own segment or an older one,
+// never in a newer one: that one counts others' permits, claimed later,
+// which would then leave the window early.
+func TestGrantsSlidingWindowReturnSparesNewerSegments(t *testing.T) {
+	c, g := slowWindow(t, 20)
+	ctx := context.Background()
+	key := t.Name()
+	since := claim(t, g, 2, 2, 0).Segment
+	seg := func(d int64) string { return strconv.FormatInt(since+d, 10) }
+	// Another host's permits, counted in the next segment and in an older
+	// one.
+	c.HSet(ctx, key, seg(1), 5, seg(-1), 1)
+
+	giveBack(t, g, 4, since) // its own 2, then the older segment's 1
+	want := map[string]string{seg(1): "5"}
+	if got := c.HGetAll(ctx, key).Val(); !equalMaps(got, want) {
+		t.Errorf("window %v after returning 4 claimed in %d, want %v", got, since, want)
+	}
+	giveBack(t, g, 4, 0) // no segment is that old
+	if got := c.HGetAll(ctx, key).Val(); !equalMaps(got, want) {
+		t.Errorf("window %v after returning 4 claimed in segment 0, want %v", got, want)
+	}
+}
+
+// TestGrantsSlidingWindowReturnKeepsWindow plays the sequence that
+// over-admitted when a Return uncounted the newest segments: A claims 5
+// and does not spend them, B claims and spends 5 half a window later, A
+// returns its 5; once A's segment has left the window, B may claim only
+// what B's own 5 leave.
+func TestGrantsSlidingWindowReturnKeepsWindow(t *testing.T) {
+	s := startRedis(t)
+	c := s.Client(t)
+	const window = time.Second
+	opts := GrantsOptions{Key: t.Name(), SlidingWindow: &SlidingWindowOptions{Permits: 10, Window: window, Segments: 10}}
+	a := newGrants(t, c, opts)
+	b := newGrants(t, c, opts)
+	t0 := time.Now()
+	ca := claim(t, a, 5, 5, 0)
+	time.Sleep(window / 2)
+	claim(t, b, 5, 5, 0)
+	giveBack(t, a, 5, ca.Segment)
+	// Just after A's segment left the window, within B's.
+	time.Sleep(time.Until(t0.Add(window + window/10 + 20*time.Millisecond)))
+	if time.Since(t0) > window*14/10 {
+		t.Skip("the machine stalled: B's segment may have left the window too")
+	}
+	claim(t, b, 10, 5, 0)
 }
 
 func equalMaps(a, b map[string]string) bool {
@@ -233,12 +286,12 @@ func TestGrantsShareBudgetWithLimiter(t *testing.T) {
 					t.Fatalf("Acquire = %v, want a refusal with a RetryAfter", err)
 				}
 			}
-			claim(t, g, 3, 3, 0)
+			first := claim(t, g, 3, 3, 0)
 			acquire(true) // the Limiter sees the claimed permits spent
 			acquire(true)
 			acquire(false)
 			claim(t, g, 1, 0, 100*24*time.Hour) // and the claims the Limiter's
-			giveBack(t, g, 2)
+			giveBack(t, g, 2, first.Segment)
 			acquire(true) // returned permits are the Limiter's to spend
 			claim(t, g, 3, 1, 0)
 			acquire(false)
@@ -254,7 +307,7 @@ func TestGrantsErrors(t *testing.T) {
 		if _, err := g.Claim(ctx, n); err == nil || errors.Is(err, ErrStore) {
 			t.Errorf("Claim(%d) = %v, want an argument error", n, err)
 		}
-		if err := g.Return(ctx, n); err == nil || errors.Is(err, ErrStore) {
+		if err := g.Return(ctx, n, 0); err == nil || errors.Is(err, ErrStore) {
 			t.Errorf("Return(%d) = %v, want an argument error", n, err)
 		}
 	}
@@ -264,14 +317,14 @@ func TestGrantsErrors(t *testing.T) {
 	if _, err := g.Claim(cancelled, 1); !errors.Is(err, context.Canceled) {
 		t.Errorf("Claim with a cancelled context = %v, want context.Canceled", err)
 	}
-	if err := g.Return(cancelled, 1); !errors.Is(err, context.Canceled) {
+	if err := g.Return(cancelled, 1, 0); !errors.Is(err, context.Canceled) {
 		t.Errorf("Return with a cancelled context = %v, want context.Canceled", err)
 	}
 	s.Stop()
 	if _, err := g.Claim(ctx, 1); !isStoreOp(err, "claim", t.Name()) {
 		t.Errorf("Claim with Redis down = %v, want a *StoreError", err)
 	}
-	if err := g.Return(ctx, 1); !isStoreOp(err, "return", t.Name()) {
+	if err := g.Return(ctx, 1, 0); !isStoreOp(err, "return", t.Name()) {
 		t.Errorf("Return with Redis down = %v, want a *StoreError", err)
 	}
 }

@@ -103,7 +103,7 @@ func TestBucketModelAgreesWithScript(t *testing.T) {
 			}
 			model.Lose()
 		case r <= 3:
-			if err := g.Return(context.Background(), n); err != nil {
+			if err := g.Return(context.Background(), n, 0); err != nil {
 				t.Fatal(err)
 			}
 			model.Return(now, n)

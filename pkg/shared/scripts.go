@@ -300,21 +300,22 @@ return {k, fair, epoch, left}
 
 // bucketClaimLua: KEYS[1] the bucket (see bucketLua); ARGV limit, tokens
 // per period, period µs, tokens wanted. Returns {tokens taken, µs until the
-// next token when none were}.
+// next token when none were, 0}: the last a sliding window's segment.
 var bucketClaimLua = redis.NewScript(clockLua + bucketLua + `
 local limit, per, period, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tokens, last = bucket(limit, per, period)
 local got = math.max(0, math.min(n, math.floor(tokens)))
 tokens = tokens - got
 saveBucket(limit, per, period, tokens, last)
-if got > 0 then return {got, 0} end
+if got > 0 then return {got, 0, 0} end
 local wait = last + period - now
 if wait < 1 then wait = 1 end
-return {0, wait}
+return {0, wait, 0}
 `)
 
 // bucketReturnLua: KEYS[1] the bucket; ARGV limit, tokens per period,
-// period µs, tokens returned. Returns {tokens added}: never above the limit.
+// period µs, tokens returned (and a sliding window's bound, unused).
+// Returns {tokens added}: never above the limit.
 // A full bucket is left as it is, and a missing one (full) is not created.
 var bucketReturnLua = redis.NewScript(clockLua + bucketLua + `
 local limit, per, period, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -329,7 +330,9 @@ return {add}
 
 // windowClaimLua: KEYS[1] the sliding window (see windowLua); ARGV
 // permits, segment µs, segments, permits wanted. Returns {permits taken, µs
-// until the oldest counted segment leaves the window when none were}.
+// until the oldest counted segment leaves the window when none were, the
+// current segment's id}: the one the permits were counted in, which a
+// Return of them is bounded by.
 var windowClaimLua = redis.NewScript(clockLua + windowLua + `
 local limit, seg, n, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local cur, total, oldest = window(seg, n)
@@ -337,32 +340,38 @@ local got = math.max(0, math.min(want, limit - total))
 if got > 0 then
   redis.call('HINCRBY', KEYS[1], f(cur), got)
   keepWindow(cur, seg, n)
-  return {got, 0}
+  return {got, 0, cur}
 end
 local wait = (oldest + n) * seg - now
 if wait < 1 then wait = 1 end
-return {0, wait}
+return {0, wait, cur}
 `)
 
 // windowReturnLua: KEYS[1] the sliding window; ARGV permits, segment µs,
-// segments, permits returned. Subtracts them from the newest counted
-// segments first, deleting those that reach zero (so that the oldest counted
+// segments, permits returned, bound (the segment the oldest of them was
+// counted in). Subtracts them from the newest counted segments at or
+// before bound, deleting those that reach zero (so that the oldest counted
 // segment, which a refusal's wait is until, always counts something).
-// Returns {permits subtracted}: never more than were counted.
+// Uncounting a permit in an older segment than its own leaves more counted
+// later than there was, which is safe; in a newer one it would uncount
+// another's permit, which then leaves the window early. Returns {permits
+// subtracted}: never more than were counted at or before bound.
 var windowReturnLua = redis.NewScript(clockLua + windowLua + `
-local seg, n, left = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local seg, n, left, bound = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local _, _, _, live = window(seg, n)
 table.sort(live, function(a, b) return a[1] > b[1] end)
 local back = 0
 for _, s in ipairs(live) do
   if left <= 0 then break end
-  local take = math.max(0, math.min(left, s[3]))
-  if take >= s[3] then
-    redis.call('HDEL', KEYS[1], s[2])
-  else
-    redis.call('HINCRBY', KEYS[1], s[2], -take)
+  if s[1] <= bound then
+    local take = math.max(0, math.min(left, s[3]))
+    if take >= s[3] then
+      redis.call('HDEL', KEYS[1], s[2])
+    else
+      redis.call('HINCRBY', KEYS[1], s[2], -take)
+    end
+    left, back = left - take, back + take
   end
-  left, back = left - take, back + take
 end
 return {back}
 `)

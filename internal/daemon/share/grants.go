@@ -13,7 +13,7 @@ type GrantsConfig struct {
 	Batch uint64
 	// Window is a sliding window's length, 0 for a token bucket. A permit
 	// claimed longer ago than that has stopped counting in the window, so
-	// it is not handed back: that would uncount another host's.
+	// it is not handed back.
 	Window time.Duration
 	// Margin is how long before Window's end a claim stops being handed
 	// back: at least the longest a tick can take.
@@ -48,6 +48,17 @@ const (
 	// (loader's Reclaim), then hand them to Redis.
 	Return
 )
+
+// GrantsReply is Redis's answer to a Claim (see shared.Claimed).
+type GrantsReply struct {
+	Got uint64
+	// Segment is the sliding window's segment the permits were counted
+	// in, on Redis's clock; 0 for a token bucket.
+	Segment int64
+	// Confirmed is false when replicas were asked to confirm the claim
+	// and fewer did in time: the permits are not used.
+	Confirmed bool
+}
 
 // GrantsPlan is a tick's decision.
 type GrantsPlan struct {
@@ -96,8 +107,9 @@ type Grants struct {
 }
 
 type claim struct {
-	at time.Time
-	n  uint64
+	at  time.Time
+	seg int64 // the window's segment Redis counted it in
+	n   uint64
 }
 
 // NewGrants returns a share with nothing granted.
@@ -151,11 +163,9 @@ func (g *Grants) Plan(o GrantsObs, now time.Time) GrantsPlan {
 	return GrantsPlan{Op: Claim, N: g.cfg.Batch + min(refused, g.cfg.Batch), base: base}
 }
 
-// Claimed takes Redis's answer to a Claim: got permits, which replicas
-// confirmed unless confirmed is false (they are then not used), or the
-// error that stood for the answer. It returns how the kernel rule is to
-// enforce the share now.
-func (g *Grants) Claimed(p GrantsPlan, got uint64, confirmed bool, err error, now time.Time) (GrantsKernel, Event) {
+// Claimed takes Redis's answer to a Claim, or the error that stood for
+// it. It returns how the kernel rule is to enforce the share now.
+func (g *Grants) Claimed(p GrantsPlan, r GrantsReply, err error, now time.Time) (GrantsKernel, Event) {
 	if err != nil {
 		return g.fail(err, now)
 	}
@@ -164,36 +174,44 @@ func (g *Grants) Claimed(p GrantsPlan, got uint64, confirmed bool, err error, no
 		ev |= Recovered
 	}
 	g.outage = Outage{}
-	if !confirmed && got > 0 {
+	got := r.Got
+	if !r.Confirmed && got > 0 {
 		g.unconfirmed += got
 		got, ev = 0, ev|Unconfirmed
 	}
 	g.claimed += got
 	g.kernel = GrantsKernel{Granted: p.base + got}
 	if got > 0 {
-		g.claims = append(g.claims, claim{at: now, n: got})
+		g.claims = append(g.claims, claim{at: now, seg: r.Segment, n: got})
 	}
 	g.prune(now)
 	return g.kernel, ev
 }
 
 // Reclaimed takes what the kernel gave back to a Return plan (taken
-// permits, its grant now) and returns how many may go to Redis: under a
-// sliding window only those claimed within the window, the newest claims
-// being the unspent ones. The rest are dropped: they no longer count.
-func (g *Grants) Reclaimed(taken, granted uint64, now time.Time) uint64 {
+// permits, its grant now) and returns how many may go to Redis, and the
+// window's segment of the oldest claim they came from (Return's bound).
+// The kernel spends its grant oldest first and a Return keeps the oldest
+// unspent, so the taken permits are those of the newest claims (a claim an
+// earlier Return took from is below every claim since, and this Return
+// takes no more than those). Under a sliding window only
+// those claimed within the window go; the rest are dropped: they no
+// longer count.
+func (g *Grants) Reclaimed(taken, granted uint64, now time.Time) (n uint64, since int64) {
 	g.kernel.Granted = granted
 	g.prune(now)
 	if g.cfg.Window == 0 {
-		return taken
+		return taken, 0
 	}
-	var recent uint64
-	for _, c := range g.claims {
+	for i := len(g.claims) - 1; i >= 0 && taken > 0; i-- {
+		c := g.claims[i]
+		k := min(taken, c.n)
+		taken -= k
 		if now.Sub(c.at) < g.cfg.Window-g.cfg.Margin {
-			recent += c.n
+			n, since = n+k, c.seg
 		}
 	}
-	return min(taken, recent)
+	return n, since
 }
 
 // Returned takes Redis's answer to handing n permits back. A failure

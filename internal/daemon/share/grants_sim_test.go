@@ -127,7 +127,7 @@ func (s *grantsSim) daemon(h *grantsHost) {
 			taken := h.granted - min(h.granted, h.spent+h.plan.Keep)
 			h.granted -= taken
 			h.backed -= min(h.backed, taken)
-			if back := h.g.Reclaimed(taken, h.granted, s.now); back > 0 && !h.cut && !s.down {
+			if back, _ := h.g.Reclaimed(taken, h.granted, s.now); back > 0 && !h.cut && !s.down {
 				s.bucket.Return(s.now, int(back))
 			}
 			h.at = s.now.Add(simTick)
@@ -144,7 +144,7 @@ func (s *grantsSim) daemon(h *grantsHost) {
 		h.phase, h.at = 2, s.now.Add(simRTT)
 	case 2:
 		confirmed := !s.lag
-		k, _ := h.g.Claimed(h.plan, h.got, confirmed, h.err, s.now)
+		k, _ := h.g.Claimed(h.plan, GrantsReply{Got: h.got, Confirmed: confirmed}, h.err, s.now)
 		if h.err == nil && confirmed {
 			h.backed += h.got
 		}

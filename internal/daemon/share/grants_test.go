@@ -16,6 +16,7 @@ type grantsTick struct {
 	plan GrantsPlan
 
 	got       uint64 // Claim: permits Redis gave
+	seg       int64  // and the window's segment it counted them in
 	confirmed bool
 	err       bool
 	kernel    GrantsKernel
@@ -23,6 +24,7 @@ type grantsTick struct {
 
 	taken, granted uint64 // Return: what the kernel gave back, its grant after
 	back           uint64 // how many may go to Redis
+	since          int64  // the segment of the oldest claim they came from
 }
 
 func TestGrantsTicks(t *testing.T) {
@@ -55,12 +57,28 @@ func TestGrantsTicks(t *testing.T) {
 		name:   "sliding window: only permits claimed within the window go back",
 		window: 1500 * time.Millisecond,
 		ticks: []grantsTick{
-			{ms: 0, obs: GrantsObs{}, plan: GrantsPlan{Op: Claim, N: 10}, got: 10, confirmed: true, kernel: GrantsKernel{Granted: 10}},
-			{ms: 600, obs: GrantsObs{Granted: 10, Spent: 6, Live: 1}, plan: GrantsPlan{Op: Claim, N: 10, base: 10}, got: 4, confirmed: true, kernel: GrantsKernel{Granted: 14}},
+			{ms: 0, obs: GrantsObs{}, plan: GrantsPlan{Op: Claim, N: 10}, got: 10, seg: 100, confirmed: true, kernel: GrantsKernel{Granted: 10}},
+			{ms: 600, obs: GrantsObs{Granted: 10, Spent: 6, Live: 1}, plan: GrantsPlan{Op: Claim, N: 10, base: 10}, got: 4, seg: 106, confirmed: true, kernel: GrantsKernel{Granted: 14}},
 			// Idle since 600: at 1700 the first claim is past the window
 			// (less the margin); of the 7 taken back, only the newest
 			// claim's 4 still count in it.
-			{ms: 1700, obs: GrantsObs{Granted: 14, Spent: 6}, plan: GrantsPlan{Op: Return, Keep: 1}, taken: 7, granted: 7, back: 4},
+			{ms: 1700, obs: GrantsObs{Granted: 14, Spent: 6}, plan: GrantsPlan{Op: Return, Keep: 1}, taken: 7, granted: 7, back: 4, since: 106},
+		},
+	}, {
+		name:   "sliding window: a return is bounded by the oldest claim it takes from",
+		window: 10 * time.Second,
+		ticks: []grantsTick{
+			{ms: 0, obs: GrantsObs{}, plan: GrantsPlan{Op: Claim, N: 10}, got: 10, seg: 100, confirmed: true, kernel: GrantsKernel{Granted: 10}},
+			{ms: 100, obs: GrantsObs{Granted: 10, Spent: 6}, plan: GrantsPlan{Op: Claim, N: 10, base: 10}, got: 10, seg: 101, confirmed: true, kernel: GrantsKernel{Granted: 20}},
+			{ms: 200, obs: GrantsObs{Granted: 20, Spent: 6, Live: 1}, plan: GrantsPlan{Op: Hold}},
+			// 14 unspent: the second claim's 10 and the first's 4, of
+			// which the kernel keeps one.
+			{ms: 1300, obs: GrantsObs{Granted: 20, Spent: 6}, plan: GrantsPlan{Op: Return, Keep: 1}, taken: 13, granted: 7, back: 13, since: 100},
+			{ms: 1400, obs: GrantsObs{Granted: 7, Spent: 7, Live: 1}, plan: GrantsPlan{Op: Claim, N: 10, base: 7}, got: 10, seg: 114, confirmed: true, kernel: GrantsKernel{Granted: 17}},
+			{ms: 1500, obs: GrantsObs{Granted: 17, Spent: 8}, plan: GrantsPlan{Op: Hold}},
+			// The 8 taken are the third claim's: the others' went back
+			// or were spent.
+			{ms: 2600, obs: GrantsObs{Granted: 17, Spent: 8}, plan: GrantsPlan{Op: Return, Keep: 1}, taken: 8, granted: 9, back: 8, since: 114},
 		},
 	}, {
 		name: "claims the replicas did not confirm are not granted",
@@ -110,13 +128,13 @@ func TestGrantsTicks(t *testing.T) {
 					if tk.err {
 						err = errDown
 					}
-					k, ev := g.Claimed(p, tk.got, tk.confirmed, err, now)
+					k, ev := g.Claimed(p, GrantsReply{Got: tk.got, Segment: tk.seg, Confirmed: tk.confirmed}, err, now)
 					if k != tk.kernel || ev != tk.ev {
 						t.Fatalf("tick %d: kernel %+v, events %b; want %+v, %b", i, k, ev, tk.kernel, tk.ev)
 					}
 				case Return:
-					if back := g.Reclaimed(tk.taken, tk.granted, now); back != tk.back {
-						t.Fatalf("tick %d: %d may go back, want %d", i, back, tk.back)
+					if back, since := g.Reclaimed(tk.taken, tk.granted, now); back != tk.back || since != tk.since {
+						t.Fatalf("tick %d: %d may go back, claimed from segment %d on; want %d from %d", i, back, since, tk.back, tk.since)
 					}
 					g.Returned(tk.back, nil)
 				}
