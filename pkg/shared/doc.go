@@ -16,7 +16,9 @@
 //   - Concurrency: at most Permits leases held at once, across processes.
 //     Each lease is an entry with its own expiry, renewed by its holder every
 //     LeaseDuration / 3 and deleted on Release: a holder that dies stops
-//     counting once its lease expires.
+//     counting once its lease expires. A budget Redis has no record of (its
+//     first use, or state Redis lost) admits nothing for a LeaseDuration
+//     unless its Durability is Persistent, as [Slots] holders' budgets do.
 //
 // Each admission is one Lua script run atomically by Redis (EVALSHA, falling
 // back to EVAL), which reads the server's clock (TIME) and reads and updates
@@ -27,8 +29,8 @@
 // A refusal is an *sdk.RateLimitedError, so an executor treats it as
 // self-imposed (verdict.Refused) exactly as it does package limit's:
 // RetryAfter is until the oldest counted window or segment expires, or until
-// the next token; a concurrency refusal gives none. It is a computed wait, not
-// a reservation.
+// the next token; a concurrency refusal gives none, but during a freeze,
+// until it ends. It is a computed wait, not a reservation.
 //
 // Every process sharing a key must use the same shape and settings: the state
 // is read with each caller's configuration, and a key read as another shape

@@ -129,6 +129,75 @@ func TestSlotsEpochPersistent(t *testing.T) {
 	step(t, a, SlotsRequest{Want: 4, Demand: 4, Prior: 3, HadState: true}, 3, true)
 }
 
+// TestLimiterAfterLossWaitsForHolders: Redis restarts empty while a
+// holder's kernel holds every slot, and a Concurrency Limiter asks before
+// the holder comes back. The Limiter makes the epoch, frozen, and is
+// refused: the holder takes its slots back, and the budget is never held
+// twice over.
+func TestLimiterAfterLossWaitsForHolders(t *testing.T) {
+	s := redistest.Start(t)
+	c := s.Client(t)
+	const lease = time.Second
+	a, err := NewSlots(c, SlotsOptions{Key: t.Name(), Permits: 4, Holder: "a", LeaseDuration: lease, Durability: Ephemeral})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(c, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease, Durability: Ephemeral}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := step(t, a, SlotsRequest{Want: 4, Demand: 4}, 0, true)
+	time.Sleep(r.Frozen + 20*time.Millisecond)
+	step(t, a, SlotsRequest{Want: 4, Demand: 4}, 4, false) // a's kernel holds 4 connections
+
+	s.Stop()
+	s.Restart()
+	for range 4 {
+		_, err := l.Acquire(context.Background())
+		if rl, ok := sdk.AsRateLimited(err); !ok || rl.RetryAfter <= 0 || rl.RetryAfter > lease {
+			t.Fatalf("Acquire after Redis lost the state = %v, want a refusal until the freeze ends", err)
+		}
+	}
+	step(t, a, SlotsRequest{Want: 4, Demand: 4, Prior: 4, HadState: true}, 4, true)
+}
+
+// TestLimiterMakesEpoch: a Concurrency Limiter that finds no epoch makes
+// it as a holder that never held slots would: frozen for a lease when
+// Redis may lose state, its first use too, and not when it is persistent.
+func TestLimiterMakesEpoch(t *testing.T) {
+	const lease = time.Second
+	tests := []struct {
+		durability Durability
+		frozen     bool
+	}{
+		{Ephemeral, true},
+		{Persistent, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.durability.String(), func(t *testing.T) {
+			c := redistest.Start(t).Client(t)
+			l, err := New(c, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease, Durability: tt.durability}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := NewSlots(c, SlotsOptions{Key: t.Name(), Permits: 4, Holder: "a", LeaseDuration: lease, Durability: tt.durability})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = l.Acquire(context.Background())
+			if refused := sdk.IsRateLimited(err); refused != tt.frozen || (!refused && err != nil) {
+				t.Errorf("first Acquire = %v, want refused %v", err, tt.frozen)
+			}
+			held := 3
+			if tt.frozen {
+				held = 0
+			}
+			// The holder finds the epoch the Limiter made.
+			step(t, a, SlotsRequest{Want: 3, Demand: 3}, held, tt.frozen)
+		})
+	}
+}
+
 // TestSlotsReplicas: with Replicas 1, a Resize says whether a replica has
 // it; with the replica gone it says no, after waiting ReplicaWait.
 func TestSlotsReplicas(t *testing.T) {

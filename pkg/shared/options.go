@@ -71,6 +71,15 @@ type ConcurrencyOptions struct {
 	// at least MinLeaseDuration; zero means DefaultLeaseDuration. The
 	// holder renews every third of it.
 	LeaseDuration time.Duration
+	// Durability says whether Redis may lose the budget's state, as
+	// [SlotsOptions.Durability] does for the holders of [Slots] on the same
+	// key: set the same. When the budget's epoch is missing, the first
+	// Acquire makes it as a holder that never held slots would: Ephemeral
+	// (the default) freezes the budget's growth for LeaseDuration, and the
+	// Acquire is refused until then, since holders' kernels may still hold
+	// connections on slots Redis forgot; Persistent takes the budget for
+	// new and admits at once.
+	Durability Durability
 }
 
 // FailureMode is what Acquire does when Redis gives no decision.
@@ -221,6 +230,9 @@ func (o *Options) Validate() error {
 		}
 		if p.LeaseDuration != 0 && p.LeaseDuration < MinLeaseDuration {
 			add("Concurrency.LeaseDuration %v must be at least %v (0 means %v)", p.LeaseDuration, MinLeaseDuration, DefaultLeaseDuration)
+		}
+		if p.Durability >= durabilityLen {
+			add("Concurrency.Durability %d is neither Ephemeral nor Persistent", p.Durability)
 		}
 	}
 	if o.QueueLimit < 0 {

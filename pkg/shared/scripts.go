@@ -131,19 +131,28 @@ return {0, wait, 0, 0}
 `)
 
 // concurrencyLua: KEYS[1] a sorted set of lease id → expiry µs, KEYS[2]
-// the budget's epoch (see slotsLua); ARGV permits, lease µs, lease id.
-// Expired leases are dropped before counting. While the budget's growth is
-// frozen (holders of Slots taking back what their kernels hold after
-// Redis lost the state) nothing is admitted, and the refusal says until
-// when; the epoch is left to the holders to make.
+// the budget's epoch (see slotsLua); ARGV permits, lease µs, persistent
+// (1: Redis keeps its state), lease id. Expired leases are dropped before
+// counting. While the budget's growth is frozen (holders of Slots taking
+// back what their kernels hold after Redis lost the state) nothing is
+// admitted, and the refusal says until when. A missing epoch is made as
+// slotsLua makes it for a caller that never held slots: frozen for a
+// lease unless Redis is persistent. Left to the holders, a Limiter could
+// take the slots Redis forgot before any holder came back to freeze them.
 var concurrencyLua = redis.NewScript(clockLua + `
-local limit, dur = tonumber(ARGV[1]), tonumber(ARGV[2])
-local frozen = tonumber(redis.call('HGET', KEYS[2], 'frozen')) or 0
+local limit, dur, persistent = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
+local meta = redis.call('HMGET', KEYS[2], 'epoch', 'frozen')
+local frozen = tonumber(meta[2]) or 0
+if not tonumber(meta[1]) then
+  frozen = 0
+  if not persistent then frozen = now + dur end
+  redis.call('HSET', KEYS[2], 'epoch', f(now), 'frozen', f(frozen))
+end
 if frozen > now then return {0, frozen - now, 0, 0} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', f(now))
 local n = redis.call('ZCARD', KEYS[1])
 if n < limit then
-  redis.call('ZADD', KEYS[1], f(now + dur), ARGV[3])
+  redis.call('ZADD', KEYS[1], f(now + dur), ARGV[4])
   redis.call('PEXPIRE', KEYS[1], math.ceil(dur / 1000) + 1)
   return {1, 0, limit - n - 1, 0}
 end

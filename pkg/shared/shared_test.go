@@ -31,8 +31,8 @@ func TestValidate(t *testing.T) {
 			[]string{"SlidingWindow.Permits 0", "segments shorter than 1ms"}},
 		{"bucket", Options{Key: "k", TokenBucket: &TokenBucketOptions{0, 0, 0}},
 			[]string{"TokenLimit 0", "TokensPerPeriod 0", "ReplenishmentPeriod 0s"}},
-		{"concurrency", Options{Key: "k", Concurrency: &ConcurrencyOptions{0, 29 * time.Millisecond}},
-			[]string{"Concurrency.Permits 0", "LeaseDuration 29ms"}},
+		{"concurrency", Options{Key: "k", Concurrency: &ConcurrencyOptions{0, 29 * time.Millisecond, 2}},
+			[]string{"Concurrency.Permits 0", "LeaseDuration 29ms", "Concurrency.Durability 2"}},
 		{"common", Options{Key: "k", Concurrency: &ConcurrencyOptions{Permits: 1}, QueueLimit: -1, QueueOrder: 7,
 			QueuePollInterval: time.Microsecond, FailureMode: 3, MaxRetries: -2},
 			[]string{"QueueLimit -1", "QueueOrder 7", "QueuePollInterval 1µs", "FailureMode 3", "MaxRetries -2"}},
@@ -80,10 +80,17 @@ func TestNameTablesCoverEveryValue(t *testing.T) {
 	}
 }
 
+// newLimiter returns a Limiter on s; a concurrency budget is Persistent
+// unless said otherwise, so that its first use is not frozen.
 func newLimiter(t testing.TB, s *redistest.Server, opts Options) *Limiter {
 	t.Helper()
 	if opts.Key == "" {
 		opts.Key = t.Name()
+	}
+	if p := opts.Concurrency; p != nil && p.Durability == Ephemeral {
+		c := *p
+		c.Durability = Persistent
+		opts.Concurrency = &c
 	}
 	l, err := New(s.Client(t), opts)
 	if err != nil {

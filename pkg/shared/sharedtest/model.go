@@ -190,8 +190,14 @@ func (b *Budget) fair(holder string) int {
 }
 
 // Acquire does what a Concurrency Limiter's script does with lease id at
-// now: true if it took a lease.
+// now, its Durability persistent as b's: true if it took a lease.
 func (b *Budget) Acquire(now time.Time, id string) bool {
+	if b.epoch == 0 {
+		b.epoch, b.frozen = now.UnixMicro(), time.Time{}
+		if !b.Persistent {
+			b.frozen = now.Add(b.Lease)
+		}
+	}
 	if b.frozen.After(now) {
 		return false
 	}
