@@ -60,7 +60,9 @@
 // own retryable replies (LOADING, BUSY, TRYAGAIN, MASTERDOWN, CLUSTERDOWN)
 // are retried MaxRetries times first, with jittered backoff; network errors
 // are retried by the client per its own MaxRetries, never here, because a
-// lost reply may have been admitted. A context that ends is returned as
+// lost reply may have been admitted. Grants and Slots send their scripts as
+// commands no client sends twice (a ClusterClient would, whatever its
+// MaxRetries): a Return applied twice would exceed the budget. A context that ends is returned as
 // itself under every mode: cancellation stays cancellation.
 //
 // A lost reply is not a refusal: a permit may have been spent, or a

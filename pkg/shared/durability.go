@@ -148,7 +148,7 @@ func (w replicaWait) once(ctx context.Context, c redis.Scripter, script *redis.S
 		return nil, 0, fmt.Errorf("a %T cannot pipeline", c)
 	}
 	pipe := p.Pipeline()
-	run := script.EvalSha(ctx, pipe, keys, args...)
+	run := evalSha(ctx, pipe, script, keys, args)
 	wait := pipe.Do(ctx, "WAIT", w.n, w.timeout.Milliseconds())
 	_, _ = pipe.Exec(ctx) // each command's error is its own
 	vals, err := run.Int64Slice()

@@ -3,13 +3,17 @@ package shared
 import (
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/shared/redisurl"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -332,4 +336,46 @@ func TestGrantsErrors(t *testing.T) {
 func isStoreOp(err error, op, name string) bool {
 	se, ok := AsStoreError(err)
 	return ok && se.Op == op && se.Limiter == name
+}
+
+// loseReply makes a node's replies to scripts that ran look lost
+// (io.EOF), while lose is set.
+type loseReply struct{ lose *atomic.Bool }
+
+func (loseReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h loseReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && cmd.Name() == "evalsha" && h.lose.Load() {
+			return io.EOF
+		}
+		return err
+	}
+}
+
+func (loseReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A Return whose reply is lost is not sent again: a ClusterClient would,
+// whatever its MaxRetries, and the budget would get the permits back twice.
+func TestGrantsReturnNotResentInCluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	u, err := redisurl.Open("redis+cluster://"+nodes[0].Addr(), redisurl.Timeouts{Dial: time.Second, Read: time.Second, Write: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := u.(*redis.ClusterClient)
+	t.Cleanup(func() { _ = c.Close() })
+	var lose atomic.Bool
+	c.OnNewNode(func(n *redis.Client) { n.AddHook(loseReply{&lose}) })
+	g := newGrants(t, c, GrantsOptions{TokenBucket: &TokenBucketOptions{TokenLimit: 10, TokensPerPeriod: 1, ReplenishmentPeriod: time.Hour}})
+	claim(t, g, 10, 10, 0)
+	lose.Store(true)
+	if err := g.Return(context.Background(), 3, 0); err == nil {
+		t.Fatal("Return with its reply lost succeeded")
+	}
+	lose.Store(false)
+	claim(t, g, 10, 3, 0) // returned once
 }

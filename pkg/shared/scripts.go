@@ -387,15 +387,21 @@ return {back}
 
 // runScript runs one of the scripts on keys and returns its reply, of want
 // numbers. Redis's retryable replies (the script did not run) are retried
-// DefaultMaxRetries more times with Limiter's backoff; network errors are
-// left to the client's own retries, since a lost reply may have been
-// applied. Any other failure is a *StoreError naming name and op, and a ctx
-// that ends is returned as itself: cancellation stays cancellation.
+// DefaultMaxRetries more times with Limiter's backoff; a network error is
+// never: a lost reply may have been applied (see evalSha). Any other
+// failure is a *StoreError naming name and op, and a ctx that ends is
+// returned as itself: cancellation stays cancellation.
 func runScript(ctx context.Context, c redis.Scripter, script *redis.Script, name, op string, keys []string, want int, args ...any) ([]int64, error) {
 	var vals []int64
 	var err error
 	for attempt := 0; ; attempt++ {
-		vals, err = script.Run(ctx, c, keys, args...).Int64Slice()
+		vals, err = evalSha(ctx, c, script, keys, args).Int64Slice()
+		if isNoScript(err) {
+			// Not run: load it and run it again.
+			if err = script.Load(ctx, c).Err(); err == nil {
+				vals, err = evalSha(ctx, c, script, keys, args).Int64Slice()
+			}
+		}
 		if err == nil || attempt >= DefaultMaxRetries || !retryable(err) || ctx.Err() != nil {
 			break
 		}
@@ -413,4 +419,37 @@ func runScript(ctx context.Context, c redis.Scripter, script *redis.Script, name
 		return nil, &StoreError{Limiter: name, Op: op, Err: err}
 	}
 	return vals, nil
+}
+
+// noRetryCmd is a command the client sends once: a script whose reply was
+// lost may have been applied, and a Return applied twice over-admits. A
+// ClusterClient sends a call again after a lost reply (EOF, a timeout) up
+// to MaxRedirects times, whatever MaxRetries says, unless the command says
+// NoRetry; it still follows MOVED and ASK, which Redis sends without
+// running the script.
+type noRetryCmd struct{ *redis.Cmd }
+
+func (noRetryCmd) NoRetry() bool { return true }
+
+// processor is a client that sends a command as it is given.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// evalSha runs script by its hash on c (a client or a pipeline), as a
+// noRetryCmd when c can send one.
+func evalSha(ctx context.Context, c redis.Scripter, script *redis.Script, keys []string, args []any) *redis.Cmd {
+	p, ok := c.(processor)
+	if !ok {
+		return script.EvalSha(ctx, c, keys, args...)
+	}
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	cmd := redis.NewCmd(ctx, append(a, args...)...)
+	cmd.SetFirstKeyPos(3)
+	_ = p.Process(ctx, noRetryCmd{cmd})
+	return cmd
 }

@@ -32,8 +32,12 @@ const (
 	Cluster
 )
 
-// Timeouts bound a client's calls. Calls are never retried by the client:
-// a lost reply may have been applied.
+// Timeouts bound a client's calls. Clients are opened with MaxRetries -1,
+// so that a call is not sent again after a lost reply, which may have been
+// applied. A ClusterClient sends it again all the same (after EOF or a
+// timeout, up to MaxRedirects times, which bound MOVED and ASK too), unless
+// the command says NoRetry, as package shared's Grants and Slots scripts
+// do.
 type Timeouts struct {
 	Dial, Read, Write time.Duration
 	PoolSize          int
