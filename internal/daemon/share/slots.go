@@ -80,7 +80,7 @@ type Slots struct {
 	fair        int       // this host's fair share as Redis last said; -1 before it did
 	epoch       int64     // the budget's epoch as Redis last said; 0 before it did
 	hadState    bool      // held slots under some epoch, or adopted a rule that did
-	confirmed   time.Time // when the Resize Redis last answered was sent
+	confirmed   time.Time // when the Resize Redis last confirmed was sent
 	told        int       // the demand Redis last heard from this host
 	frozenUntil time.Time
 	outage      Outage
@@ -199,7 +199,12 @@ func (s *Slots) Reply(p SlotsPlan, req SlotsRequest, r SlotsReply, err error, se
 	}
 	s.outage, s.expired = Outage{}, false
 	s.held, s.fair, s.epoch, s.hadState = r.Held, r.Fair, r.Epoch, true
-	s.confirmed, s.told = sent, req.Demand
+	s.told = req.Demand
+	if r.Confirmed {
+		// An unconfirmed renewal a failover could lose: the lease still
+		// runs from the last confirmed one.
+		s.confirmed = sent
+	}
 	s.frozenUntil = now.Add(r.Frozen)
 	// Within the fair share Redis has just said, too: a host above it
 	// stops admitting beyond it now, not a tick later.

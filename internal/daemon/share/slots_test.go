@@ -127,6 +127,19 @@ func TestSlotsTicks(t *testing.T) {
 				req: SlotsRequest{Want: 1, Demand: 10, Prior: 1, HadState: true}, limit: 1, ev: Recovered},
 		},
 	}, {
+		name: "throw: the lease counts from the last confirmed Resize, not an unconfirmed renewal",
+		ticks: []slotsTick{
+			{ms: 0, obs: SlotsObs{Refused: 5}, reply: ok(5, 10), req: SlotsRequest{Want: 5, Demand: 5}, limit: 5},
+			// The renewal at 1000: replicas do not confirm it, so a
+			// failover could lose it and the lease still runs from 0.
+			{ms: 1000, obs: SlotsObs{Limit: 5, Live: 5, Refused: 6}, live: 5, reply: SlotsReply{Held: 6, Fair: 10, Epoch: 1}, planLimit: 5,
+				req: SlotsRequest{Want: 6, Demand: 6, Prior: 5, HadState: true}, limit: 5, ev: Unconfirmed},
+			{ms: 2000, obs: SlotsObs{Limit: 5, Live: 5, Refused: 6}, live: 5, err: true, planLimit: 5,
+				req: SlotsRequest{Want: 6, Demand: 6, Prior: 5, HadState: true}, limit: 5, ev: Failed},
+			{ms: 9000, obs: SlotsObs{Limit: 5, Live: 2, Refused: 6}, live: 2, err: true, planLimit: 5,
+				req: SlotsRequest{Want: 5, Demand: 5, Prior: 5, HadState: true}, limit: 0, ev: Expired},
+		},
+	}, {
 		name: "allow: the whole budget while Redis is away",
 		mode: Allow,
 		ticks: []slotsTick{
