@@ -76,7 +76,7 @@ func TestSharedConcurrencyPartitionIsNotEvictedWhileHeld(t *testing.T) {
 	rdb := srv.Client(t)
 	clock := clocktest.New()
 	opts := partition.Options{
-		Shared:      &shared.Options{Key: "uploads", Concurrency: &shared.ConcurrencyOptions{Permits: 1, LeaseDuration: 3 * time.Second, Durability: shared.Persistent}},
+		Shared:      &shared.Options{Key: "uploads", Concurrency: &shared.ConcurrencyOptions{Permits: 1, LeaseDuration: 3 * time.Second}},
 		Redis:       rdb,
 		IdleTimeout: time.Second,
 		Clock:       clock,

@@ -20,7 +20,7 @@ func BenchmarkAdmission(b *testing.B) {
 		{"fixedWindow", Options{FixedWindow: &FixedWindowOptions{Permits: 1 << 30, Window: time.Minute}}},
 		{"slidingWindow", Options{SlidingWindow: &SlidingWindowOptions{Permits: 1 << 30, Window: time.Minute, Segments: 60}}},
 		{"tokenBucket", Options{TokenBucket: &TokenBucketOptions{TokenLimit: 1 << 30, TokensPerPeriod: 1 << 20, ReplenishmentPeriod: time.Millisecond}}},
-		{"concurrency", Options{Concurrency: &ConcurrencyOptions{Permits: 1 << 20, Durability: Persistent}}},
+		{"concurrency", Options{Concurrency: &ConcurrencyOptions{Permits: 1 << 20}}},
 	}
 	for _, sh := range shapes {
 		for _, clients := range []int{1, 8} {

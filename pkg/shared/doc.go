@@ -16,9 +16,10 @@
 //   - Concurrency: at most Permits leases held at once, across processes.
 //     Each lease is an entry with its own expiry, renewed by its holder every
 //     LeaseDuration / 3 and deleted on Release: a holder that dies stops
-//     counting once its lease expires. A budget Redis has no record of (its
-//     first use, or state Redis lost) admits nothing for a LeaseDuration
-//     unless its Durability is Persistent, as [Slots] holders' budgets do.
+//     counting once its lease expires. With Holders (egressd daemons share
+//     the key), a budget Redis has no record of (its first use, or state
+//     Redis lost) admits nothing for a LeaseDuration unless its Durability
+//     is Persistent, as the holders' own [Slots] do.
 //
 // Each admission is one Lua script run atomically by Redis (EVALSHA, falling
 // back to EVAL), which reads the server's clock (TIME) and reads and updates

@@ -142,7 +142,7 @@ func TestLimiterAfterLossWaitsForHolders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := New(c, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease, Durability: Ephemeral}})
+	l, err := New(c, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease, Holders: true, Durability: Ephemeral}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,22 +161,30 @@ func TestLimiterAfterLossWaitsForHolders(t *testing.T) {
 	step(t, a, SlotsRequest{Want: 4, Demand: 4, Prior: 4, HadState: true}, 4, true)
 }
 
-// TestLimiterMakesEpoch: a Concurrency Limiter that finds no epoch makes
-// it as a holder that never held slots would: frozen for a lease when
-// Redis may lose state, its first use too, and not when it is persistent.
+// TestLimiterMakesEpoch: a Concurrency Limiter with Holders that finds no
+// epoch makes it as a holder that never held slots would: frozen for a
+// lease when Redis may lose state, its first use too, and not when it is
+// persistent. Without Holders it leaves the epoch to them and admits.
 func TestLimiterMakesEpoch(t *testing.T) {
 	const lease = time.Second
 	tests := []struct {
+		name       string
+		holders    bool
 		durability Durability
-		frozen     bool
+		frozen     bool // the Limiter's first Acquire refused
+		// What the holder's first Resize then finds.
+		held         int
+		holderFrozen bool
 	}{
-		{Ephemeral, true},
-		{Persistent, false},
+		{"holders ephemeral", true, Ephemeral, true, 0, true},
+		{"holders persistent", true, Persistent, false, 3, false},
+		// The holder makes the epoch, frozen: its first use.
+		{"limiters alone", false, Ephemeral, false, 0, true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.durability.String(), func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			c := redistest.Start(t).Client(t)
-			l, err := New(c, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease, Durability: tt.durability}})
+			l, err := New(c, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease, Holders: tt.holders, Durability: tt.durability}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -188,12 +196,8 @@ func TestLimiterMakesEpoch(t *testing.T) {
 			if refused := sdk.IsRateLimited(err); refused != tt.frozen || (!refused && err != nil) {
 				t.Errorf("first Acquire = %v, want refused %v", err, tt.frozen)
 			}
-			held := 3
-			if tt.frozen {
-				held = 0
-			}
-			// The holder finds the epoch the Limiter made.
-			step(t, a, SlotsRequest{Want: 3, Demand: 3}, held, tt.frozen)
+			// The holder finds the epoch the Limiter made, or makes it.
+			step(t, a, SlotsRequest{Want: 3, Demand: 3}, tt.held, tt.holderFrozen)
 		})
 	}
 }

@@ -127,7 +127,7 @@ func New(client redis.Scripter, opts Options) (*Limiter, error) {
 			l.lease = DefaultLeaseDuration
 		}
 		l.conc = true
-		l.script, l.args = concurrencyLua, []any{p.Permits, us(l.lease), flag(p.Durability == Persistent)}
+		l.script, l.args = concurrencyLua, []any{p.Permits, us(l.lease), flag(p.Holders), flag(p.Durability == Persistent)}
 		l.keys = []string{opts.Key, epochKey(opts.Key)}
 		l.available.Store(int64(p.Permits))
 		var b [8]byte

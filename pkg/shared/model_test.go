@@ -40,7 +40,7 @@ func TestModelAgreesWithScript(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		lim, err := shared.New(c, shared.Options{Key: key, Concurrency: &shared.ConcurrencyOptions{Permits: permits, LeaseDuration: lease, Durability: durability}})
+		lim, err := shared.New(c, shared.Options{Key: key, Concurrency: &shared.ConcurrencyOptions{Permits: permits, LeaseDuration: lease, Holders: true, Durability: durability}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -71,14 +71,20 @@ type ConcurrencyOptions struct {
 	// at least MinLeaseDuration; zero means DefaultLeaseDuration. The
 	// holder renews every third of it.
 	LeaseDuration time.Duration
-	// Durability says whether Redis may lose the budget's state, as
-	// [SlotsOptions.Durability] does for the holders of [Slots] on the same
-	// key: set the same. When the budget's epoch is missing, the first
-	// Acquire makes it as a holder that never held slots would: Ephemeral
-	// (the default) freezes the budget's growth for LeaseDuration, and the
-	// Acquire is refused until then, since holders' kernels may still hold
-	// connections on slots Redis forgot; Persistent takes the budget for
-	// new and admits at once.
+	// Holders says that holders of [Slots] (egressd daemons, whose
+	// kernels enforce their slots where Redis cannot see) share the key.
+	// An Acquire that finds the budget's epoch missing then makes it as a
+	// holder that never held slots would, by Durability: after Redis lost
+	// the state, a Limiter must not take the slots those kernels still
+	// use before their holders come back to freeze the budget. Without
+	// Holders the epoch is left to holders, and a budget Redis has no
+	// record of admits at once: a key of Limiters alone is never frozen,
+	// its first use included.
+	Holders bool
+	// Durability is the holders' [SlotsOptions.Durability]; it matters
+	// only with Holders. Ephemeral (the default) freezes a budget with no
+	// epoch for LeaseDuration, its first use too, refusing every Acquire
+	// until then; Persistent takes it for new and admits at once.
 	Durability Durability
 }
 

@@ -42,7 +42,7 @@ var processShapes = map[string]Options{
 	"fixed":       {FixedWindow: &FixedWindowOptions{Permits: 20, Window: 50 * time.Millisecond}},
 	"sliding":     {SlidingWindow: &SlidingWindowOptions{Permits: 20, Window: 100 * time.Millisecond, Segments: 5}},
 	"bucket":      {TokenBucket: &TokenBucketOptions{TokenLimit: 10, TokensPerPeriod: 2, ReplenishmentPeriod: 20 * time.Millisecond}},
-	"concurrency": {Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: 3 * time.Second, Durability: Persistent}},
+	"concurrency": {Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: 3 * time.Second}},
 }
 
 func TestMain(m *testing.M) {

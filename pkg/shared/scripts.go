@@ -131,19 +131,21 @@ return {0, wait, 0, 0}
 `)
 
 // concurrencyLua: KEYS[1] a sorted set of lease id → expiry µs, KEYS[2]
-// the budget's epoch (see slotsLua); ARGV permits, lease µs, persistent
-// (1: Redis keeps its state), lease id. Expired leases are dropped before
-// counting. While the budget's growth is frozen (holders of Slots taking
-// back what their kernels hold after Redis lost the state) nothing is
-// admitted, and the refusal says until when. A missing epoch is made as
-// slotsLua makes it for a caller that never held slots: frozen for a
-// lease unless Redis is persistent. Left to the holders, a Limiter could
+// the budget's epoch (see slotsLua); ARGV permits, lease µs, holders (1:
+// Slots holders share the key), persistent (1: Redis keeps its state),
+// lease id. Expired leases are dropped before counting. While the
+// budget's growth is frozen (holders of Slots taking back what their
+// kernels hold after Redis lost the state) nothing is admitted, and the
+// refusal says until when. With holders, a missing epoch is made as
+// slotsLua makes it for a caller that never held slots, frozen for a
+// lease unless Redis is persistent: left to the holders, a Limiter could
 // take the slots Redis forgot before any holder came back to freeze them.
 var concurrencyLua = redis.NewScript(clockLua + `
-local limit, dur, persistent = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
+local limit, dur = tonumber(ARGV[1]), tonumber(ARGV[2])
+local holders, persistent = ARGV[3] == '1', ARGV[4] == '1'
 local meta = redis.call('HMGET', KEYS[2], 'epoch', 'frozen')
 local frozen = tonumber(meta[2]) or 0
-if not tonumber(meta[1]) then
+if holders and not tonumber(meta[1]) then
   frozen = 0
   if not persistent then frozen = now + dur end
   redis.call('HSET', KEYS[2], 'epoch', f(now), 'frozen', f(frozen))
@@ -152,7 +154,7 @@ if frozen > now then return {0, frozen - now, 0, 0} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', f(now))
 local n = redis.call('ZCARD', KEYS[1])
 if n < limit then
-  redis.call('ZADD', KEYS[1], f(now + dur), ARGV[4])
+  redis.call('ZADD', KEYS[1], f(now + dur), ARGV[5])
   redis.call('PEXPIRE', KEYS[1], math.ceil(dur / 1000) + 1)
   return {1, 0, limit - n - 1, 0}
 end

@@ -3,6 +3,7 @@ package shared
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,7 @@ func TestValidate(t *testing.T) {
 			[]string{"SlidingWindow.Permits 0", "segments shorter than 1ms"}},
 		{"bucket", Options{Key: "k", TokenBucket: &TokenBucketOptions{0, 0, 0}},
 			[]string{"TokenLimit 0", "TokensPerPeriod 0", "ReplenishmentPeriod 0s"}},
-		{"concurrency", Options{Key: "k", Concurrency: &ConcurrencyOptions{0, 29 * time.Millisecond, 2}},
+		{"concurrency", Options{Key: "k", Concurrency: &ConcurrencyOptions{0, 29 * time.Millisecond, true, 2}},
 			[]string{"Concurrency.Permits 0", "LeaseDuration 29ms", "Concurrency.Durability 2"}},
 		{"common", Options{Key: "k", Concurrency: &ConcurrencyOptions{Permits: 1}, QueueLimit: -1, QueueOrder: 7,
 			QueuePollInterval: time.Microsecond, FailureMode: 3, MaxRetries: -2},
@@ -80,17 +81,10 @@ func TestNameTablesCoverEveryValue(t *testing.T) {
 	}
 }
 
-// newLimiter returns a Limiter on s; a concurrency budget is Persistent
-// unless said otherwise, so that its first use is not frozen.
 func newLimiter(t testing.TB, s *redistest.Server, opts Options) *Limiter {
 	t.Helper()
 	if opts.Key == "" {
 		opts.Key = t.Name()
-	}
-	if p := opts.Concurrency; p != nil && p.Durability == Ephemeral {
-		c := *p
-		c.Durability = Persistent
-		opts.Concurrency = &c
 	}
 	l, err := New(s.Client(t), opts)
 	if err != nil {
@@ -267,7 +261,7 @@ func TestConcurrencyLeaseExpiryFreesCapacity(t *testing.T) {
 	lease := 60 * time.Millisecond
 	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: lease}})
 	// A holder in another process that died without releasing.
-	if err := concurrencyLua.Run(context.Background(), l.client, l.keys, 1, lease.Microseconds(), "dead").Err(); err != nil {
+	if err := concurrencyLua.Run(context.Background(), l.client, l.keys, append(slices.Clip(l.args), "dead")...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {

@@ -190,7 +190,8 @@ func (b *Budget) fair(holder string) int {
 }
 
 // Acquire does what a Concurrency Limiter's script does with lease id at
-// now, its Durability persistent as b's: true if it took a lease.
+// now, with Holders and a Durability persistent as b's: true if it took a
+// lease.
 func (b *Budget) Acquire(now time.Time, id string) bool {
 	if b.epoch == 0 {
 		b.epoch, b.frozen = now.UnixMicro(), time.Time{}
