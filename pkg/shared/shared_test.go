@@ -13,6 +13,7 @@ import (
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestValidate(t *testing.T) {
@@ -186,37 +187,68 @@ func TestSlidingWindowNeverExceeds(t *testing.T) {
 	}
 }
 
+// bucketLimit, bucketPer and bucketPeriod make a bucket that takes 10 s to
+// fill: once emptied, it loses no refill to a stall of the machine shorter
+// than that, so that what is spent after it was emptied can be held to
+// every refill, whatever the load. (A small bucket fills within a stall
+// and drops the refills meanwhile: a bound of half of them failed on a
+// loaded machine, 44 spent of 50.)
+const bucketLimit, bucketPer, bucketPeriod = 2000, 1, 5 * time.Millisecond
+
+// checkRefill checks a bucket's spending, timed around the calls (on the
+// server's clock, or the wall clock of the machine it runs on): all tokens spent from t0, before the bucket was made (full), to t3, after
+// the last refusal, are at most the bucket and its refills; those spent
+// after t1, once a refusal had emptied it, until a refusal that came after
+// t2 emptied it again, are at least every refill from t1 to t2.
+func checkRefill(t *testing.T, all, after int, t0, t1, t2, t3 time.Time) {
+	t.Helper()
+	if most := bucketLimit + int(t3.Sub(t0)/bucketPeriod)*bucketPer; all > most {
+		t.Errorf("spent %d tokens in %v, more than %d", all, t3.Sub(t0), most)
+	}
+	if least := int(t2.Sub(t1)/bucketPeriod) * bucketPer; after < least {
+		t.Errorf("spent %d tokens in %v after the bucket was emptied, fewer than its %d refills", after, t2.Sub(t1), least)
+	}
+	t.Logf("spent %d tokens in %v, %d after the bucket was emptied", all, t3.Sub(t0), after)
+}
+
+func redisTime(t *testing.T, c *redis.Client) time.Time {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// drainBucket acquires from l until it refuses, and returns how many it
+// got.
+func drainBucket(t *testing.T, l *Limiter) int {
+	t.Helper()
+	for n := 0; ; n++ {
+		lease, err := l.Acquire(context.Background())
+		if sdk.IsRateLimited(err) {
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease.Release()
+	}
+}
+
 func TestTokenBucketSpendsAtMostLimitPlusRefill(t *testing.T) {
 	s := startRedis(t)
-	const limit, per, period = 10, 2, 20 * time.Millisecond
-	l := newLimiter(t, s, Options{TokenBucket: &TokenBucketOptions{TokenLimit: limit, TokensPerPeriod: per, ReplenishmentPeriod: period}})
-	// The server's clock around the run, as in
-	// TestGrantsTokenBucketSpendsAtMostLimitPlusRefill: the bucket is made
-	// (full, its refill clock at the first acquire) after t0 and refilled
-	// last before t1.
+	l := newLimiter(t, s, Options{TokenBucket: &TokenBucketOptions{TokenLimit: bucketLimit, TokensPerPeriod: bucketPer, ReplenishmentPeriod: bucketPeriod}})
 	c := s.Client(t)
-	t0, err := c.Time(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	spent := 0
-	hammer(t, l, 400*time.Millisecond, func(result) { spent++ })
-	t1, err := c.Time(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	periods := int(t1.Sub(t0) / period)
-	if max := limit + periods*per; spent > max {
-		t.Errorf("spent %d tokens in %d periods, more than %d", spent, periods, max)
-	}
-	// Under continuous demand most refills are spent; but a loaded
-	// machine (with -race, beside other packages' tests) can stall every
-	// caller for longer than the bucket takes to fill (limit/per periods),
-	// and a full bucket drops the refills meanwhile: a tighter bound
-	// failed with 42 spent of 50 in 20 periods.
-	if min := limit + (periods/2)*per; spent < min {
-		t.Errorf("spent %d tokens in %d periods, fewer than %d", spent, periods, min)
-	}
+	t0 := redisTime(t, c)
+	all := drainBucket(t, l)
+	t1 := redisTime(t, c)
+	after := 0
+	hammer(t, l, 400*time.Millisecond, func(result) { after++ })
+	t2 := redisTime(t, c)
+	after += drainBucket(t, l)
+	t3 := redisTime(t, c)
+	checkRefill(t, all+after, after, t0, t1, t2, t3)
 }
 
 func TestConcurrencyNeverExceeds(t *testing.T) {
