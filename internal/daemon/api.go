@@ -333,11 +333,18 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 	if err != nil {
 		return control.Attribution{}, control.Errorf(control.CodeInvalid, "dest: %v", err)
 	}
-	// A reader learns about its own connections only.
-	if control.AccessFrom(r.Context()) != control.AccessWrite {
-		if p, ok := control.PeerFrom(r.Context()); !ok || uint32(p.PID) != uint32(pid) {
-			return control.Attribution{}, control.Errorf(control.CodeForbidden, "may ask only about your own process")
+	peer, known := control.PeerFrom(r.Context())
+	// 0 is the asking process, by the pid the kernel gives it here: in a
+	// container's pid namespace, its own pid names another process.
+	if pid == 0 {
+		if !known {
+			return control.Attribution{}, control.Errorf(control.CodeInvalid, "pid 0: the asking process is not known")
 		}
+		pid = uint64(uint32(peer.PID))
+	}
+	// A reader learns about its own connections only.
+	if control.AccessFrom(r.Context()) != control.AccessWrite && (!known || uint32(peer.PID) != uint32(pid)) {
+		return control.Attribution{}, control.Errorf(control.CodeForbidden, "may ask only about your own process")
 	}
 	e, ok := d.attribute(uint32(pid), netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
 	if !ok {

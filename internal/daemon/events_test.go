@@ -44,6 +44,7 @@ func TestRefusalAttribution(t *testing.T) {
 		{"the address as IPv4-mapped", int(pid), netip.AddrPortFrom(netip.AddrFrom16(db.Addr().As16()), db.Port()), control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
 		{"another port", int(pid), netip.AddrPortFrom(db.Addr(), 5433), control.Attribution{}},
 		{"another process", int(pid) + 1, db, control.Attribution{}},
+		{"the asking process, as pid 0", 0, db, control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
 		{"a shadow refusal", int(pid), web, control.Attribution{}},
 	}
 	for _, tt := range tests {

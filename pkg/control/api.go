@@ -249,8 +249,10 @@ func (c *Client) Events(ctx context.Context, follow bool, fn func(Refusal) error
 }
 
 // Attribute asks whether the daemon refused pid's connect() to dest within
-// the last moments. A caller without write access may ask only about its
-// own process.
+// the last moments. A pid of 0 is the calling process, by the pid the
+// daemon's kernel gives it, which is the one to ask from inside a
+// container's pid namespace. A caller without write access may ask only
+// about its own process.
 func (c *Client) Attribute(ctx context.Context, pid int, dest netip.AddrPort) (Attribution, error) {
 	var a Attribution
 	q := url.Values{"pid": {strconv.Itoa(pid)}, "dest": {dest.String()}}
