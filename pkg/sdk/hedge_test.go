@@ -243,6 +243,33 @@ func TestFirstWinsAndCancelsTheHedge(t *testing.T) {
 	}
 }
 
+// A hedge whose Admit is still deciding when the first attempt wins is
+// never sent: its callback does not run.
+func TestHedgeLostInAdmitSkipsTheCallback(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{})
+	admitting := make(chan struct{})
+	rig.p.Admit = func(ctx context.Context, next NextAttempt) verdict.Verdict {
+		if next.Hedge {
+			close(admitting)
+			<-ctx.Done()
+		}
+		return verdict.Verdict{}
+	}
+	wait := rig.try(context.Background(), rig.fn(held(1, nil)))
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	<-admitting
+	close(rig.release[0])
+	r := wait()
+
+	if r.Err != nil || r.Value != 1 {
+		t.Fatalf("Try = %v, %v; want the first attempt's 1", r.Value, r.Err)
+	}
+	if n := rig.calls.Load(); n != 1 {
+		t.Errorf("callback called %d times, want 1: the lost hedge was sent after Admit", n)
+	}
+}
+
 // Each reason the gate holds a hedge back, through the executor: the reason
 // is in the attempt log, in Result and told to the observer, and no hedge
 // attempt is made.

@@ -43,8 +43,10 @@ type Policy struct {
 	// skips the callback and is processed exactly as if the callback had
 	// come to that verdict: the same log entry, the same backoff, the same
 	// budget exemption for a self-imposed refusal, the same breaker
-	// treatment. The attempt's error is then a *NotAdmittedError. A policy
-	// that leaves Admit nil pays one nil check per attempt.
+	// treatment. The attempt's error is then a *NotAdmittedError. When the
+	// attempt's context ends while Admit decides (a hedge that lost, a
+	// timeout), the callback is not called. A policy that leaves Admit nil
+	// pays one nil check per attempt.
 	Admit func(ctx context.Context, next NextAttempt) verdict.Verdict
 	// Hedge, if set, sends hedged attempts: copies of an attempt started
 	// beside it when it runs too long, behind a gate (see Hedge). Only
@@ -404,6 +406,12 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		next := NextAttempt{Number: info.n, Hedge: info.hedge, Criticality: CriticalityFrom(ctx)}
 		if v := p.Admit(actx, next); v.Kind() != verdict.OK {
 			o.v, o.err = v, &NotAdmittedError{Verdict: v}
+			return
+		}
+		// Admit may wait, and the attempt end meanwhile (a hedge that
+		// lost, a timeout): fn would only be sent out to be cut short.
+		if err := actx.Err(); err != nil {
+			o.settled = settle(ctx, actx, byTimeout, p, clk, err)
 			return
 		}
 	}
