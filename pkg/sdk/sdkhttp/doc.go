@@ -59,7 +59,9 @@
 // A failed response's body is read into memory (up to 64 KiB) inside the
 // attempt, so that its connection and any permit it holds are free during
 // the backoff, and handed to the caller if it was the last attempt. A
-// longer body is kept open until the next attempt starts.
+// longer body is kept open until the next round starts (a retry; a hedge
+// started beside an attempt may lose to it, and leaves its response alone)
+// or the call ends.
 //
 // # Hedging
 //

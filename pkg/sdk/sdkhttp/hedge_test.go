@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -205,5 +206,98 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// roundTripFunc is a RoundTripper made of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func okResponse(r *http.Request, body string) *http.Response {
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body)), Request: r}
+}
+
+// The first attempt answers while the hedge sent beside it is still in
+// Admit: the hedge, which has lost, leaves the winner's body to the caller.
+func TestLosingHedgeKeepsTheWinnersBody(t *testing.T) {
+	want := strings.Repeat("x", 100)
+	answered := make(chan struct{})
+	var sent atomic.Int32
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if sent.Add(1) == 1 {
+			<-time.After(2 * testHedgeDelay) // until the hedge is in Admit
+			close(answered)
+			return okResponse(r, want), nil
+		}
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	})
+	p := hedgePolicy()
+	p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
+		if next.Hedge {
+			<-answered // the winner is on its way back
+			<-ctx.Done()
+		}
+		return verdict.Verdict{}
+	}
+	rt, err := NewStack(base).Retry(p).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rt.RoundTrip(mustRequest(t, context.Background(), "GET", "http://example.test/", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(got) != want || err != nil {
+		t.Errorf("winner's body: %d bytes, %v; want %d bytes", len(got), err, len(want))
+	}
+}
+
+// Hedges that lose by scheduling alone, many calls side by side, with and
+// without an Admit hook: every 200 reaches its caller with its body.
+func TestLosingHedgesUnderLoadKeepTheWinnersBody(t *testing.T) {
+	admitAll := func(context.Context, sdk.NextAttempt) verdict.Verdict { return verdict.Verdict{} }
+	for name, admit := range map[string]func(context.Context, sdk.NextAttempt) verdict.Verdict{"no Admit": nil, "Admit": admitAll} {
+		t.Run(name, func(t *testing.T) {
+			want := strings.Repeat("x", 100)
+			base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				time.Sleep(time.Millisecond) // about the hedge delay: both race
+				return okResponse(r, want), nil
+			})
+			p := testPolicy(3)
+			p.Budget = nil // a hedge on every call
+			p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: time.Millisecond})
+			p.Admit = admit
+			rt, err := NewStack(base).Retry(p).Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bad, total atomic.Int32
+			var wg sync.WaitGroup
+			for range 32 {
+				wg.Go(func() {
+					for range 100 {
+						req, _ := http.NewRequest("GET", "http://example.test/", nil)
+						resp, err := rt.RoundTrip(req)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						total.Add(1)
+						if b, _ := io.ReadAll(resp.Body); string(b) != want {
+							bad.Add(1)
+						}
+						resp.Body.Close()
+					}
+				})
+			}
+			wg.Wait()
+			if bad.Load() > 0 {
+				t.Errorf("%d of %d responses came back without their body", bad.Load(), total.Load())
+			}
+		})
 	}
 }

@@ -104,19 +104,35 @@ func (t *retryLayer) RoundTrip(req *http.Request) (*http.Response, error) {
 // newRetryLayer returns the Retry step for a copy of p.
 func newRetryLayer(p sdk.Policy, next http.RoundTripper) *retryLayer {
 	p.Classifier = Classifier(p.Classifier)
-	if admit := p.Admit; admit != nil {
-		p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
-			// A new attempt starts here, whether or not admit lets it
-			// through: the previous one's response is no longer the last.
-			if ex, ok := ctx.Value(exchangeKey{}).(*exchange); ok {
-				ex.dropLast()
-			}
-			return admit(ctx, next)
-		}
+	if p.Admit != nil {
+		p.Admit = newRound(p.Admit)
 	}
 	plain := p
 	plain.Hedge = nil
+	// A hedged exchange learns where a round starts from Admit, the one
+	// place the executor says which attempts are hedges: it gets a hook
+	// even when the policy has none.
+	if p.Hedge != nil && p.Admit == nil {
+		p.Admit = newRound(nil)
+	}
 	return &retryLayer{policy: p, plain: plain, next: next}
+}
+
+// newRound wraps admit (nil: admit everything) to drop the last response
+// when a round's first attempt starts, whether or not admit lets it
+// through: every attempt of the previous round has returned, and its
+// response is no longer the last. A hedge drops nothing: the response of
+// the attempt it races may yet win.
+func newRound(admit func(context.Context, sdk.NextAttempt) verdict.Verdict) func(context.Context, sdk.NextAttempt) verdict.Verdict {
+	return func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
+		if ex, ok := ctx.Value(exchangeKey{}).(*exchange); ok && !next.Hedge {
+			ex.dropLast()
+		}
+		if admit == nil {
+			return verdict.Verdict{}
+		}
+		return admit(ctx, next)
+	}
 }
 
 type exchangeKey struct{}
@@ -138,7 +154,9 @@ type exchange struct {
 // attempt is the executor's callback: one exchange, on the attempt's
 // context actx.
 func (ex *exchange) attempt(actx context.Context) (*http.Response, error) {
-	ex.dropLast()
+	if !ex.hedged {
+		ex.dropLast() // attempts run one after another: this one is a new round
+	}
 
 	// The request's context is the caller's with the attempt's deadline,
 	// and cancelled with the attempt's when that is (a hedge that lost),
