@@ -2,12 +2,14 @@ package sdkhttp
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,6 +220,23 @@ func okResponse(r *http.Request, body string) *http.Response {
 	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body)), Request: r}
 }
 
+// bodyThrough sends a GET through a stack of Retry(p) on base, and reads
+// the response's body.
+func bodyThrough(t *testing.T, base http.RoundTripper, p *sdk.Policy) (string, error) {
+	t.Helper()
+	rt, err := NewStack(base).Retry(p).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rt.RoundTrip(mustRequest(t, context.Background(), "GET", "http://example.test/", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
 // The first attempt answers while the hedge sent beside it is still in
 // Admit: the hedge, which has lost, leaves the winner's body to the caller.
 func TestLosingHedgeKeepsTheWinnersBody(t *testing.T) {
@@ -241,18 +260,57 @@ func TestLosingHedgeKeepsTheWinnersBody(t *testing.T) {
 		}
 		return verdict.Verdict{}
 	}
-	rt, err := NewStack(base).Retry(p).Build()
+	if got, err := bodyThrough(t, base, p); got != want || err != nil {
+		t.Errorf("winner's body: %d bytes, %v; want %d bytes", len(got), err, len(want))
+	}
+}
+
+// The first attempt leaves Admit only after the hedge sent beside it has
+// answered (a slow lookup; a caller descheduled at the wrong moment): the
+// first attempt of a round drops earlier rounds' responses, not those of
+// its own hedges.
+func TestLateFirstAttemptKeepsTheHedgesBody(t *testing.T) {
+	want := strings.Repeat("x", 100)
+	hedgeAnswered := make(chan struct{})
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		defer close(hedgeAnswered) // only the hedge gets here: the first attempt loses in Admit
+		return okResponse(r, want), nil
+	})
+	p := hedgePolicy()
+	p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
+		if !next.Hedge {
+			<-hedgeAnswered
+			<-ctx.Done() // the hedge won
+		}
+		return verdict.Verdict{}
+	}
+	if got, err := bodyThrough(t, base, p); got != want || err != nil {
+		t.Errorf("hedge's body: %d bytes, %v; want %d bytes", len(got), err, len(want))
+	}
+}
+
+// A hedged exchange's retry drops the previous round's response: when the
+// last round gets no response, the caller gets the error, not a stale 503,
+// and the 503's body is closed.
+func TestHedgedRetryDropsTheEarlierResponse(t *testing.T) {
+	busy := &trackedBody{Reader: strings.NewReader("busy")}
+	var sent atomic.Int32
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if sent.Add(1) == 1 {
+			return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{}, Body: busy, Request: r}, nil
+		}
+		return nil, syscall.ECONNRESET
+	})
+	rt, err := NewStack(base).Retry(hedgePolicy()).Build()
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp, err := rt.RoundTrip(mustRequest(t, context.Background(), "GET", "http://example.test/", nil))
-	if err != nil {
-		t.Fatal(err)
+	if resp != nil || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("RoundTrip = %v, %v; want no response and the last attempt's error", resp, err)
 	}
-	got, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if string(got) != want || err != nil {
-		t.Errorf("winner's body: %d bytes, %v; want %d bytes", len(got), err, len(want))
+	if !busy.closed.Load() {
+		t.Error("the first round's response was never closed")
 	}
 }
 

@@ -105,33 +105,31 @@ func (t *retryLayer) RoundTrip(req *http.Request) (*http.Response, error) {
 func newRetryLayer(p sdk.Policy, next http.RoundTripper) *retryLayer {
 	p.Classifier = Classifier(p.Classifier)
 	if p.Admit != nil {
-		p.Admit = newRound(p.Admit)
+		p.Admit = admitting(p.Admit)
 	}
 	plain := p
 	plain.Hedge = nil
-	// A hedged exchange learns where a round starts from Admit, the one
-	// place the executor says which attempts are hedges: it gets a hook
-	// even when the policy has none.
+	// Admit is the one place the executor numbers attempts and says which
+	// are hedges: a hedged exchange needs both, and gets a hook even when
+	// the policy has none.
 	if p.Hedge != nil && p.Admit == nil {
-		p.Admit = newRound(nil)
+		p.Admit = admitting(nil)
 	}
 	return &retryLayer{policy: p, plain: plain, next: next}
 }
 
-// newRound wraps admit (nil: admit everything) to drop the last response
-// when a round's first attempt starts, whether or not admit lets it
-// through: every attempt of the previous round has returned, and its
-// response is no longer the last. A hedge drops nothing: the response of
-// the attempt it races may yet win.
-func newRound(admit func(context.Context, sdk.NextAttempt) verdict.Verdict) func(context.Context, sdk.NextAttempt) verdict.Verdict {
+// admitting wraps admit (nil: admit everything) to tell the exchange of
+// each attempt once admit has decided on it, whatever it decided.
+func admitting(admit func(context.Context, sdk.NextAttempt) verdict.Verdict) func(context.Context, sdk.NextAttempt) verdict.Verdict {
 	return func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
-		if ex, ok := ctx.Value(exchangeKey{}).(*exchange); ok && !next.Hedge {
-			ex.dropLast()
+		var v verdict.Verdict
+		if admit != nil {
+			v = admit(ctx, next)
 		}
-		if admit == nil {
-			return verdict.Verdict{}
+		if ex, ok := ctx.Value(exchangeKey{}).(*exchange); ok {
+			ex.admitting(ctx, next)
 		}
-		return admit(ctx, next)
+		return v
 	}
 }
 
@@ -145,10 +143,43 @@ type exchange struct {
 	next   http.RoundTripper
 	hedged bool // attempts may run side by side, and lose
 
-	mu    sync.Mutex
-	n     int                     // attempts made
-	last  *http.Response          // the latest response an attempt returned, if any
-	resps map[*http.Response]bool // every response not yet handed over or discarded
+	mu      sync.Mutex
+	n       int                     // attempts made
+	numbers map[context.Context]int // attempt numbers by attempt context, from Admit
+	last    *http.Response          // the latest response an attempt returned, if any
+	// resps is every response not yet handed over or discarded, with its
+	// attempt's number (0 when there was no Admit to tell it).
+	resps map[*http.Response]int
+}
+
+// admitting is told, by the Admit hook, of the attempt about to run on
+// actx. A round's first attempt drops the responses of attempts numbered
+// before it: their rounds are over, and none of them is the last any more.
+// It drops nothing else: a hedge of its own round, numbered after it, may
+// have answered already (the first attempt can reach Admit late), and
+// that answer may yet win.
+func (ex *exchange) admitting(actx context.Context, next sdk.NextAttempt) {
+	var stale []*http.Response
+	ex.mu.Lock()
+	if ex.numbers == nil {
+		ex.numbers = map[context.Context]int{}
+	}
+	ex.numbers[actx] = next.Number
+	if !next.Hedge {
+		for r, n := range ex.resps {
+			if n < next.Number {
+				stale = append(stale, r)
+				delete(ex.resps, r)
+			}
+		}
+		if _, ok := ex.resps[ex.last]; !ok {
+			ex.last = nil
+		}
+	}
+	ex.mu.Unlock()
+	for _, r := range stale {
+		discard(r)
+	}
 }
 
 // attempt is the executor's callback: one exchange, on the attempt's
@@ -181,6 +212,7 @@ func (ex *exchange) attempt(actx context.Context) (*http.Response, error) {
 	areq := ex.req.WithContext(rctx)
 	ex.mu.Lock()
 	ex.n++
+	number := ex.numbers[actx] // an attempt context is reused only once its attempt is done
 	err := ex.body.set(areq, ex.n)
 	ex.mu.Unlock()
 	if err != nil {
@@ -201,9 +233,9 @@ func (ex *exchange) attempt(actx context.Context) (*http.Response, error) {
 	wrapResponse(resp, cancel, noLease)
 	ex.mu.Lock()
 	if ex.resps == nil {
-		ex.resps = map[*http.Response]bool{}
+		ex.resps = map[*http.Response]int{}
 	}
-	ex.resps[resp] = true
+	ex.resps[resp] = number
 	ex.last = resp
 	ex.mu.Unlock()
 	if resp.StatusCode < http.StatusBadRequest {
