@@ -546,6 +546,42 @@ func TestHedgeFirstAttemptPanics(t *testing.T) {
 	}
 }
 
+// A hedge that panics does not take the process down: the round ends as
+// when the first attempt panics - the first attempt is cancelled and has
+// returned - and the panic reaches the caller, on its own goroutine.
+func TestHedgePanics(t *testing.T) {
+	rig := newHedgeRig(t, HedgeOptions{})
+	var firstReturned atomic.Bool
+	first := func(ctx context.Context, release <-chan struct{}) (int, error) {
+		defer firstReturned.Store(true)
+		return hang(ctx, release)
+	}
+	panics := func(context.Context, <-chan struct{}) (int, error) { panic("boom") }
+	recovered := make(chan any, 1)
+	go func() {
+		defer func() { recovered <- recover() }()
+		RunHedged(context.Background(), rig.p, rig.fn(first, panics))
+	}()
+	rig.waitStarted(0)
+	rig.clk.Advance(hedgeDelay)
+	rig.waitStarted(1)
+	select {
+	case v := <-recovered:
+		if v != "boom" {
+			t.Fatalf("recovered %v, want the hedge's panic", v)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the panic never reached the caller")
+	}
+	if !firstReturned.Load() || !errors.Is(rig.ctx(0).Err(), context.Canceled) {
+		t.Errorf("the first attempt was not cancelled and done when the panic reached the caller")
+	}
+	rig.clk.Advance(10 * hedgeDelay)
+	if next, busy := rig.p.Hedge.scan(rig.clk.Now()); busy {
+		t.Errorf("the watcher still sees a call running (next look %v)", next)
+	}
+}
+
 func TestHedgeLearnsTheDelay(t *testing.T) {
 	clk := newFakeClock()
 	h := newHedge(HedgeOptions{Percentile: 0.9, MinDelay: 5 * time.Millisecond}, clk)

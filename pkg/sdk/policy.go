@@ -204,6 +204,7 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 	}
 	var c callState
 	c.init(ctx, p)
+	defer c.unwind()
 	for {
 		if stop, err := c.begin(ctx); err != nil {
 			return zero, stop, err
@@ -236,6 +237,7 @@ type callState struct {
 	made          int       // attempts made, hedges included
 	rounds        int
 	permit        Permit // the breaker's, for the round's first attempt
+	inRound       bool   // begin took permit; after has not given it back
 	lastErr       error
 }
 
@@ -275,7 +277,18 @@ func (c *callState) begin(ctx context.Context) (StopReason, error) {
 			return stopped(StopBreakerOpen, c.made, c.lastErr, nil)
 		}
 	}
+	c.inRound = true
 	return StopSuccess, nil
+}
+
+// unwind is deferred by run and runHedged: a round that never reached
+// after - its callback or Admit panicked - gives its breaker permit back
+// as no evidence, or a panicking half-open probe would keep its slot, and
+// the breaker would stay half-open for good. The panic goes on.
+func (c *callState) unwind() {
+	if c.inRound && c.p.Breaker != nil {
+		c.p.Breaker.Record(c.clk.Now(), c.permit, noEvidence)
+	}
 }
 
 // after ends a round that came to o at end; first is what the breaker is
@@ -286,6 +299,7 @@ func (c *callState) begin(ctx context.Context) (StopReason, error) {
 // gives up during the wait is done too, its delay still reported.
 func (c *callState) after(ctx context.Context, o *settled, first verdict.Verdict, end time.Time) (delay time.Duration, stop StopReason, err error, done bool) {
 	p := c.p
+	c.inRound = false
 	if p.Breaker != nil {
 		p.Breaker.Record(end, c.permit, first)
 	}

@@ -39,6 +39,7 @@ func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (
 	}
 	var c callState
 	c.init(ctx, p)
+	defer c.unwind()
 	for {
 		if stop, err := c.begin(ctx); err != nil {
 			var zero T
@@ -162,6 +163,9 @@ func (hc *hedgedCall[T]) join(s *slot, o *outcome[T], end time.Time) (*round[T],
 	*o = r.join(*o, end)
 	first := r.atts[0]
 	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.lost, first.end.Sub(first.start)))
+	if r.panicked {
+		panic(r.panicValue) // a hedge's, on the caller's goroutine, as if fn had run there
+	}
 	return r, r.clk.Now()
 }
 
@@ -201,6 +205,8 @@ type round[T any] struct {
 	done       chan struct{}
 	sent       int
 	suppressed verdict.Suppression
+	panicked   bool // a hedge panicked, with panicValue
+	panicValue any
 }
 
 type roundAttempt[T any] struct {
@@ -305,7 +311,10 @@ var noEvidence = verdict.New(verdict.Permanent)
 
 func (r *round[T]) runHedge(a *roundAttempt[T], hctx context.Context) {
 	var o outcome[T]
+	returned := false
+	defer r.unwindHedge(a, &returned)
 	attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true}, a.start, r.deadline, r.deadlineIsCtx, &o)
+	returned = true
 	end := r.clk.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -316,6 +325,40 @@ func (r *round[T]) runHedge(a *roundAttempt[T], hctx context.Context) {
 			v = noEvidence
 		}
 		r.p.Breaker.Record(end, a.permit, v)
+	}
+	a.cancel()
+	if testHookHedgeDone != nil {
+		testHookHedgeDone()
+	}
+	r.leaveLocked()
+}
+
+// unwindHedge is deferred by runHedge: a hedge whose callback or Admit
+// panicked (returned is false) would otherwise take the process down, its
+// permit and the round with it. It gives the permit back as no evidence,
+// ends the round as a first attempt's panic does - the other attempts are
+// cancelled - and keeps the panic for the caller, whose goroutine raises
+// it again once every attempt has returned.
+func (r *round[T]) unwindHedge(a *roundAttempt[T], returned *bool) {
+	if *returned {
+		return
+	}
+	v := recover()
+	end := r.clk.Now()
+	if r.p.Breaker != nil {
+		r.p.Breaker.Record(end, a.permit, noEvidence)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a.end, a.lost = end, true
+	if !r.panicked {
+		r.panicked, r.panicValue = true, v
+	}
+	r.over = true
+	for _, b := range r.atts {
+		if b.end == (time.Time{}) {
+			b.cancel()
+		}
 	}
 	a.cancel()
 	if testHookHedgeDone != nil {

@@ -539,6 +539,15 @@ func TestRefusalCannotBeDowngraded(t *testing.T) {
 	}
 }
 
+// probePolicy is a policy on clk of one attempt, whose breaker opens on the
+// first Transient failure, for 5s.
+func probePolicy(clk *fakeClock) *Policy {
+	p := testPolicy(clk)
+	p.MaxAttempts = 1
+	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1, OpenFor: 5 * time.Second})
+	return p
+}
+
 // Half-open, the probe is refused by a limiter; the next probe must still be
 // admitted, or the breaker is wedged half-open forever.
 func TestBreakerNeverWedgesOnRefusedProbe(t *testing.T) {
@@ -553,9 +562,7 @@ func TestBreakerNeverWedgesOnRefusedProbe(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newFakeClock()
-			p := testPolicy(clk)
-			p.MaxAttempts = 1
-			p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1, OpenFor: 5 * time.Second})
+			p := probePolicy(clk)
 
 			if r := Try(context.Background(), p, func(context.Context) (int, error) { return 0, errReset }); r.Stop != StopAttemptsExhausted {
 				t.Fatalf("opening call: %v", r.Stop)
@@ -578,6 +585,58 @@ func TestBreakerNeverWedgesOnRefusedProbe(t *testing.T) {
 			r := Try(context.Background(), p, func(context.Context) (int, error) { called = true; return 0, nil })
 			if !called || r.Stop != StopSuccess {
 				t.Fatalf("next probe: called %v, %v, %v; want admitted and successful", called, r.Stop, r.Err)
+			}
+			if got := p.Breaker.State(clk.Now()); got != BreakerClosed {
+				t.Errorf("breaker %v after a successful probe, want closed", got)
+			}
+		})
+	}
+}
+
+// Half-open, the probe panics (in the callback or in Admit) and the caller
+// recovers, as net/http's server does: the probe slot comes back, or the
+// breaker is wedged half-open forever.
+func TestBreakerNeverWedgesOnPanickingProbe(t *testing.T) {
+	boom := func(context.Context) (int, error) { panic("boom") }
+	ok := func(context.Context) (int, error) { return 0, nil }
+	tests := []struct {
+		name   string
+		hedged bool
+		admit  func(context.Context, NextAttempt) verdict.Verdict
+		probe  func(context.Context) (int, error)
+	}{
+		{"callback", false, nil, boom},
+		{"Admit hook", false, func(context.Context, NextAttempt) verdict.Verdict { panic("boom") }, ok},
+		{"hedged callback", true, nil, boom},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			p := probePolicy(clk)
+			if tt.hedged {
+				p.Hedge = newHedge(HedgeOptions{Delay: time.Hour}, clk)
+			}
+			run := Run[int]
+			if tt.hedged {
+				run = RunHedged[int]
+			}
+			run(context.Background(), p, func(context.Context) (int, error) { return 0, errReset })
+			clk.Advance(5 * time.Second)
+
+			p.Admit = tt.admit
+			func() {
+				defer func() {
+					if v := recover(); v != "boom" {
+						t.Fatalf("probe: recovered %v, want the panic", v)
+					}
+				}()
+				run(context.Background(), p, tt.probe)
+			}()
+
+			p.Admit = nil
+			var called bool
+			if _, err := run(context.Background(), p, func(context.Context) (int, error) { called = true; return 0, nil }); !called || err != nil {
+				t.Fatalf("next probe: called %v, %v; want admitted and successful", called, err)
 			}
 			if got := p.Breaker.State(clk.Now()); got != BreakerClosed {
 				t.Errorf("breaker %v after a successful probe, want closed", got)
