@@ -13,9 +13,14 @@ import (
 	"github.com/egressd/egressd/pkg/control"
 )
 
-// How long an attribution is reused for the same destination: long enough
-// that a refusal storm does not become a storm of questions to the daemon,
-// short enough that a limit lifted is seen at once.
+// How long the daemon's answer is reused for the same destination: long
+// enough that a refusal storm does not become a storm of questions to the
+// daemon, short enough that a limit lifted is seen at once. Only answers
+// are kept. A question that failed - the attempt's context ended, the
+// socket refused or is missing - says nothing about the refusal and is
+// asked again next time: a missing daemon fails at connect() on a local
+// socket, about what the refused connect() that led here cost, and such
+// questions come no faster than the policy lets attempts fail.
 const (
 	attributedFor   = 100 * time.Millisecond
 	unattributedFor = time.Second
@@ -31,18 +36,23 @@ func DaemonAttributor(c *control.Client) Attributor {
 	if c == nil {
 		c = &control.Client{}
 	}
-	a := &daemonAttributor{client: c, pid: os.Getpid(), cache: map[netip.AddrPort]attribution{}}
-	return a.attribute
+	return newDaemonAttributor(c, realClock{}).attribute
 }
 
+func newDaemonAttributor(c *control.Client, clk clock) *daemonAttributor {
+	return &daemonAttributor{client: c, clock: clk, pid: os.Getpid(), cache: map[netip.AddrPort]attribution{}}
+}
+
+// attribution is the daemon's answer about a destination.
 type attribution struct {
-	rule       string
-	retryAfter time.Duration
-	until      time.Time
+	rule    string    // "": not the daemon's refusal
+	retryAt time.Time // when the kernel expects a permit back; zero: no hint
+	until   time.Time // when to ask again
 }
 
 type daemonAttributor struct {
 	client *control.Client
+	clock  clock
 	pid    int
 	mu     sync.Mutex
 	cache  map[netip.AddrPort]attribution
@@ -53,17 +63,21 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 	if !ok {
 		return nil, false
 	}
-	now := time.Now()
+	now := a.clock.Now()
 	a.mu.Lock()
 	cached, hit := a.cache[dest]
 	a.mu.Unlock()
 	if !hit || now.After(cached.until) {
+		ans, qerr := a.client.Attribute(ctx, a.pid, dest)
+		if qerr != nil {
+			return nil, false
+		}
+		now = a.clock.Now() // the question took time; the hint counts from its answer
 		cached = attribution{until: now.Add(unattributedFor)}
-		if ans, err := a.client.Attribute(ctx, a.pid, dest); err == nil && ans.Refused {
-			cached = attribution{
-				rule:       ans.Rule,
-				retryAfter: time.Duration(ans.RetryAfterSeconds * float64(time.Second)),
-				until:      now.Add(attributedFor),
+		if ans.Refused {
+			cached = attribution{rule: ans.Rule, until: now.Add(attributedFor)}
+			if ans.RetryAfterSeconds > 0 {
+				cached.retryAt = now.Add(time.Duration(ans.RetryAfterSeconds * float64(time.Second)))
 			}
 		}
 		a.mu.Lock()
@@ -76,7 +90,14 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 	if cached.rule == "" {
 		return nil, false
 	}
-	return &RateLimitedError{Limiter: cached.rule, RetryAfter: cached.retryAfter, Err: err}, true
+	var retryAfter time.Duration
+	if !cached.retryAt.IsZero() {
+		// The hint is the time left, not the time there was when asked:
+		// a floor of a nanosecond keeps "a permit is due now" from
+		// reading as "no hint".
+		retryAfter = max(cached.retryAt.Sub(now), time.Nanosecond)
+	}
+	return &RateLimitedError{Limiter: cached.rule, RetryAfter: retryAfter, Err: err}, true
 }
 
 // refusedDial returns the destination of a dial that failed with EPERM.

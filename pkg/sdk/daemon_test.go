@@ -1,0 +1,102 @@
+package sdk
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/pkg/control"
+)
+
+// refusedByDaemon is the daemon's answer to every question in these tests.
+const refusedByDaemon = `{"refused":true,"rule":"payments","retryAfterSeconds":0.05}`
+
+// serveDaemon answers attribution questions on the control socket at sock
+// with refusedByDaemon, and counts them.
+func serveDaemon(t *testing.T, sock string) *atomic.Int32 {
+	t.Helper()
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := new(atomic.Int32)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(refusedByDaemon))
+	})}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	return asked
+}
+
+func refusedDialTo(port int) error {
+	return &net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: port}, Err: os.NewSyscallError("connect", syscall.EPERM)}
+}
+
+// A question that failed - the attempt's context ended during it, the
+// daemon was not there yet - is no answer: the next refusal asks again,
+// rather than being taken for a firewall's.
+func TestDaemonAttributorAsksAgainAfterAFailedQuestion(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	tests := []struct {
+		name         string
+		ctx          context.Context
+		daemonBefore bool
+	}{
+		{"context ended", cancelled, true},
+		{"no daemon yet", context.Background(), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "s")
+			var asked *atomic.Int32
+			if tt.daemonBefore {
+				asked = serveDaemon(t, sock)
+			}
+			attr := DaemonAttributor(&control.Client{Socket: sock})
+			if _, ok := attr(tt.ctx, refusedDialTo(443)); ok {
+				t.Fatal("attributed without an answer")
+			}
+			if !tt.daemonBefore {
+				asked = serveDaemon(t, sock)
+			}
+			rl, ok := attr(context.Background(), refusedDialTo(443))
+			if !ok || rl.Limiter != "payments" || asked.Load() != 1 {
+				t.Errorf("second refusal: %v, %v, daemon asked %d times; want the daemon's rule, asked once", rl, ok, asked.Load())
+			}
+		})
+	}
+}
+
+// A cached "yes" hands out the time left until the kernel's retry hint, not
+// the hint as it was when the daemon was asked.
+func TestDaemonAttributorHintCountsDown(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	asked := serveDaemon(t, sock)
+	clk := newFakeClock()
+	attr := newDaemonAttributor(&control.Client{Socket: sock}, clk).attribute
+	for _, step := range []struct {
+		advance time.Duration
+		want    time.Duration
+		asked   int32
+	}{
+		{0, 50 * time.Millisecond, 1},
+		{30 * time.Millisecond, 20 * time.Millisecond, 1},
+		{40 * time.Millisecond, time.Nanosecond, 1}, // past the hint: due now
+		{attributedFor, 50 * time.Millisecond, 2},   // asked again
+	} {
+		clk.Advance(step.advance)
+		rl, ok := attr(context.Background(), refusedDialTo(443))
+		if !ok || rl.RetryAfter != step.want || asked.Load() != step.asked {
+			t.Errorf("at %v: %v, %v, daemon asked %d times; want retry after %v, asked %d", clk.Now().Sub(t0), rl, ok, asked.Load(), step.want, step.asked)
+		}
+	}
+}
