@@ -38,8 +38,8 @@ type StatusError struct {
 	// Pushback is the PushbackKey trailer as the server sent it; empty
 	// when it sent none.
 	Pushback string
-	// dial is the connection's last dial error, when it was an EPERM: what
-	// a kernel refusal surfaces as behind UNAVAILABLE.
+	// dial is a refused dial's EPERM, for a call that reached no
+	// connection: what a kernel refusal surfaces as behind UNAVAILABLE.
 	dial error
 }
 

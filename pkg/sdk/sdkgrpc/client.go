@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -52,7 +53,14 @@ type Client struct {
 	dial          func(context.Context, string) (net.Conn, error)
 
 	mu      sync.Mutex
-	refused error // the last dial's error, while it is an EPERM
+	refused map[string]refusal // by address: a dial refused with EPERM, until the next dial there
+	dials   uint64
+}
+
+// refusal is a dial refused with EPERM, the dials-th the Client made.
+type refusal struct {
+	err error
+	n   uint64
 }
 
 // NewClient returns a Client.
@@ -61,7 +69,7 @@ func NewClient(o ClientOptions) *Client {
 	if p == nil {
 		p = Defaults()
 	}
-	c := &Client{policy: *p, idempotent: o.Idempotent, propagate: o.Propagate, dial: o.Dial}
+	c := &Client{policy: *p, idempotent: o.Idempotent, propagate: o.Propagate, dial: o.Dial, refused: map[string]refusal{}}
 	c.policy.Classifier = Classifier(c.policy.Classifier)
 	c.plain = c.policy
 	c.plain.Hedge = nil
@@ -133,9 +141,10 @@ func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *g
 			out = msg.ProtoReflect().New().Interface()
 		}
 		var trailer metadata.MD
-		err := invoker(c.outgoing(actx), method, req, out, cc, append(opts[:len(opts):len(opts)], grpc.Trailer(&trailer))...)
+		var pr peer.Peer
+		err := invoker(c.outgoing(actx), method, req, out, cc, append(opts[:len(opts):len(opts)], grpc.Trailer(&trailer), grpc.Peer(&pr))...)
 		if err != nil {
-			return nil, c.wrap(err, trailer)
+			return nil, c.wrap(err, trailer, pr.Addr != nil)
 		}
 		return out, nil
 	})
@@ -154,13 +163,14 @@ func (c *Client) Stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	return call(ctx, &c.plain, func(actx context.Context) (grpc.ClientStream, error) {
 		sctx, cancel := context.WithCancel(ctx)
 		stop := context.AfterFunc(actx, cancel)
-		cs, err := streamer(c.outgoing(sctx), desc, cc, method, opts...)
+		var pr peer.Peer
+		cs, err := streamer(c.outgoing(sctx), desc, cc, method, append(opts[:len(opts):len(opts)], grpc.Peer(&pr))...)
 		if !stop() || err != nil {
 			cancel()
 			if err == nil {
 				err = actx.Err()
 			}
-			return nil, c.wrap(err, nil)
+			return nil, c.wrap(err, nil, pr.Addr != nil)
 		}
 		return &clientStream{ClientStream: cs, cancel: cancel}, nil
 	})
@@ -202,8 +212,10 @@ func (c *Client) outgoing(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
-// wrap makes a failed invocation's error a *StatusError.
-func (c *Client) wrap(err error, trailer metadata.MD) error {
+// wrap makes a failed invocation's error a *StatusError. reached says the
+// call got a transport - gRPC set its peer - so that its UNAVAILABLE came
+// from the server or that connection, not from a dial.
+func (c *Client) wrap(err error, trailer metadata.MD, reached bool) error {
 	if _, ok := status.FromError(err); !ok {
 		return err // a context's error: the executor reads those itself
 	}
@@ -211,26 +223,41 @@ func (c *Client) wrap(err error, trailer metadata.MD) error {
 	if v := trailer.Get(PushbackKey); len(v) > 0 {
 		se.Pushback = v[0]
 	}
-	if status.Code(err) == codes.Unavailable {
-		c.mu.Lock()
-		se.dial = c.refused
-		c.mu.Unlock()
+	if status.Code(err) == codes.Unavailable && !reached {
+		se.dial = c.lastRefusal()
 	}
 	return se
 }
 
-// dialContext dials, remembering an EPERM until a dial succeeds: behind
-// the UNAVAILABLE the calls get meanwhile, that is what egressd's refusal
-// looks like.
+// lastRefusal returns the latest EPERM among the addresses whose last dial
+// was refused, if any. A call that reached no transport cannot say which
+// address its pick would have been: when every address failed, a refused
+// one is among the causes, and the Attributor asks the daemon about the
+// address the error names.
+func (c *Client) lastRefusal() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var last refusal
+	for _, r := range c.refused {
+		if r.n > last.n {
+			last = r
+		}
+	}
+	return last.err
+}
+
+// dialContext dials, remembering an EPERM for addr until the next dial
+// there: behind the UNAVAILABLE of calls that reach no transport
+// meanwhile, that is what egressd's refusal looks like.
 func (c *Client) dialContext(ctx context.Context, addr string) (net.Conn, error) {
 	conn, err := c.dial(ctx, addr)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case err == nil:
-		c.refused = nil
-	case errors.Is(err, syscall.EPERM):
-		c.refused = err
+	c.dials++
+	if errors.Is(err, syscall.EPERM) {
+		c.refused[addr] = refusal{err: err, n: c.dials}
+	} else {
+		delete(c.refused, addr)
 	}
 	return conn, err
 }

@@ -36,8 +36,10 @@
 //
 // A connection egressd's kernel rules refuse fails its dial with EPERM,
 // which gRPC reports as UNAVAILABLE without the cause. The Client's dialer
-// (DialOptions installs it) remembers the EPERM, and hands it to the
-// classifier's Attributor behind the UNAVAILABLE, so that Defaults'
+// (DialOptions installs it) remembers the EPERM per address, until that
+// address is dialled again, and hands it to the classifier's Attributor
+// behind the UNAVAILABLE of a call that reached no connection - not behind
+// one a server (or a connection that was up) answered - so that Defaults'
 // sdk.DaemonAttributor makes the call a self-imposed refusal naming the
 // rule, as in HTTP; unclaimed, it is Permanent. gRPC reconnects on its own
 // backoff: a retry sooner than its next dial finds the same UNAVAILABLE.

@@ -425,6 +425,78 @@ func TestKernelRefusalAttributed(t *testing.T) {
 	}
 }
 
+// The connection's dial to another backend is refused with EPERM, after
+// this one connected; this one answers UNAVAILABLE itself. That
+// UNAVAILABLE reached a server, and is Transient, retried: the refused
+// dial is not what it says.
+func TestServersUnavailableBesideARefusedDial(t *testing.T) {
+	h := &healthServer{steps: []step{serving, fail(codes.Unavailable, ""), serving}}
+	good, blocked := listen(t, h), "127.0.0.1:9"
+	var d net.Dialer
+	p := testPolicy(3)
+	p.Classifier = sdk.DefaultClassifier().WithAttributor(func(context.Context, error) (*sdk.RateLimitedError, bool) {
+		return &sdk.RateLimitedError{Limiter: "payments-egress"}, true
+	})
+	c := NewClient(ClientOptions{Policy: p, Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+		if addr == blocked {
+			return nil, eperm()
+		}
+		return d.DialContext(ctx, "tcp", addr)
+	}})
+	hc := dial(t, good, c)
+	if _, _, err := check(t, hc, context.Background()); err != nil {
+		t.Fatal(err) // connected: steps[0]
+	}
+	// What gRPC does for the other address of a round-robin connection.
+	if _, err := c.dialContext(context.Background(), blocked); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("dial %s: %v, want EPERM", blocked, err)
+	}
+
+	_, res, err := check(t, hc, context.Background())
+	if want := []string{"Transient", "OK"}; err != nil || !slices.Equal(log(res), want) {
+		t.Errorf("err %v, attempt log %q; want %q", err, log(res), want)
+	}
+}
+
+// A refused dial stays behind the UNAVAILABLE of calls that reach no
+// transport until that address is dialled again, whatever other addresses'
+// dials do; a call that reached a transport never carries it.
+func TestDialRefusalsByAddress(t *testing.T) {
+	up := make(map[string]bool)
+	c := NewClient(ClientOptions{Dial: func(_ context.Context, addr string) (net.Conn, error) {
+		if up[addr] {
+			client, server := net.Pipe()
+			server.Close()
+			return client, nil
+		}
+		return nil, eperm()
+	}})
+	unavailable := status.Error(codes.Unavailable, "x")
+	attached := func(reached bool) bool {
+		return errors.Is(c.wrap(unavailable, nil, reached), syscall.EPERM)
+	}
+	for _, step := range []struct {
+		addr string
+		up   bool
+		want bool
+	}{
+		{"a:1", false, true},
+		{"b:1", true, true}, // another address connecting clears nothing
+		{"a:1", true, false},
+	} {
+		up[step.addr] = step.up
+		if conn, err := c.dialContext(context.Background(), step.addr); err == nil {
+			conn.Close()
+		}
+		if got := attached(false); got != step.want {
+			t.Errorf("after dialling %s (up %v): EPERM attached %v, want %v", step.addr, step.up, got, step.want)
+		}
+		if attached(true) {
+			t.Errorf("after dialling %s: EPERM attached to a call that reached a transport", step.addr)
+		}
+	}
+}
+
 // eperm is the error a dial refused by the kernel returns.
 func eperm() error {
 	return &net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, Err: os.NewSyscallError("connect", syscall.EPERM)}
