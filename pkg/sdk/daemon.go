@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -40,7 +39,7 @@ func DaemonAttributor(c *control.Client) Attributor {
 }
 
 func newDaemonAttributor(c *control.Client, clk clock) *daemonAttributor {
-	return &daemonAttributor{client: c, clock: clk, pid: os.Getpid(), cache: map[netip.AddrPort]attribution{}}
+	return &daemonAttributor{client: c, clock: clk, cache: map[netip.AddrPort]attribution{}}
 }
 
 // attribution is the daemon's answer about a destination.
@@ -50,10 +49,14 @@ type attribution struct {
 	until   time.Time // when to ask again
 }
 
+// askingProcess is the pid that asks about the caller's own refusals: the
+// daemon takes it from the socket's peer, in its own pid namespace, where
+// a containerised service's os.Getpid() names another process.
+const askingProcess = 0
+
 type daemonAttributor struct {
 	client *control.Client
 	clock  clock
-	pid    int
 	mu     sync.Mutex
 	cache  map[netip.AddrPort]attribution
 }
@@ -68,7 +71,7 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 	cached, hit := a.cache[dest]
 	a.mu.Unlock()
 	if !hit || now.After(cached.until) {
-		ans, qerr := a.client.Attribute(ctx, a.pid, dest)
+		ans, qerr := a.client.Attribute(ctx, askingProcess, dest)
 		if qerr != nil {
 			return nil, false
 		}
