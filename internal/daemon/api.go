@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/control"
@@ -278,7 +279,10 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	follow, _ := strconv.ParseBool(r.URL.Query().Get("follow"))
 	var live <-chan loader.Refusal
 	if follow {
-		ch, cancel := d.events.follow()
+		ch, cancel, ok := d.events.follow()
+		if !ok {
+			return control.Errorf(control.CodeUnavailable, "%d clients follow events already, the most egressd serves; try again when one stops", maxFollowers)
+		}
 		defer cancel()
 		live = ch
 	}
@@ -294,10 +298,16 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	if !follow {
 		return nil
 	}
+	keepalive := time.NewTicker(d.cfg.keepalive)
+	defer keepalive.Stop()
 	for {
 		select {
 		case <-r.Context().Done():
 			return r.Context().Err()
+		case <-keepalive.C:
+			if err := sw.Keepalive(); err != nil {
+				return err
+			}
 		case e, ok := <-live:
 			if !ok {
 				return nil

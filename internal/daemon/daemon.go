@@ -92,9 +92,11 @@ type Config struct {
 
 	// open opens the datapath; nil is the kernel's (the tests' fake
 	// otherwise). now is the clock of shares and of host names'
-	// TTLs; nil is time.Now.
-	open func(*loader.Config) (datapath, error)
-	now  func() time.Time
+	// TTLs; nil is time.Now. keepalive is how often a follower of
+	// events that waits is sent an empty line; 0 is followKeepalive.
+	open      func(*loader.Config) (datapath, error)
+	now       func() time.Time
+	keepalive time.Duration
 }
 
 // Notifier is told when the daemon is ready, reloading and stopping, and
@@ -146,6 +148,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if c.keepalive == 0 {
+		c.keepalive = followKeepalive
 	}
 	return c
 }

@@ -25,6 +25,12 @@ const (
 	attributionWindow = 2 * time.Second
 	// burstLogEvery bounds refusal logging to one line per rule per period.
 	burstLogEvery = 10 * time.Second
+	// maxFollowers bounds `egressd events --follow` streams at once, each
+	// a goroutine, a connection and a buffer of events.
+	maxFollowers = 64
+	// followKeepalive is how often a follower waiting for refusals is
+	// sent an empty line: a failed write is how one that left is found.
+	followKeepalive = 10 * time.Second
 )
 
 // eventLog keeps recent refusals and hands new ones to followers.
@@ -65,13 +71,18 @@ func (l *eventLog) recent() []loader.Refusal {
 	return append(append([]loader.Refusal(nil), l.ring[l.next:]...), l.ring[:l.next]...)
 }
 
-// follow subscribes to new refusals until cancel is called.
-func (l *eventLog) follow() (<-chan loader.Refusal, func()) {
+// follow subscribes to new refusals until cancel is called; with
+// maxFollowers subscribed already, it refuses (ok is false).
+func (l *eventLog) follow() (_ <-chan loader.Refusal, cancel func(), ok bool) {
 	ch := make(chan loader.Refusal, 256)
 	l.mu.Lock()
-	if l.closed {
+	switch {
+	case l.closed:
 		close(ch)
-	} else {
+	case len(l.followers) >= maxFollowers:
+		l.mu.Unlock()
+		return nil, nil, false
+	default:
 		l.followers[ch] = struct{}{}
 	}
 	l.mu.Unlock()
@@ -82,7 +93,7 @@ func (l *eventLog) follow() (<-chan loader.Refusal, func()) {
 			delete(l.followers, ch)
 			close(ch)
 		}
-	}
+	}, true
 }
 
 func (l *eventLog) close() {

@@ -1,9 +1,14 @@
 package daemon
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -191,5 +196,93 @@ func TestReplacedAdaptiveLoopLeavesTheRule(t *testing.T) {
 				t.Errorf("dep is %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// followRaw opens `events --follow` on a connection of its own, reads the
+// response's header and returns the connection and response. The test
+// ends with the connection closed.
+func followRaw(t *testing.T, socket string) (net.Conn, *http.Response) {
+	t.Helper()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte("GET /v1/events?follow=true HTTP/1.1\r\nHost: egressd\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, resp
+}
+
+// followers counts the events handlers running.
+func followers() int {
+	return strings.Count(daemonGoroutines(), "handleEvents")
+}
+
+// awaitFollowers waits until n events handlers run.
+func awaitFollowers(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for followers() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events handlers running, want %d", followers(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestEventsFollowerThatLeftEnds: a follower that sends a byte after its
+// request and closes leaves net/http unaware (it takes the byte for the
+// next request), and with no refusal to send, only a keepalive's failed
+// write ends its handler and frees its connection.
+func TestEventsFollowerThatLeftEnds(t *testing.T) {
+	td := newTestDaemon(t)
+	td.cfg.keepalive = 20 * time.Millisecond
+	td.start(t)
+	c, resp := followRaw(t, td.cfg.Socket)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("follow: status %d", resp.StatusCode)
+	}
+	awaitFollowers(t, 1)
+	if _, err := c.Write([]byte("G")); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	awaitFollowers(t, 0)
+}
+
+// TestEventsFollowersBounded: past maxFollowers, a follower is refused
+// with a reason, and one that stops makes room for another.
+func TestEventsFollowersBounded(t *testing.T) {
+	td := newTestDaemon(t)
+	td.start(t)
+	conns := make([]net.Conn, maxFollowers)
+	for i := range conns {
+		c, resp := followRaw(t, td.cfg.Socket)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("follower %d: status %d", i+1, resp.StatusCode)
+		}
+		conns[i] = c
+	}
+	_, resp := followRaw(t, td.cfg.Socket)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("follower %d: status %d, want %d", maxFollowers+1, resp.StatusCode, http.StatusServiceUnavailable)
+	}
+	var refused struct {
+		Error string
+		Code  control.Code
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&refused); err != nil || refused.Code != control.CodeUnavailable || !strings.Contains(refused.Error, "clients follow events already") {
+		t.Errorf("follower %d refused with %+v (%v), want code unavailable saying why", maxFollowers+1, refused, err)
+	}
+	conns[0].Close()
+	awaitFollowers(t, maxFollowers-1)
+	if _, resp := followRaw(t, td.cfg.Socket); resp.StatusCode != http.StatusOK {
+		t.Errorf("follower after one stopped: status %d", resp.StatusCode)
 	}
 }

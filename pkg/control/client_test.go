@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,6 +134,20 @@ func TestStream(t *testing.T) {
 	})
 	if err != nil || len(seqs) != 3 || seqs[0] != 0 || seqs[2] != 2 {
 		t.Errorf("stream: %v, got %v, want [0 1 2]", err, seqs)
+	}
+}
+
+// TestStreamSkipsKeepalives: the empty lines a stream sends to find a
+// peer that left are no values to the client.
+func TestStreamSkipsKeepalives(t *testing.T) {
+	h := start(t, control.Config{})
+	var got []string
+	err := h.client.Stream(context.Background(), "events?keepalive=1", func(m json.RawMessage) error {
+		got = append(got, string(m))
+		return nil
+	})
+	if want := []string{`{"seq":0}`, `{"seq":1}`, `{"seq":2}`}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("stream with keepalives: %v, got %q, want %q", err, got, want)
 	}
 }
 

@@ -146,7 +146,22 @@ func (s *StreamWriter) Send(v any) error {
 	if err != nil {
 		return fmt.Errorf("stream: encode: %w", err)
 	}
-	if _, err := s.w.Write(append(b, '\n')); err != nil {
+	return s.write(append(b, '\n'))
+}
+
+// Keepalive writes an empty line, which Client.Stream skips (JSON allows
+// white space between values), and flushes it. A stream that waits for
+// values sends one now and then: only a write finds a peer that left
+// without net/http noticing, such as one that sent a byte after its
+// request (taken for the next request, that byte stops net/http watching
+// the connection).
+func (s *StreamWriter) Keepalive() error {
+	return s.write([]byte{'\n'})
+}
+
+// write writes b and flushes it.
+func (s *StreamWriter) write(b []byte) error {
+	if _, err := s.w.Write(b); err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
 	if err := s.rc.Flush(); err != nil {

@@ -183,6 +183,11 @@ func (tr *testRoutes) table() map[string]control.Route {
 				if q.Get("break") != "" && i == 1 {
 					return errors.New("ring buffer gone")
 				}
+				if q.Get("keepalive") != "" {
+					if err := sw.Keepalive(); err != nil {
+						return err
+					}
+				}
 				if err := sw.Send(map[string]int{"seq": i}); err != nil {
 					return err
 				}
