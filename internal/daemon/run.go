@@ -273,6 +273,11 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		err := srv.Shutdown(shutdown)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A request still running is cut rather than let fail the stop.
+			d.log.Warn("control requests still running at stop; cutting them")
+			err = srv.Close()
+		}
 		if metricsSrv != nil {
 			err = errors.Join(err, metricsSrv.Shutdown(shutdown))
 		}

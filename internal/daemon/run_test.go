@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/netip"
 	"os"
 	"runtime"
 	"strings"
@@ -300,5 +302,30 @@ func TestRunBadPolicyStopsStart(t *testing.T) {
 	}
 	if _, err := (&control.Client{Socket: td.cfg.Socket, Timeout: time.Second}).Status(context.Background()); err == nil {
 		t.Error("the control socket still answers after a failed start")
+	}
+}
+
+// TestRunStopsDespiteStalledFollower: a follower of events that stops
+// reading, with the daemon's writes to it blocked, neither holds up a stop
+// nor makes it fail.
+func TestRunStopsDespiteStalledFollower(t *testing.T) {
+	td := newTestDaemon(t)
+	stop := td.start(t)
+	_, resp := followRaw(t, td.cfg.Socket)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("follow: status %d", resp.StatusCode)
+	}
+	// Far more than the socket's buffers hold, all to a reader that
+	// reads none.
+	for i := range 20000 {
+		td.fake.refuse(loader.Refusal{Time: time.Now(), PID: uint32(i), Rule: strings.Repeat("r", 200), Dest: netip.MustParseAddrPort("10.0.0.1:1")})
+	}
+	td.fake.refusals.drain(t)
+	t0 := time.Now()
+	if err := stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	if took := time.Since(t0); took > 3*time.Second {
+		t.Errorf("stop took %v with a stalled follower", took)
 	}
 }

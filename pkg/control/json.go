@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // MaxBodyBytes bounds a request body.
@@ -73,6 +75,8 @@ func decodeError(err error) error {
 			where = "field " + strconv.Quote(typ.Field)
 		}
 		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("%s: cannot use JSON %s as %s (at byte %d)", where, typ.Value, typ.Type, typ.Offset), Err: err}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &Error{Code: CodeInvalid, Message: "request body not sent in time", Err: err}
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return &Error{Code: CodeInvalid, Message: "malformed JSON: the body ends inside a value", Err: err}
 	}
@@ -159,8 +163,16 @@ func (s *StreamWriter) Keepalive() error {
 	return s.write([]byte{'\n'})
 }
 
+// streamWriteTimeout bounds one write to a stream: a peer that stops
+// reading would otherwise hold its handler, and a stop, for ever.
+const streamWriteTimeout = 10 * time.Second
+
 // write writes b and flushes it.
 func (s *StreamWriter) write(b []byte) error {
+	err := s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return fmt.Errorf("stream: %w", err)
+	}
 	if _, err := s.w.Write(b); err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}

@@ -229,6 +229,15 @@ func start(t testing.TB, cfg control.Config) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serve(t, srv)
+	c := &control.Client{Socket: cfg.Socket, Timeout: 10 * time.Second}
+	t.Cleanup(c.CloseIdleConnections)
+	return &harness{srv: srv, sock: cfg.Socket, routes: tr, client: c}
+}
+
+// serve listens and serves with srv until the test ends.
+func serve(t testing.TB, srv *control.Server) {
+	t.Helper()
 	ln, err := srv.Listen()
 	if err != nil {
 		t.Fatal(err)
@@ -241,9 +250,6 @@ func start(t testing.TB, cfg control.Config) *harness {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	c := &control.Client{Socket: cfg.Socket, Timeout: 10 * time.Second}
-	t.Cleanup(c.CloseIdleConnections)
-	return &harness{srv: srv, sock: cfg.Socket, routes: tr, client: c}
 }
 
 // raw sends a hand-made request over the socket and returns the status,

@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -67,7 +68,19 @@ type Server struct {
 
 	streams     context.Context // cancelled when the server stops
 	stopStreams context.CancelFunc
+
+	// bodyTimeout bounds the reading of a request's body.
+	bodyTimeout time.Duration
 }
+
+const (
+	// bodyTimeout is how long a peer has to send a request's body.
+	bodyTimeout = 10 * time.Second
+	// streamEndGrace is how long an ending stream's writes, the end of
+	// the response included, have before they fail: a peer that stops
+	// reading would otherwise hold up a Shutdown.
+	streamEndGrace = time.Second
+)
 
 var methods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
 
@@ -119,6 +132,8 @@ func NewServer(cfg Config) (*Server, error) {
 		routes: routes,
 		policy: policy,
 		log:    cfg.Logger,
+
+		bodyTimeout: bodyTimeout,
 	}
 	if s.socket == "" {
 		s.socket = DefaultSocket
@@ -256,6 +271,20 @@ func (s *Server) serve(w *responseWriter, r *http.Request) (string, error) {
 		defer cancel()
 		stop := context.AfterFunc(s.streams, cancel)
 		defer stop()
+		end := context.AfterFunc(ctx, w.endWrites)
+		defer func() {
+			if end() {
+				// The connection may serve further requests.
+				w.SetWriteDeadline(time.Time{})
+			}
+		}()
+	}
+	if r.ContentLength != 0 {
+		// Set only with a body to read: net/http reads a body-less
+		// connection in the background from the start, and there this
+		// deadline would end the request. Once the body is read, net/http
+		// lifts it to read in the background.
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.bodyTimeout))
 	}
 	return name, s.call(route.Handler, w, r.WithContext(ctx), name)
 }
@@ -317,10 +346,36 @@ func (s *Server) fail(w *responseWriter, r *http.Request, name string, err error
 
 // responseWriter notes whether the response has started (and its status,
 // for the log). Unwrap and FlushError keep http.ResponseController working.
+// A stream's writes end (endWrites) when its context does.
 type responseWriter struct {
 	http.ResponseWriter
 	wrote  bool
 	status int
+
+	mu    sync.Mutex
+	ended bool
+}
+
+var errStreamEnded = errors.New("stream ended")
+
+// SetWriteDeadline sets the connection's write deadline, unless the
+// stream has ended: its deadline stays.
+func (w *responseWriter) SetWriteDeadline(t time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return errStreamEnded
+	}
+	return http.NewResponseController(w.ResponseWriter).SetWriteDeadline(t)
+}
+
+// endWrites gives the writes of a stream that ends streamEndGrace, so
+// that one blocked on a peer that does not read fails.
+func (w *responseWriter) endWrites() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ended = true
+	http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(streamEndGrace))
 }
 
 func (w *responseWriter) WriteHeader(code int) {

@@ -1,14 +1,18 @@
 package control_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/pkg/control"
 )
@@ -276,5 +280,55 @@ func TestNewServerListsEveryProblem(t *testing.T) {
 	}
 	if _, err := control.NewServer(control.Config{}); err == nil || !strings.Contains(err.Error(), "no routes") {
 		t.Errorf("no routes: %v", err)
+	}
+}
+
+// TestBodyNotSentInTime: a request whose body does not come is answered
+// once the body's time is up, and a slow handler, with a body it has read
+// or without one, is not cut by that deadline.
+func TestBodyNotSentInTime(t *testing.T) {
+	tr := &testRoutes{calls: map[string]int{}}
+	routes := tr.table()
+	routes["slowecho"] = control.Route{Method: http.MethodPost, Handler: control.JSON(func(r *http.Request, in echoIn) (echoIn, error) {
+		time.Sleep(300 * time.Millisecond)
+		return in, r.Context().Err()
+	})}
+	routes["slowget"] = control.Route{Method: http.MethodGet, Handler: control.JSON(func(r *http.Request, _ struct{}) (struct{}, error) {
+		time.Sleep(300 * time.Millisecond)
+		return struct{}{}, r.Context().Err()
+	})}
+	sock := filepath.Join(sockDir(t), "egressd.sock")
+	srv, err := control.NewServer(control.Config{Socket: sock, Routes: routes, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	control.SetBodyTimeout(srv, 100*time.Millisecond)
+	serve(t, srv)
+
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "POST /v1/decode HTTP/1.1\r\nHost: egressd\r\nContent-Length: 1048576\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a request whose body does not come: %v", err)
+	}
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("status %d, want 400", resp.StatusCode)
+	}
+
+	client := &control.Client{Socket: sock, Timeout: 5 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	var out echoIn
+	if err := client.Do(context.Background(), http.MethodPost, "slowecho", echoIn{Name: "a"}, &out); err != nil || out.Name != "a" {
+		t.Errorf("slow handler after its body: %+v, %v", out, err)
+	}
+	if err := client.Get(context.Background(), "slowget", nil); err != nil {
+		t.Errorf("slow handler without a body: %v", err)
 	}
 }
