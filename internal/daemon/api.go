@@ -94,6 +94,7 @@ func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, err
 	for i := range status {
 		kernel[status[i].Name] = &status[i]
 	}
+	forReader := readOnly(r)
 	out := make([]control.Limit, 0, len(entries))
 	for _, name := range slices.Sorted(maps.Keys(entries)) {
 		e := entries[name]
@@ -105,7 +106,7 @@ func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, err
 			}
 			k = *found
 		}
-		l, err := view(name, e, k.Stats, k.Rule)
+		l, err := view(name, e, k.Stats, k.Rule, forReader)
 		if err != nil {
 			return nil, err
 		}
@@ -119,11 +120,17 @@ func (d *Daemon) handleLimit(r *http.Request, _ struct{}) (control.Limit, error)
 	if name == "" {
 		return control.Limit{}, control.Errorf(control.CodeInvalid, "name is required")
 	}
-	return d.limitView(name)
+	return d.limitView(name, readOnly(r))
 }
 
-// limitView describes one rule with its kernel counts.
-func (d *Daemon) limitView(name string) (control.Limit, error) {
+// readOnly says whether r's caller may read but not write.
+func readOnly(r *http.Request) bool {
+	return control.AccessFrom(r.Context()) < control.AccessWrite
+}
+
+// limitView describes one rule with its kernel counts, for a reader if
+// forReader.
+func (d *Daemon) limitView(name string, forReader bool) (control.Limit, error) {
 	d.mu.Lock()
 	e, ok := d.entries[name]
 	d.mu.Unlock()
@@ -131,7 +138,7 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 		return control.Limit{}, control.Errorf(control.CodeNotFound, "rule %s: %v", name, errUnknownRule)
 	}
 	if !e.installed() {
-		return view(name, e, loader.Stats{}, loader.Rule{})
+		return view(name, e, loader.Stats{}, loader.Rule{}, forReader)
 	}
 	st, err := d.dp.Stats(name)
 	if err != nil {
@@ -141,13 +148,16 @@ func (d *Daemon) limitView(name string) (control.Limit, error) {
 	if err != nil {
 		return control.Limit{}, err
 	}
-	return view(name, e, st, kr)
+	return view(name, e, st, kr, forReader)
 }
 
 // view describes rule name, entry e, given its kernel counts st and kernel
-// rule kr when it is installed.
-func view(name string, e *entry, st loader.Stats, kr loader.Rule) (control.Limit, error) {
+// rule kr when it is installed; for a reader if forReader.
+func view(name string, e *entry, st loader.Stats, kr loader.Rule, forReader bool) (control.Limit, error) {
 	text, err := e.text()
+	if forReader {
+		text, err = e.readerText()
+	}
 	if err != nil {
 		return control.Limit{}, err
 	}
@@ -218,7 +228,7 @@ func (d *Daemon) handleSetLimit(r *http.Request, in control.SetLimitRequest) (co
 	if err := d.setRule(r.Context(), p.Rules[0]); err != nil {
 		return control.Limit{}, applyError(err)
 	}
-	return d.limitView(p.Rules[0].Name)
+	return d.limitView(p.Rules[0].Name, false)
 }
 
 // indent makes one rule's YAML an item of a rules list.

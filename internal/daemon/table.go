@@ -15,6 +15,7 @@ import (
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
+	"github.com/egressd/egressd/pkg/shared/redisurl"
 )
 
 // The rule table: the rules in force (the policy file's, with the changes
@@ -55,11 +56,29 @@ func (e *entry) installed() bool { return e.pending == "" }
 func (e *entry) text() (string, error) {
 	w := e.written.Load()
 	if w == nil {
-		b, err := policy.Format(&policy.Policy{Rules: []policy.Rule{*e.spec}})
-		w = &ruleText{strings.TrimPrefix(string(b), "rules:\n"), err}
+		text, err := format(*e.spec)
+		w = &ruleText{text, err}
 		e.written.Store(w)
 	}
 	return w.text, w.err
+}
+
+// readerText is text with the passwords of a shared rule's Redis URL
+// hidden, for callers who may read but not write: a writer needs them
+// whole, to set the rule again as it was.
+func (e *entry) readerText() (string, error) {
+	if e.spec.Shared.Redis == "" {
+		return e.text()
+	}
+	spec := *e.spec
+	spec.Shared.Redis = redisurl.Redact(spec.Shared.Redis)
+	return format(spec)
+}
+
+// format writes one rule as the policy file would have it.
+func format(r policy.Rule) (string, error) {
+	b, err := policy.Format(&policy.Policy{Rules: []policy.Rule{r}})
+	return strings.TrimPrefix(string(b), "rules:\n"), err
 }
 
 // sharedRate is, for a shared rate, its kernel rule as the policy gives

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -658,14 +660,14 @@ func TestLimitsList(t *testing.T) {
 	td.fake.stats["db"] = loader.Stats{Live: 3, Admitted: 7, Refused: 2}
 	td.fake.stats["api"] = loader.Stats{Live: 1, InFlight: 1, Admitted: 4}
 	td.fake.mu.Unlock()
-	list, err := td.handleLimits(nil, struct{}{})
+	list, err := td.handleLimits(httptest.NewRequest("GET", control.Prefix+control.RouteLimits, nil), struct{}{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var names []string
 	for _, l := range list {
 		names = append(names, l.Name)
-		one, err := td.limitView(l.Name)
+		one, err := td.limitView(l.Name, false)
 		if err != nil {
 			t.Fatal(err)
 		}

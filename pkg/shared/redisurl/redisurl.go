@@ -102,6 +102,21 @@ func Open(s string, t Timeouts) (redis.UniversalClient, error) {
 	}
 }
 
+// Redact returns s with its passwords shown as "xxxxx": the user's and a
+// password query parameter's (a Sentinel URL's, for the primary). A string
+// that is not a URL is hidden whole.
+func Redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "xxxxx"
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}
+
 // split tells the kind from the scheme and returns the URL in the form
 // go-redis's parser for that kind reads.
 func split(s string) (Kind, string, error) {

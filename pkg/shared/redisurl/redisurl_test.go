@@ -35,6 +35,23 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+func TestRedact(t *testing.T) {
+	tests := []struct{ url, want string }{
+		{"redis://user:s3cret@10.0.0.1:6379/0", "redis://user:xxxxx@10.0.0.1:6379/0"},
+		{"rediss://:s3cret@h:6379", "rediss://:xxxxx@h:6379"},
+		{"unix://u:s3cret@/run/redis.sock?db=1", "unix://u:xxxxx@/run/redis.sock?db=1"},
+		{"redis+sentinel://s:s3cret@h:26379?master_name=m&password=s3cret2", "redis+sentinel://s:xxxxx@h:26379?master_name=m&password=xxxxx"},
+		{"redis://user@h:6379", "redis://user@h:6379"},
+		{"redis+cluster://h:7000?addr=h2:7000", "redis+cluster://h:7000?addr=h2:7000"},
+		{"%zz:s3cret", "xxxxx"},
+	}
+	for _, tt := range tests {
+		if got := Redact(tt.url); got != tt.want {
+			t.Errorf("Redact(%q) = %q, want %q", tt.url, got, tt.want)
+		}
+	}
+}
+
 func TestOpenKinds(t *testing.T) {
 	for url, want := range map[string]string{
 		"redis://127.0.0.1:1":                          "*redis.Client",
