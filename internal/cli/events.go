@@ -13,7 +13,7 @@ import (
 func eventsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "events",
-		Usage: "show recent refused connections: an event per process and rule per second, the latest refusal with the count since the last event",
+		Usage: "show recent refused connections: an event per process and rule per second, the latest refusal with the count since the last event; a caller without write access sees only its own process's",
 		Flags: []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing refusals as they happen"}, jsonFlag},
 		Action: func(c *cli.Context) error {
 			cl := client(c)

@@ -287,6 +287,16 @@ func (d *Daemon) handleCheck(r *http.Request, in control.PolicyCheckRequest) (co
 
 func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	follow, _ := strconv.ParseBool(r.URL.Query().Get("follow"))
+	// A reader learns about its own connections only, as with
+	// attribution.
+	shown := func(loader.Refusal) bool { return true }
+	if readOnly(r) {
+		peer, known := control.PeerFrom(r.Context())
+		if !known {
+			return control.Errorf(control.CodeForbidden, "the asking process is not known")
+		}
+		shown = func(e loader.Refusal) bool { return e.PID == uint32(peer.PID) }
+	}
 	var live <-chan loader.Refusal
 	if follow {
 		ch, cancel, ok := d.events.follow()
@@ -301,6 +311,9 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	for _, e := range d.events.recent() {
+		if !shown(e) {
+			continue
+		}
 		if err := sw.Send(refusalView(e)); err != nil {
 			return err
 		}
@@ -321,6 +334,9 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		case e, ok := <-live:
 			if !ok {
 				return nil
+			}
+			if !shown(e) {
+				continue
 			}
 			if err := sw.Send(refusalView(e)); err != nil {
 				return err
