@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/control"
+	"github.com/urfave/cli/v2"
 )
 
 func TestNameLast(t *testing.T) {
@@ -100,6 +101,21 @@ func TestSplitLines(t *testing.T) {
 	} {
 		if got := splitLines(c.in); !slices.Equal(got, c.want) {
 			t.Errorf("splitLines(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestRunRefusesSocketMode: a socket mode that is not permission bits, or
+// none (which would silently become 0660), stops egressd run before it
+// starts.
+func TestRunRefusesSocketMode(t *testing.T) {
+	for _, mode := range []string{"0", "0000", "1777", "rw"} {
+		app := App()
+		app.ExitErrHandler = func(*cli.Context, error) {} // the default exits
+		dir := t.TempDir()
+		err := app.Run([]string{"egressd", "--socket", filepath.Join(dir, "sock"), "run", "--socket-mode", mode, "--policy", filepath.Join(dir, "none.yaml")})
+		if err == nil || !strings.Contains(err.Error(), "--socket-mode") {
+			t.Errorf("--socket-mode %s: %v, want it refused", mode, err)
 		}
 	}
 }

@@ -54,6 +54,10 @@ func runCommand() *cli.Command {
 			if err != nil || mode&^0o777 != 0 {
 				return cli.Exit(fmt.Sprintf("--socket-mode %q: want octal permission bits such as 0660", c.String("socket-mode")), 2)
 			}
+			if mode == 0 {
+				// The control server takes 0 for its default, 0660.
+				return cli.Exit(fmt.Sprintf("--socket-mode %q: no permission bits; for root and the daemon's uid alone, use 0600", c.String("socket-mode")), 2)
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			d, err := daemon.New(daemon.Config{
 				PolicyFile:   c.String("policy"),
