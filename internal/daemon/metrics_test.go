@@ -176,3 +176,28 @@ func TestMetricsEndpointLint(t *testing.T) {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 }
+
+// TestPendingSharedRuleMetrics: a pending rule has no per-rule series but
+// its shared budget's, which are reported whether or not the
+// kernel has the rule (docs/metrics.md says so).
+func TestPendingSharedRuleMetrics(t *testing.T) {
+	rds := redistest.Start(t)
+	td := newTestDaemon(t)
+	td.apply(t, fmt.Sprintf("rules:\n  - {name: pool, destination: api.test, concurrency: 5, shared: {redis: %q, key: pool}}\n", rds.URL()))
+	if p := td.entries["pool"].pending; p == "" {
+		t.Fatal("rule pool is installed; want it pending on its host name")
+	}
+	tests := []struct {
+		metric string
+		want   int
+	}{
+		{"egressd_limit", 0},
+		{"egressd_live_connections", 0},
+		{"egressd_shared_store_up", 1},
+	}
+	for _, tt := range tests {
+		if n := testutil.CollectAndCount(td.metrics, tt.metric); n != tt.want {
+			t.Errorf("%s: %d series for a pending shared rule, want %d", tt.metric, n, tt.want)
+		}
+	}
+}
