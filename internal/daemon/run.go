@@ -290,6 +290,13 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server
 // on each SIGHUP that hup brings and pinging the watchdog. It reports
 // whether the daemon is to uninstall.
 func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes) (uninstall bool) {
+	d.mu.Lock()
+	rules := len(d.entries)
+	d.mu.Unlock()
+	// Logged before the service manager hears it: whoever waits for the
+	// daemon to be ready finds the line there.
+	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules,
+		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath_wait", ms(took.datapathWait), "install", ms(took.install))
 	n := d.cfg.Notify
 	n.Ready()
 	defer n.Stopping()
@@ -299,11 +306,6 @@ func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes
 		defer t.Stop()
 		watchdog = t.C
 	}
-	d.mu.Lock()
-	rules := len(d.entries)
-	d.mu.Unlock()
-	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules,
-		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath_wait", ms(took.datapathWait), "install", ms(took.install))
 	for {
 		select {
 		case <-ctx.Done():
