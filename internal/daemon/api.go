@@ -154,10 +154,11 @@ func (d *Daemon) limitView(name string, forReader bool) (control.Limit, error) {
 // view describes rule name, entry e, given its kernel counts st and kernel
 // rule kr when it is installed; for a reader if forReader.
 func view(name string, e *entry, st loader.Stats, kr loader.Rule, forReader bool) (control.Limit, error) {
-	text, err := e.text()
+	textOf := e.text
 	if forReader {
-		text, err = e.readerText()
+		textOf = e.readerText
 	}
+	text, err := textOf()
 	if err != nil {
 		return control.Limit{}, err
 	}
