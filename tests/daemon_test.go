@@ -40,7 +40,7 @@ var egressd string
 func TestMain(m *testing.M) {
 	if privtest.IsHelper() {
 		// A client process a test started; it exits.
-		privtest.Main(m, privtest.Role{Name: "sdkservice", Run: runSDKService})
+		privtest.Main(m, privtest.Role{Name: "sdkservice", Run: runSDKService}, privtest.Role{Name: "sdkdial", Run: runSDKDial})
 	}
 	os.Exit(run(m))
 }

@@ -3,8 +3,10 @@ package tests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"syscall"
 	"testing"
@@ -94,4 +96,56 @@ func TestSDKSeesKernelRefusalsAsSelfImposed(t *testing.T) {
 	if _, ok := sdk.AsRateLimited(other.Err); ok || !errors.Is(other.Err, syscall.EPERM) {
 		t.Errorf("firewall error %v, want the EPERM itself", other.Err)
 	}
+}
+
+// TestSDKAttributesFromPIDNamespace runs the SDK in a process of its own pid
+// namespace, as in a container, where os.Getpid() names another process
+// of the host: the daemon still finds that process's refusal and the SDK
+// makes it self-imposed.
+func TestSDKAttributesFromPIDNamespace(t *testing.T) {
+	e := newEnv(t)
+	port := listen(t)
+	e.writePolicy(t, policyRule("web", port, 1))
+	e.start(t)
+
+	client := privtest.SpawnPIDNamespace(t, e.cg, "sdkdial", e.socket, strconv.Itoa(port))
+	got := client.Line(t)
+	client.Wait(t)
+	if want := `pid 1 kind Throttled self true rule "web"`; got != want {
+		t.Fatalf("the SDK in a pid namespace said %q, want %q", got, want)
+	}
+}
+
+// runSDKDial holds a connection to 127.0.0.1:PORT, tries a second one
+// through the SDK with the daemon at SOCKET as its attributor, and prints
+// its own pid and what the SDK made of the refusal.
+func runSDKDial(args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("sdkdial: want SOCKET PORT, got %q", args)
+	}
+	addr := "127.0.0.1:" + args[1]
+	held, err := net.Dial("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("sdkdial: the first connection: %w", err)
+	}
+	defer held.Close()
+	policy := &sdk.Policy{
+		MaxAttempts: 1,
+		Classifier:  sdk.DefaultClassifier().WithAttributor(sdk.DaemonAttributor(&control.Client{Socket: args[0]})),
+	}
+	r := sdk.Try(context.Background(), policy, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	})
+	if r.Err == nil {
+		r.Value.Close()
+		return errors.New("sdkdial: the second connection was admitted")
+	}
+	rule := ""
+	if rl, ok := sdk.AsRateLimited(r.Err); ok {
+		rule = rl.Limiter
+	}
+	a := r.Attempts[len(r.Attempts)-1]
+	fmt.Printf("pid %d kind %v self %t rule %q\n", os.Getpid(), a.Kind(), a.SelfImposed(), rule)
+	return nil
 }

@@ -61,7 +61,19 @@ type Child struct {
 // killed when the test ends if it is still running.
 func Spawn(t testing.TB, dir, helper string, args ...string) *Child {
 	t.Helper()
-	c, err := spawn(dir, helper, args)
+	c, err := spawn(dir, helper, args, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cleanup(t)
+	return c
+}
+
+// SpawnPIDNamespace starts the helper as Spawn does, as the first process
+// of a new pid namespace: its pids are not the host's.
+func SpawnPIDNamespace(t testing.TB, dir, helper string, args ...string) *Child {
+	t.Helper()
+	c, err := spawn(dir, helper, args, syscall.CLONE_NEWPID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +87,7 @@ func (ns *NetNS) Spawn(t testing.TB, dir, helper string, args ...string) *Child 
 	t.Helper()
 	var c *Child
 	err := ns.Do(func() (err error) {
-		c, err = spawn(dir, helper, args)
+		c, err = spawn(dir, helper, args, 0)
 		return err
 	})
 	if err != nil {
@@ -85,7 +97,7 @@ func (ns *NetNS) Spawn(t testing.TB, dir, helper string, args ...string) *Child 
 	return c
 }
 
-func spawn(dir, helper string, args []string) (*Child, error) {
+func spawn(dir, helper string, args []string, cloneflags uintptr) (*Child, error) {
 	cg, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("open cgroup: %w", err)
@@ -98,7 +110,7 @@ func spawn(dir, helper string, args []string) (*Child, error) {
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), helperEnv+"="+helper)
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL, Cloneflags: cloneflags}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
