@@ -124,8 +124,9 @@ func WriteJSON(w http.ResponseWriter, status int, v any) error {
 // StreamWriter writes a long-lived response as newline-delimited JSON, one
 // value per line, flushed as it goes. Client.Stream reads it.
 type StreamWriter struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration // for each write
 }
 
 // NewStreamWriter starts a 200 response of Content-Type application/x-ndjson
@@ -137,7 +138,10 @@ func NewStreamWriter(w http.ResponseWriter) (*StreamWriter, error) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	s := &StreamWriter{w: w, rc: http.NewResponseController(w)}
+	s := &StreamWriter{w: w, rc: http.NewResponseController(w), timeout: streamWriteTimeout}
+	if rw, ok := w.(*responseWriter); ok {
+		s.timeout = rw.streamWriteTimeout
+	}
 	if err := s.rc.Flush(); err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
 	}
@@ -169,7 +173,7 @@ const streamWriteTimeout = 10 * time.Second
 
 // write writes b and flushes it.
 func (s *StreamWriter) write(b []byte) error {
-	err := s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	err := s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
 	if err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return fmt.Errorf("stream: %w", err)
 	}

@@ -188,6 +188,11 @@ func (tr *testRoutes) table() map[string]control.Route {
 						return err
 					}
 				}
+				if q.Get("big") != "" {
+					if err := sw.Send(map[string]string{"fill": strings.Repeat("x", 64<<10)}); err != nil {
+						return err
+					}
+				}
 				if err := sw.Send(map[string]int{"seq": i}); err != nil {
 					return err
 				}

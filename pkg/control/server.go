@@ -71,6 +71,8 @@ type Server struct {
 
 	// bodyTimeout bounds the reading of a request's body.
 	bodyTimeout time.Duration
+	// streamWriteTimeout bounds one write to a stream.
+	streamWriteTimeout time.Duration
 }
 
 const (
@@ -133,7 +135,8 @@ func NewServer(cfg Config) (*Server, error) {
 		policy: policy,
 		log:    cfg.Logger,
 
-		bodyTimeout: bodyTimeout,
+		bodyTimeout:        bodyTimeout,
+		streamWriteTimeout: streamWriteTimeout,
 	}
 	if s.socket == "" {
 		s.socket = DefaultSocket
@@ -219,7 +222,7 @@ var browserHeaders = []string{"Origin", "Referer", "Sec-Fetch-Site"}
 // ServeHTTP routes a request. The peer comes from the request's context
 // (set from the connection by Serve, or by WithPeer in tests).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rw := &responseWriter{ResponseWriter: w}
+	rw := &responseWriter{ResponseWriter: w, streamWriteTimeout: s.streamWriteTimeout}
 	name, err := s.serve(rw, r)
 	if err != nil {
 		s.fail(rw, r, name, err)
@@ -351,6 +354,8 @@ type responseWriter struct {
 	http.ResponseWriter
 	wrote  bool
 	status int
+	// streamWriteTimeout is the server's, for a StreamWriter on w.
+	streamWriteTimeout time.Duration
 
 	mu    sync.Mutex
 	ended bool

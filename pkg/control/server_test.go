@@ -332,3 +332,35 @@ func TestBodyNotSentInTime(t *testing.T) {
 		t.Errorf("slow handler without a body: %v", err)
 	}
 }
+
+// A peer that asks for a stream and stops reading fails the stream's next
+// write once the write timeout has passed: the handler returns, where it
+// would otherwise hold its goroutine, and a stop, for ever.
+func TestStreamWriteTimesOut(t *testing.T) {
+	tr := &testRoutes{calls: map[string]int{}, streamDone: make(chan error, 1)}
+	sock := filepath.Join(sockDir(t), "egressd.sock")
+	srv, err := control.NewServer(control.Config{Socket: sock, Routes: tr.table(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	control.SetStreamWriteTimeout(srv, 200*time.Millisecond)
+	serve(t, srv)
+
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /v1/events?follow=1&big=1 HTTP/1.1\r\nHost: egressd\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Never read: the socket's buffers fill and the handler's write blocks.
+	select {
+	case err := <-tr.streamDone:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("stream handler returned %v, want its write's deadline exceeded", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream's handler still writes to a peer that stopped reading 5 s ago")
+	}
+}
