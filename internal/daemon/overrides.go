@@ -157,14 +157,18 @@ func writeAtomic(dir, path string, b []byte) (err error) {
 	if err == nil {
 		err = os.Rename(tmp.Name(), path)
 	}
-	if err == nil {
-		err = syncDir(dir)
-	}
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("state: %w: %w", errUnsynced, err)
+	}
 	return nil
 }
+
+// errUnsynced is a save that failed after its rename: the file holds what
+// was refused until the old one is saved back.
+var errUnsynced = errors.New("saved but not synced")
 
 // syncDir makes dir's entries durable. A variable, so that a test can see
 // when it runs.

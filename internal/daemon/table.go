@@ -447,25 +447,33 @@ func (d *Daemon) removeRule(ctx context.Context, name string) error {
 // failure, then leaves the kernel and the table untouched, and no unsaved
 // change is ever in force (the other order had to undo one, and undoing
 // by planning the old table again restarted adaptive loops and shares).
-// If the kernel then refuses the change, the old overrides are saved
-// back.
+// If the kernel then refuses the change, or the save fails after its
+// rename, the old overrides are saved back.
 func (d *Daemon) commitLocked(o overrides, f found) ([]retired, error) {
 	c, err := d.planLocked(d.policy, o, f)
 	if err != nil {
 		return nil, err
 	}
 	if err := o.save(d.cfg.StateDir); err != nil {
+		if errors.Is(err, errUnsynced) {
+			d.saveBack()
+		}
 		return nil, err
 	}
 	gone, err := d.writeLocked(c)
 	if err != nil {
-		if serr := d.overrides.save(d.cfg.StateDir); serr != nil {
-			d.log.Error("the state directory keeps a run-time change the kernel refused", "err", serr)
-		}
+		d.saveBack()
 		return nil, err
 	}
 	d.overrides = o
 	return gone, nil
+}
+
+// saveBack saves the overrides in force over a refused change's.
+func (d *Daemon) saveBack() {
+	if err := d.overrides.save(d.cfg.StateDir); err != nil {
+		d.log.Error("saving back the run-time limits in force", "err", err)
+	}
 }
 
 // refreshLoop looks host names up again when their TTLs run out, and

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -333,10 +334,15 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 	rds := redistest.Start(t)
 	tests := []struct {
 		name   string
-		refuse func(td *testDaemon)
+		refuse func(t *testing.T, td *testDaemon)
 	}{
-		{"the state cannot be saved", func(td *testDaemon) { td.cfg.StateDir = filepath.Join(td.cfg.PolicyFile, "state") }},
-		{"the kernel refuses it", func(td *testDaemon) { td.fake.fail(errWrite) }},
+		{"the state cannot be saved", func(t *testing.T, td *testDaemon) { td.cfg.StateDir = filepath.Join(td.cfg.PolicyFile, "state") }},
+		{"the state is renamed but not synced", func(t *testing.T, td *testDaemon) {
+			orig := syncDir
+			t.Cleanup(func() { syncDir = orig })
+			syncDir = func(string) error { return syscall.EIO }
+		}},
+		{"the kernel refuses it", func(t *testing.T, td *testDaemon) { td.fake.fail(errWrite) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -353,7 +359,7 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 			lowerLimit(t, dep.ctrl)
 			before, syncs, dir := td.state(), td.fake.syncs, td.cfg.StateDir
 
-			tt.refuse(td)
+			tt.refuse(t, td)
 			for _, r := range []string{"{name: dep, destination: 10.0.0.2, port: 80, concurrency: 9}", "{name: pool, destination: 127.0.0.9, concurrency: 3}"} {
 				if err := td.setRule(ctx, parse(t, "rules:\n  - "+r+"\n").Rules[0]); err == nil {
 					t.Errorf("limit set %s succeeded", r)
