@@ -138,7 +138,8 @@ func Mapped(p netip.Prefix) netip.Prefix {
 }
 
 // WithDefaults returns the rule as the kernel enforces it: prefixes
-// masked, a bucket's burst, a window's segments and the errno filled in.
+// masked, a bucket's burst, a window's segments and the errno filled in,
+// the window in whole segments.
 func (r Rule) WithDefaults() Rule {
 	dests := make([]netip.Prefix, len(r.Dests))
 	for i, d := range r.Dests {
@@ -153,6 +154,12 @@ func (r Rule) WithDefaults() Rule {
 	case ShapePerWindow:
 		if r.Segments == 0 {
 			r.Segments = DefaultSegments
+		}
+		// The kernel keeps whole nanoseconds per segment: a window they
+		// do not divide (a minute in 7) is a little shorter there, and
+		// read back as such after a restart.
+		if seg := r.Window / time.Duration(r.Segments); seg > 0 {
+			r.Window = seg * time.Duration(r.Segments)
 		}
 	}
 	if r.Errno == 0 {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/internal/privtest"
 )
@@ -114,4 +115,43 @@ func TestAdoptRefusesOtherCgroup(t *testing.T) {
 		t.Fatalf("adopting a datapath pinned on another cgroup: %v", err)
 	}
 	t.Logf("refused: %v", err)
+}
+
+// TestAdoptKeepsUnevenWindow: a window its segments do not divide evenly
+// (a minute in 7) is stored as whole segments; a restart that syncs the
+// same policy keeps the window's count rather than starting it again.
+func TestAdoptKeepsUnevenWindow(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg := privtest.Cgroup(t, "window")
+	pins := privtest.PinDir(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	rule := Rule{Name: "window", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(),
+		Shape: ShapePerWindow, Limit: 3, Window: time.Minute, Segments: 7}
+	d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Uninstall(pins) })
+	put(t, d, rule)
+	privtest.Join(t, cg)
+	for range rule.Limit {
+		dial(t, srv).Close()
+	}
+	dialRefused(t, srv, syscall.EPERM)
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	d, err = Open(&Config{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.Sync([]Rule{rule}); err != nil {
+		t.Fatal(err)
+	}
+	dialRefused(t, srv, syscall.EPERM)
+	if got, err := d.Rule("window"); err != nil || got.Window != time.Minute/7*7 {
+		t.Errorf("adopted window %v (%v), want %v: whole segments", got.Window, err, time.Minute/7*7)
+	}
 }

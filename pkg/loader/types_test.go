@@ -64,6 +64,10 @@ func TestDefaults(t *testing.T) {
 	if w.Segments != DefaultSegments {
 		t.Fatalf("per window defaults: %+v", w)
 	}
+	// A window its segments do not divide is kept in whole segments.
+	if u := (Rule{Shape: ShapePerWindow, Limit: 5, Window: time.Minute, Segments: 7}).WithDefaults(); u.Window != 59999999997*time.Nanosecond {
+		t.Fatalf("a minute in 7 segments: window %v, want 59.999999997s", u.Window)
+	}
 }
 
 func TestIPv4MatchesMapped(t *testing.T) {
