@@ -162,6 +162,12 @@ func Open(cfg *Config) (*Datapath, error) {
 	if d.lock, err = lockDir(c.PinDir); err != nil {
 		return nil, err
 	}
+	// A resize cut short leaves a second set of pinned maps beside the
+	// set in place, which is whole (see repin).
+	if err := os.RemoveAll(d.mapsDir() + nextSuffix); err != nil {
+		d.lock.Close()
+		return nil, fmt.Errorf("pin dir: %w", err)
+	}
 	want := c.MaxRules
 	if err := d.load(); err != nil {
 		d.lock.Close()

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // resizedMaps are the maps sized by MaxRules.
@@ -109,18 +110,9 @@ func (d *Datapath) resize(n int) error {
 		closeMaps()
 		return err
 	}
-	// Pin the new tables in place of the old: a restart adopts them.
-	var errs []error
-	for _, name := range resizedMaps {
-		path := filepath.Join(d.mapsDir(), name)
-		if err := fresh[name].Pin(path + "_next"); err != nil {
-			errs = append(errs, fmt.Errorf("pin %s: %w", name, err))
-			continue
-		}
-		if err := os.Rename(path+"_next", path); err != nil {
-			errs = append(errs, fmt.Errorf("pin %s: %w", name, err))
-		}
-	}
+	// Pin the new tables in place of the old, so that a restart adopts
+	// them.
+	err = d.repin(spec, fresh)
 	closeMaps()
 	// The maps not resized stay the same objects, which readers hold.
 	d.keepUnresized(&objs)
@@ -131,8 +123,64 @@ func (d *Datapath) resize(n int) error {
 	d.objs = objs
 	d.cfg.MaxRules = n
 	d.t.resize(n, n*keysPerRule)
-	return errors.Join(errs...)
+	return err
 }
+
+// repin replaces the pinned maps with a set holding fresh in place of the
+// maps of the same names, all at once: it pins the whole set in a
+// directory beside, and exchanges the two. A crash on the way leaves
+// either set whole, never tables of two sizes, which no start could adopt;
+// the next start removes the other.
+func (d *Datapath) repin(spec *ebpf.CollectionSpec, fresh map[string]*ebpf.Map) error {
+	next := d.mapsDir() + nextSuffix
+	if err := os.RemoveAll(next); err != nil {
+		return fmt.Errorf("pin: %w", err)
+	}
+	if err := os.Mkdir(next, 0o700); err != nil {
+		return fmt.Errorf("pin: %w", err)
+	}
+	for name, m := range d.namedMaps() {
+		if spec.Maps[name].Pinning != ebpf.PinByName {
+			continue
+		}
+		if f, ok := fresh[name]; ok {
+			m = f
+		}
+		if err := pinAgain(m, filepath.Join(next, name)); err != nil {
+			return fmt.Errorf("pin %s: %w", name, err)
+		}
+	}
+	w := &writer{fault: d.fault}
+	if err := w.injected("pinned"); err != nil {
+		return err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, next, unix.AT_FDCWD, d.mapsDir(), unix.RENAME_EXCHANGE); err != nil {
+		return fmt.Errorf("pin: exchange %s: %w", next, err)
+	}
+	if err := w.injected("exchanged"); err != nil {
+		return err
+	}
+	// The old set, now beside.
+	if err := os.RemoveAll(next); err != nil {
+		return fmt.Errorf("pin: %w", err)
+	}
+	return nil
+}
+
+// pinAgain pins m at path as well. Through a clone: Pin of a map that is
+// pinned moves its pin, and does nothing if it was last pinned at path.
+func pinAgain(m *ebpf.Map, path string) error {
+	c, err := m.Clone()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Pin(path)
+}
+
+// nextSuffix names the directory beside the pinned maps where a resize
+// pins the next set (bpffs refuses dots in names).
+const nextSuffix = "_next"
 
 // fill writes into the new tables the rules the kernel holds in the first
 // kept slots and the keys of the table; their counts are copyStates'.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -174,5 +175,62 @@ func TestResizeStartedAfterCopy(t *testing.T) {
 	// The bucket refills one a second.
 	if most := burst + int(time.Since(first)/time.Second) + 1; n > most {
 		t.Errorf("bucket admitted %d in %v, at most %d: the 10 before the resize are forgotten", n, time.Since(first), most)
+	}
+}
+
+// A resize cut short while it replaces the pinned maps, as by a crash,
+// leaves one whole set pinned, old or new: the next start adopts it, with
+// the rule's connections still counted, and removes the other set.
+func TestResizeCutShortLeavesWholePins(t *testing.T) {
+	privtest.RequireRoot(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	for _, tt := range []struct {
+		step     string
+		maxRules int
+	}{{"pinned", 8}, {"exchanged", 64}} {
+		t.Run(tt.step, func(t *testing.T) {
+			cg, pins := privtest.Cgroup(t, "resize-cut"), privtest.PinDir(t)
+			d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { Uninstall(pins) })
+			put(t, d, Rule{Name: "conc", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 2})
+			privtest.Join(t, cg)
+			for range 2 {
+				c := dial(t, srv)
+				t.Cleanup(func() { c.Close() })
+			}
+			cut := errors.New("cut short")
+			d.fault = func(step string) error {
+				if step == tt.step {
+					return cut
+				}
+				return nil
+			}
+			if err := d.Resize(64); !errors.Is(err, cut) {
+				t.Fatalf("resize: %v, want it cut short at %s", err, tt.step)
+			}
+			d.fault = nil
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			d, err = Open(&Config{Cgroup: cg, PinDir: pins})
+			if err != nil {
+				t.Fatalf("start after a resize cut short at %s: %v", tt.step, err)
+			}
+			t.Cleanup(func() { d.Close() })
+			if d.MaxRules() != tt.maxRules {
+				t.Errorf("adopted %d rule slots, want the whole set of %d", d.MaxRules(), tt.maxRules)
+			}
+			if s := stats(t, d, "conc"); s.Live != 2 {
+				t.Errorf("adopted live %d, want 2", s.Live)
+			}
+			dialRefused(t, srv, syscall.EPERM)
+			if _, err := os.Stat(d.mapsDir() + nextSuffix); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the other set of pins is still there: %v", err)
+			}
+		})
 	}
 }
