@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"errors"
-	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -84,8 +83,12 @@ func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, erro
 // seconds.
 func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, error) {
 	d.mu.Lock()
-	entries := maps.Clone(d.entries)
+	rules := make([]viewed, 0, len(d.entries))
+	for name, e := range d.entries {
+		rules = append(rules, viewedLocked(name, e))
+	}
 	d.mu.Unlock()
+	slices.SortFunc(rules, func(a, b viewed) int { return strings.Compare(a.name, b.name) })
 	status, err := d.dp.Status()
 	if err != nil {
 		return nil, err
@@ -95,18 +98,17 @@ func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, err
 		kernel[status[i].Name] = &status[i]
 	}
 	forReader := readOnly(r)
-	out := make([]control.Limit, 0, len(entries))
-	for _, name := range slices.Sorted(maps.Keys(entries)) {
-		e := entries[name]
+	out := make([]control.Limit, 0, len(rules))
+	for _, v := range rules {
 		var k loader.RuleStatus
-		if e.installed() {
-			found, ok := kernel[name]
+		if v.e.installed() {
+			found, ok := kernel[v.name]
 			if !ok {
 				continue // removed after the table was read
 			}
 			k = *found
 		}
-		l, err := view(name, e, k.Stats, k.Rule, forReader)
+		l, err := view(v, k.Stats, k.Rule, forReader)
 		if err != nil {
 			return nil, err
 		}
@@ -133,12 +135,16 @@ func readOnly(r *http.Request) bool {
 func (d *Daemon) limitView(name string, forReader bool) (control.Limit, error) {
 	d.mu.Lock()
 	e, ok := d.entries[name]
+	var v viewed
+	if ok {
+		v = viewedLocked(name, e)
+	}
 	d.mu.Unlock()
 	if !ok {
 		return control.Limit{}, control.Errorf(control.CodeNotFound, "rule %s: %v", name, errUnknownRule)
 	}
 	if !e.installed() {
-		return view(name, e, loader.Stats{}, loader.Rule{}, forReader)
+		return view(v, loader.Stats{}, loader.Rule{}, forReader)
 	}
 	st, err := d.dp.Stats(name)
 	if err != nil {
@@ -148,12 +154,28 @@ func (d *Daemon) limitView(name string, forReader bool) (control.Limit, error) {
 	if err != nil {
 		return control.Limit{}, err
 	}
-	return view(name, e, st, kr, forReader)
+	return view(v, st, kr, forReader)
 }
 
-// view describes rule name, entry e, given its kernel counts st and kernel
-// rule kr when it is installed; for a reader if forReader.
-func view(name string, e *entry, st loader.Stats, kr loader.Rule, forReader bool) (control.Limit, error) {
+// viewed is a rule as the views read it: its entry, and what of the entry
+// changes in place, taken under the table's lock (an adaptive loop's push
+// and a share's write replace the kernel rule).
+type viewed struct {
+	name  string
+	e     *entry
+	dests []netip.Prefix // the kernel rule's, whose array no write changes
+}
+
+// viewedLocked is e, the entry of rule name, as the views read it. Call
+// with d.mu held.
+func viewedLocked(name string, e *entry) viewed {
+	return viewed{name: name, e: e, dests: e.kernel.Dests}
+}
+
+// view describes rule v, given its kernel counts st and kernel rule kr
+// when it is installed; for a reader if forReader.
+func view(v viewed, st loader.Stats, kr loader.Rule, forReader bool) (control.Limit, error) {
+	name, e := v.name, v.e
 	textOf := e.text
 	if forReader {
 		textOf = e.readerText
@@ -174,7 +196,7 @@ func view(name string, e *entry, st loader.Stats, kr loader.Rule, forReader bool
 	if !e.installed() {
 		return l, nil
 	}
-	for _, p := range e.kernel.Dests {
+	for _, p := range v.dests {
 		l.Destinations = append(l.Destinations, p.String())
 	}
 	l.Limit = e.limitShown(kr.Limit)

@@ -161,3 +161,55 @@ func (l *eventLog) await(t *testing.T, n int) {
 		}
 	}
 }
+
+// TestLimitViewsWhileLimitMoves: the views of a rule (`limit get`, `limit
+// ls`) read it while its adaptive loop pushes new limits to the kernel,
+// which rewrites the rule's kernel rule under the table's lock. Run with
+// -race.
+func TestLimitViewsWhileLimitMoves(t *testing.T) {
+	td := newTestDaemon(t)
+	td.apply(t, adaptivePolicy)
+	td.mu.Lock()
+	c := td.entries["dep"].ctrl
+	td.mu.Unlock()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		list := httptest.NewRequest("GET", control.Prefix+control.RouteLimits, nil)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := td.limitView("dep", false); err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := td.handleLimits(list, struct{}{}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	now := time.Now()
+	moves := 0
+	for i := range 400 {
+		// Rounds of fast calls, then of slow ones: the limit rises and falls.
+		latency := time.Millisecond
+		if i/20%2 == 1 {
+			latency = time.Second
+		}
+		before := c.Limit()
+		c.Constrained()
+		c.Sample(now.Add(time.Duration(i)*time.Millisecond), latency)
+		if c.Limit() != before {
+			moves++
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if moves == 0 {
+		t.Fatal("the limit never moved")
+	}
+}
