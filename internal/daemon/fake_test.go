@@ -11,13 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
 )
 
 // fakeDatapath is the kernel side in memory: rules by name and the counts
 // a test sets, with event streams a test feeds. It checks rules as the
-// loader does (Rule.Validate) and applies a Sync all or nothing; a test
-// can make the next writes fail.
+// loader does (Rule.Validate, and no two rules of a Sync on one key:
+// scope, destination, port) and applies a Sync all or nothing; a test can
+// make the next writes fail.
 type fakeDatapath struct {
 	mu      sync.Mutex
 	rules   map[string]loader.Rule
@@ -86,6 +88,12 @@ func (f *fakeDatapath) Sync(rules []loader.Rule) error {
 		return fmt.Errorf("%w (%d rules)", loader.ErrFull, f.maxRules)
 	}
 	next := map[string]loader.Rule{}
+	type key struct {
+		scope uint64
+		dest  netip.Prefix
+		port  uint16
+	}
+	keys := map[key]string{}
 	for _, r := range rules {
 		if err := r.Validate(); err != nil {
 			return err
@@ -94,6 +102,13 @@ func (f *fakeDatapath) Sync(rules []loader.Rule) error {
 			return fmt.Errorf("rule %s twice: %w", r.Name, loader.ErrConflict)
 		}
 		next[r.Name] = r
+		for _, d := range r.Dests {
+			k := key{r.Scope.CgroupID, kernelrule.Mapped(d.Masked()), r.Port}
+			if other, ok := keys[k]; ok {
+				return fmt.Errorf("rule %s: %w: %v (port %d) is already rule %s's", r.Name, loader.ErrConflict, k.dest, k.port, other)
+			}
+			keys[k] = r.Name
+		}
 	}
 	f.rules, f.synced = next, maps.Clone(next)
 	f.syncs++

@@ -190,6 +190,7 @@ type tableChange struct {
 	next    map[string]*entry
 	kernel  []loader.Rule
 	changes ruleChanges
+	partial []clash // destinations installed rules go without
 }
 
 // planLocked checks the rules p and o give and plans each one's kernel
@@ -215,8 +216,11 @@ func (d *Daemon) planLocked(p *policy.Policy, o overrides, f found) (*tableChang
 		if err := d.plan(e, old, f); err != nil {
 			return nil, fmt.Errorf("rule %s: %w", e.spec.Name, err)
 		}
+	}
+	c.partial = d.settleClashesLocked(c.merged)
+	for i, e := range c.merged {
 		c.next[e.spec.Name] = e
-		c.changes.count(old, e)
+		c.changes.count(d.previous(i, e.spec.Name), e)
 		if e.installed() {
 			c.kernel = append(c.kernel, e.kernel)
 		}
@@ -234,6 +238,9 @@ func (d *Daemon) writeLocked(c *tableChange) ([]retired, error) {
 		return nil, err
 	}
 	d.logChanges(c.changes, c.merged, d.entries, c.next)
+	for _, cl := range c.partial {
+		d.log.Warn("destination left to another rule", "rule", cl.rule, "reason", cl.String())
+	}
 	var gone []retired
 	for name, old := range d.entries {
 		if old.share == nil {
