@@ -79,7 +79,7 @@ func findUnit(unit string) (string, error) {
 		if err != nil || !de.IsDir() {
 			return nil
 		}
-		if strings.Count(strings.TrimPrefix(path, root), "/") > 6 {
+		if strings.Count(strings.TrimPrefix(path, root), "/") > policy.UnitDepth {
 			return fs.SkipDir
 		}
 		if de.Name() == unit {

@@ -213,6 +213,11 @@ func sameName(rules []Rule, dup func(i, j int)) {
 // those skip names.
 func sameMatch(rules []Rule, skip func(i int) bool, dup func(i, j int)) {
 	byKey := make(map[matchKey]int, len(rules))
+	// A cgroup path ending in a unit's name, shallow enough for the daemon
+	// to find that unit there, is the unit's cgroup whenever both rules
+	// are in force (with two cgroups of its name the unit has none), so
+	// the two never hold together: byUnit keys such a rule as that unit.
+	byUnit := map[matchKey]int{}
 	for i := range rules {
 		if rules[i].Destination == (Destination{}) || skip(i) {
 			continue
@@ -220,11 +225,28 @@ func sameMatch(rules []Rule, skip func(i int) bool, dup func(i, j int)) {
 		k := rules[i].matchKey()
 		if j, ok := byKey[k]; ok {
 			dup(i, j)
-		} else {
-			byKey[k] = i
+			continue
+		}
+		byKey[k] = i
+		switch sc := k.scope; {
+		case sc.Unit != "":
+			if j, ok := byUnit[k]; ok {
+				dup(i, j)
+			}
+		case sc.Cgroup != "" && strings.Count(sc.Cgroup, "/") <= UnitDepth:
+			k.scope = Scope{Unit: path.Base(sc.Cgroup)}
+			if j, ok := byKey[k]; ok {
+				dup(i, j)
+			} else if _, ok := byUnit[k]; !ok {
+				byUnit[k] = i
+			}
 		}
 	}
 }
+
+// UnitDepth is how many levels below the cgroup2 root the daemon looks
+// for a unit's cgroup.
+const UnitDepth = 6
 
 // matchKey is the traffic a rule matches. Two rules may not share one: the
 // kernel looks a connection up by it and finds one rule.

@@ -504,10 +504,18 @@ func TestParseBad(t *testing.T) {
   - {name: b, destination: "::ffff:10.0.0.0/104", port: 53, concurrency: 1}
   - {name: c, destination: db.internal, unit: x.service, concurrency: 1}
   - {name: d, destination: DB.Internal., unit: x.service, perSecond: {permits: 1}}
+  - {name: e, destination: db.internal, cgroup: /system.slice/x.service, concurrency: 1}
+  - {name: f, destination: 10.0.0.1, cgroup: /a/y.service, concurrency: 1}
+  - {name: g, destination: 10.0.0.1, cgroup: /b/y.service, concurrency: 1}
+  - {name: h, destination: 10.0.0.1, unit: y.service, concurrency: 1}
+  - {name: i, destination: 10.0.0.1, cgroup: /1/2/3/4/5/6/z.service, concurrency: 1}
+  - {name: j, destination: 10.0.0.1, unit: z.service, concurrency: 1}
 `,
 			want: []Problem{
 				{Line: 3, Column: 28, Rule: "b", Msg: "same scope, destination and port as rule a; the kernel takes one rule for the same traffic"},
 				{Line: 5, Column: 28, Rule: "d", Msg: "same scope, destination and port as rule c; the kernel takes one rule for the same traffic"},
+				{Line: 6, Column: 28, Rule: "e", Msg: "same scope, destination and port as rule c; the kernel takes one rule for the same traffic"},
+				{Line: 9, Column: 28, Rule: "h", Msg: "same scope, destination and port as rule f; the kernel takes one rule for the same traffic"},
 			},
 		},
 		{
