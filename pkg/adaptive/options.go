@@ -54,8 +54,10 @@ type Options struct {
 	DecreaseFactor float64
 
 	// ProbeEvery is the period of drain probes in rounds (default 100), a
-	// round counted as Multiple × baseline and the period rounded up to a
-	// power of two, or NoProbes for none: the reference loop exactly,
+	// round counted as long as rounds lately take (Multiple × baseline
+	// before one was timed) and the period rounded up to a power of two
+	// and capped at five minutes, however many rounds that is, or NoProbes
+	// for none: the reference loop exactly,
 	// judged against the 10th percentile of every call of the last five
 	// minutes, which learns the standing queue the loop itself settles
 	// with, so that under sustained demand above capacity the limit climbs

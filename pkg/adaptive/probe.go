@@ -148,12 +148,16 @@ func (p *prober) baseline() (time.Duration, bool) {
 // long (within a factor of two) share them; and where they do not, the
 // longer of two such periods is a power of two times the shorter, and its
 // windows are some of the shorter's.
+//
+// The product is capped in floating point, before any conversion: a large
+// ProbeEvery or Multiple would otherwise overflow it, and rounding 2⁶³ ns
+// or more up to a power of two shifts 1 out of 64 bits, a period of 0.
 func (p *prober) period(baseline time.Duration, o *Options) time.Duration {
-	round := p.round
-	if round <= 0 {
-		round = time.Duration(o.Multiple * float64(baseline))
+	round := float64(p.round)
+	if p.round <= 0 {
+		round = o.Multiple * float64(baseline)
 	}
-	d := max(uint64(float64(o.ProbeEvery)*float64(round)), 2)
+	d := max(uint64(min(float64(o.ProbeEvery)*round, float64(probeAge))), 2)
 	return time.Duration(min(uint64(1)<<bits.Len64(d-1), uint64(probeAge)))
 }
 
@@ -284,7 +288,11 @@ func (p *prober) sample(now time.Time, latency time.Duration, o *Options) (end b
 			// It had to go deeper than its first limit to find the
 			// dependency without a queue: it restores at most the limit
 			// that would have probed at this depth.
-			p.held = min(p.held, max(int(float64(p.low)/o.ProbeFactor), o.Minimum))
+			// Compared in floating point: low / ProbeFactor overflows an
+			// int for a ProbeFactor near 0.
+			if deeper := float64(p.low) / o.ProbeFactor; deeper < float64(p.held) {
+				p.held = max(int(deeper), o.Minimum)
+			}
 		}
 		return true, p.low
 	case !drained && !p.first && float64(p.fastest) > o.Multiple*float64(p.judge):

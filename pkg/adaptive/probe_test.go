@@ -316,6 +316,57 @@ func TestProbeWindows(t *testing.T) {
 	}
 }
 
+// A ProbeFactor near 0 probes at Minimum, and a probe that went deeper
+// restores what the rounds left, since the limit that would have probed at
+// Minimum (Minimum / ProbeFactor) is beyond it; that quotient once
+// overflowed an int and restored Minimum.
+func TestProbeWithATinyFactor(t *testing.T) {
+	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 3, ProbeFactor: 1e-300, Minimum: 1, Maximum: 64, Initial: 40})
+	p.untilProbe(t, 10*ms, 10*time.Second)
+	settled, _ := p.c.Probing()
+	if l := p.c.Limit(); l != 1 {
+		t.Fatalf("probe at %d; want Minimum, 1", l)
+	}
+	// A queue (13ms), and two drained batches: as TestProbe's "a queue at
+	// the probe's limit".
+	for _, latency := range []time.Duration{13 * ms, 10 * ms, 10 * ms} {
+		p.now = p.now.Add(latency)
+		p.calls(20, latency, 0)
+	}
+	if l, r, _ := p.state(); l != int(0.9*float64(settled)) || r != 0 {
+		t.Fatalf("after the probe: limit %d, restore %d; want 0.9 × %d, not probing", l, r, settled)
+	}
+}
+
+// ProbeEvery as large as an int goes (probes wanted rarely) caps the
+// period at five minutes: a billion rounds of 10s once made it 0, and
+// the division by it panicked in Sample.
+func TestHugeProbeEvery(t *testing.T) {
+	p := newProbing(t, adaptive.Options{ProbeEvery: 1_000_000_000, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
+	// The first probe, which holds 0.3 of the period.
+	p.calls(40, 10*ms, 1)
+	p.now = p.now.Add(90 * time.Second)
+	p.calls(200, 10*ms, 0)
+	if st := p.c.State(); st.Probing || st.Source != adaptive.FromProbes {
+		t.Fatalf("setup: state %+v", st)
+	}
+	p.begins = nil
+	// A quiet destination: a round every 10s, for an hour.
+	for range 360 {
+		p.now = p.now.Add(10 * time.Second)
+		p.calls(p.c.Limit(), 10*ms, 1)
+	}
+	// Probes come in windows of five minutes, at least half one apart.
+	if len(p.begins) < 6 {
+		t.Fatalf("%d probes in an hour; want one every 2.5 to 7.5 minutes", len(p.begins))
+	}
+	for i := 1; i < len(p.begins); i++ {
+		if d := p.begins[i].Sub(p.begins[i-1]); d < 150*time.Second || d > 450*time.Second+10*time.Second {
+			t.Errorf("probes %d and %d began %v apart", i-1, i, d)
+		}
+	}
+}
+
 // A round that decreases the limit starts no probe, even one that is due.
 func TestNoProbeAfterDecrease(t *testing.T) {
 	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
