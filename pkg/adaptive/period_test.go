@@ -1,6 +1,7 @@
 package adaptive
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -29,5 +30,39 @@ func TestPeriod(t *testing.T) {
 				t.Errorf("period = %v; want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// A probe begins in its window, within ± spread of its start, and holds on
+// at most until the window's last probes have begun and as long again:
+// 3 × spread from its start. Rounds of 4s make the period five minutes,
+// and schedule draws the next probe up to 1.5 periods after one ends; a
+// rule that began a probe five minutes after the last ended began it
+// before its window, and held it until that window's end, up to 4m36s.
+func TestProbeBeginsInItsWindow(t *testing.T) {
+	const round = 4 * time.Second
+	o := (&Options{}).withDefaults()
+	judge := 10 * time.Millisecond
+	var offsets []time.Duration
+	for seed := uint64(1); seed <= 200; seed++ {
+		p := newProber(seed)
+		p.round = round
+		per := p.period(judge, &o)
+		end := time.Unix(1_700_000_000, int64(seed)*7_777_777_777)
+		p.end = end
+		p.schedule(end, judge, &o)
+		now := end
+		for !p.due(now, 40, &o) {
+			now = now.Add(round)
+		}
+		off := now.Sub(p.window)
+		p.begin(now, 40, judge, &o)
+		if hold := p.wait.Sub(now); off < -spread(per) || off > spread(per)+round || hold > 3*spread(per) {
+			t.Errorf("seed %d: begun %v after the last probe ended, %v from its window's start; holds %v", seed, now.Sub(end), off, hold)
+		}
+		offsets = append(offsets, off)
+	}
+	if lo, hi := slices.Min(offsets), slices.Max(offsets); lo > -spread(probeAge)*9/10 || hi < spread(probeAge)*9/10 {
+		t.Errorf("offsets from the windows' starts span only %v..%v; want ± %v", lo, hi, spread(probeAge))
 	}
 }

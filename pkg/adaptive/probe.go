@@ -30,9 +30,9 @@ import (
 // begin in lockstep, and a probe that meets a queue holds on, deeper, until
 // the window's last probes have begun.
 const (
-	// probeAge is the five minutes of the specified window: after a quiet
-	// spell this long a probe starts at once; after this long at the floor
-	// with every probe meeting a queue, the dependency is believed slower.
+	// probeAge is the five minutes of the specified window: the longest
+	// probe period; after this long at the floor with every probe meeting
+	// a queue, the dependency is believed slower.
 	probeAge = slots * slotWidth
 
 	// probeMemory is how many probes the baseline remembers: it is the 10th
@@ -192,14 +192,17 @@ func (p *prober) schedule(now time.Time, baseline time.Duration, o *Options) {
 
 // due reports whether a probe is due at the end of a round judged at now
 // that leaves the limit at limit: when its time has come, and at once
-// before the first and after a quiet spell of probeAge, so that the
-// window's baseline, which learns our own queue, is judged against as few
-// rounds as possible.
+// before the first, so that the window's baseline, which learns our own
+// queue, is judged against as few rounds as possible. Never earlier, not
+// even after a quiet spell: a probe begun before its window holds on until
+// that window's last probes have begun, which is up to 1.5 periods after
+// the last probe ended (see schedule); the next round after a quiet spell
+// longer than that finds the probe due anyway.
 func (p *prober) due(now time.Time, limit int, o *Options) bool {
 	if limit > o.Minimum || p.floor.IsZero() {
 		p.floor = now
 	}
-	return p.end.IsZero() || now.Sub(p.end) >= probeAge || !now.Before(p.next)
+	return p.end.IsZero() || !now.Before(p.next)
 }
 
 // begin starts a probe at now that will restore held, judged against

@@ -399,7 +399,8 @@ func TestSlowerIsBelievedAfterFiveMinutesAtTheFloor(t *testing.T) {
 	}
 }
 
-// After a quiet spell of five minutes a probe starts at the next round.
+// After a quiet spell a probe starts at the next round: its time came
+// meanwhile.
 func TestProbeAfterQuietSpell(t *testing.T) {
 	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
 	p.now = p.now.Add(5 * time.Minute)
