@@ -64,6 +64,12 @@
 //     the limit that would have probed where it found the dependency drained;
 //     a batch that even its fastest call waited for ends it, as the limit is
 //     falling, not the baseline;
+//   - ends, once the window's last probes have begun (below), when its
+//     limit was cut twice with its batches' 10th percentile no lower: the
+//     dependency is slower, not queued, so it restores the limit it began
+//     from and its fastest batch replaces the baseline. A dependency 1.2
+//     to Multiple times slower, which no probe drains and no round sees as
+//     a queue, is believed so. Until it can tell which, it goes on cutting;
 //   - does not start at the end of a round that decreased the limit.
 //
 // Many hosts call one dependency without a shared budget, and each host's
@@ -86,9 +92,9 @@
 // Jain's index 0.97; ±20%, 0.81), which is why a baseline is hundreds of
 // calls.
 //
-// A dependency that got slower is believed after five minutes (the
-// reference window's length) in which every probe met a queue with the
-// limit at Minimum: the probes are forgotten, and the window judges until
+// A dependency that got more than Multiple times slower is believed after
+// five minutes (the reference window's length) in which every probe met a
+// queue with the limit at Minimum: the probes are forgotten, and the window judges until
 // a probe confirms a baseline again.
 //
 // Measured in bench/adaptivesim (one host, capacity c ∈ {10, 20, 40}
@@ -96,7 +102,7 @@
 // hosts against c = 40): the median settled limit lies at 1.4–1.6c, its
 // 95th percentile at most 2c, a halving is followed within 2–5 rounds,
 // goodput is 98.5–99.3%, p99 33.7–34.3 ms (1.2 × the oracle's); ten hosts
-// hold 84–85 at c = 40 (open loop) and 65–67 (closed), 40 after the
+// hold 84–86 at c = 40 (open loop) and 65–67 (closed), 40 after the
 // halving, with Jain's index of their shares at 0.92–1.00. What probes
 // cost: 0.7–1.5 points of goodput against the same rule judged by the true
 // baseline (most at small c), and for the length of each probe a limit in

@@ -85,7 +85,11 @@ type prober struct {
 	judge   time.Duration // the baseline when it began
 	ref     time.Duration // the median of the probes' calls then
 	held    int           // the limit it restores
+	settled int           // the limit it began from
 	low     int           // its limit
+	cut     bool          // the batch runs at a limit below the last's
+	flat    int           // cut batches since the level last fell
+	slower  bool          // it found the dependency slower, not queued
 	need    int           // calls in a batch
 	batches int           // batches it has begun
 	start   time.Time     // when the batch began
@@ -214,8 +218,9 @@ func (p *prober) due(now time.Time, limit int, o *Options) bool {
 // dependency that start together learn one baseline, and how a host that
 // joins them learns it at their next window.
 func (p *prober) begin(now time.Time, held int, judge time.Duration, o *Options) int {
-	p.active, p.held, p.judge = true, held, judge
+	p.active, p.held, p.settled, p.judge = true, held, held, judge
 	p.best, p.level, p.counting, p.deep, p.batches = calls{}, maxLatency+1, false, false, 0
+	p.cut, p.flat, p.slower = false, 0, false
 	_, confirmed := p.baseline()
 	p.first = !confirmed
 	if confirmed {
@@ -284,34 +289,53 @@ func (p *prober) sample(now time.Time, latency time.Duration, o *Options) (end b
 		// A queue at half the limit or less, ours or others': the batch
 		// counts as a round that shows one.
 		p.held = o.decrease(p.held)
+		switch {
+		case improving:
+			p.flat = 0
+		case p.cut:
+			p.flat++
+		}
 	}
+	late := !now.Before(p.wait)
+	deeper := min(o.probeLimit(p.low), p.held)
+	queue := !drained && !p.first
 	switch {
-	case !now.Before(p.wait), !p.first && drained && !improving:
+	case queue && float64(p.fastest) > o.Multiple*float64(p.judge):
+		// Even the fastest call waited, as a round judges a queue: the
+		// limit is falling, not the baseline. The probe ends, and rounds
+		// go on.
+		return true, p.low
+	case queue && late && p.flat >= 2:
+		// Its limit cut twice with the level no lower, and the window's
+		// last probes have begun: no queue drains, ours or the probing
+		// callers'. The dependency is slower; the decreases were not a
+		// queue's, and the probe's measurement is the new baseline (see
+		// finish).
+		p.slower, p.held = true, p.settled
+		return true, p.low
+	case queue && (!late || deeper < p.low):
+		// Deeper, measuring afresh from now, when more of the
+		// dependency's callers may be probing; past the hold, only while
+		// a cut may yet tell a queue from a slower dependency, and cuts
+		// end at Minimum.
+		p.deep = true
+		p.prev, p.cut = level, deeper < p.low
+		p.newBatch(now, deeper)
+		return false, p.low
+	case late, !p.first && drained && !improving:
 		if drained && p.deep {
 			// It had to go deeper than its first limit to find the
 			// dependency without a queue: it restores at most the limit
 			// that would have probed at this depth.
 			// Compared in floating point: low / ProbeFactor overflows an
 			// int for a ProbeFactor near 0.
-			if deeper := float64(p.low) / o.ProbeFactor; deeper < float64(p.held) {
-				p.held = max(int(deeper), o.Minimum)
+			if at := float64(p.low) / o.ProbeFactor; at < float64(p.held) {
+				p.held = max(int(at), o.Minimum)
 			}
 		}
 		return true, p.low
-	case !drained && !p.first && float64(p.fastest) > o.Multiple*float64(p.judge):
-		// Even the fastest call waited, as a round judges a queue: the
-		// limit is falling, not the baseline. The probe ends, and rounds
-		// go on.
-		return true, p.low
-	case !drained && !p.first:
-		// Deeper, measuring afresh from now, when more of the
-		// dependency's callers may be probing.
-		p.deep = true
-		p.prev = level
-		p.newBatch(now, min(o.probeLimit(p.low), p.held))
-		return false, p.low
 	}
-	p.prev = level
+	p.prev, p.cut = level, false
 	p.newBatch(now, p.low)
 	return false, p.low
 }
@@ -323,14 +347,21 @@ func (p *prober) sample(now time.Time, latency time.Duration, o *Options) (end b
 // faster if other callers' probes ended meanwhile and their queue came
 // back. A first probe's measurement becomes the baseline; another's joins
 // it if it is within acceptWithin of it. One that is not taught nothing,
-// since the queue it met may be other callers'; but after probeAge of
-// probes that met a queue, with the limit at Minimum throughout, the
-// dependency is believed slower: the probes' calls are forgotten, rounds
-// are judged against the window as specified, and the next probe is a
-// first probe again.
+// since the queue it met may be other callers'; unless it found the
+// dependency slower (see sample), when its measurement replaces the
+// probes' calls: a dependency 1.2 to Multiple times slower than its
+// baseline is neither drained for a probe nor a queue for a round, and
+// would otherwise be judged by its old baseline for good. After probeAge
+// of probes that met a queue, with the limit at Minimum throughout, the
+// dependency is believed slower too: the probes' calls are forgotten,
+// rounds are judged against the window as specified, and the next probe
+// is a first probe again.
 func (p *prober) finish(now time.Time, o *Options) int {
 	b := &p.best
-	accepted := b.n >= minEstimate && (p.first || float64(percentile(&b.hist, b.n, 50)) <= acceptWithin*float64(p.ref))
+	if p.slower {
+		p.forget()
+	}
+	accepted := b.n >= minEstimate && (p.first || p.slower || float64(percentile(&b.hist, b.n, 50)) <= acceptWithin*float64(p.ref))
 	if accepted {
 		p.remember(b)
 		p.queued = time.Time{}

@@ -196,6 +196,20 @@ func (p *probing) untilProbe(t *testing.T, latency, d time.Duration) {
 	t.Fatalf("no probe in %v", d)
 }
 
+// batchesUntilEnd completes batches of a probe, every call of latency,
+// until it ends, and fails if it does not within 100.
+func (p *probing) batchesUntilEnd(t *testing.T, latency time.Duration) {
+	t.Helper()
+	for range 100 {
+		p.now = p.now.Add(latency)
+		p.calls(max(p.c.Limit(), 20), latency, 0)
+		if _, ok := p.c.Probing(); !ok {
+			return
+		}
+	}
+	t.Fatal("still probing after 100 batches")
+}
+
 func TestProbe(t *testing.T) {
 	tests := []struct {
 		name string
@@ -396,6 +410,55 @@ func TestSlowerIsBelievedAfterFiveMinutesAtTheFloor(t *testing.T) {
 	p.run(time.Second, 30*ms)
 	if l := p.c.State().Settled; l <= 2 {
 		t.Fatalf("settled at %d after believing; want growth", l)
+	}
+}
+
+// A dependency 1.6× slower for good, with no queue at any limit: rounds
+// see none (16ms < 2 × 10ms) and every batch of a probe is beyond 1.2 ×
+// 10ms. A probe whose limit was cut twice with the level no lower, after
+// the window's last probes began, found it slower: it restores the limit
+// it began from and its measurement is the baseline. Before, each batch
+// decreased the limit it restores, the baseline stayed 10ms for good, and
+// the limit sawtoothed below Maximum.
+func TestModeratelySlowerIsBelievedByAProbe(t *testing.T) {
+	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 3, Minimum: 1, Maximum: 64, Initial: 40})
+	p.untilProbe(t, 10*ms, 10*time.Second)
+	settled, _ := p.c.Probing()
+	p.batchesUntilEnd(t, 16*ms)
+	if st := p.c.State(); st.Limit != settled || st.Source != adaptive.FromProbes || !near(st.Baseline, 16*ms) {
+		t.Fatalf("after the probe: %+v; want %d restored, a baseline of 16ms from probes", st, settled)
+	}
+	// Rounds judged against it grow the limit to Maximum and keep it.
+	p.run(time.Minute, 16*ms)
+	if st := p.c.State(); st.Settled != 64 || !near(st.Baseline, 16*ms) {
+		t.Fatalf("a minute later: %+v; want settled at 64, baseline 16ms", st)
+	}
+}
+
+// A queue that other callers' probes drain only once the window's last
+// probes have begun: batches flat at 13ms while the limit is cut twice
+// and more, then 10ms. It is a queue, not a slower dependency: the limit
+// restored is decreased, and the baseline stays 10ms.
+func TestProbeWaitsForTheWindowsProbesToDrain(t *testing.T) {
+	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 1, Maximum: 64, Initial: 40})
+	p.untilProbe(t, 10*ms, 10*time.Second)
+	settled, _ := p.c.Probing()
+	// The probe holds on while it meets a queue until 2 × 15% of the
+	// period past the start of the window it began in.
+	per := period(10, 10*ms)
+	window := time.Unix(0, (p.now.UnixNano()+int64(per/2))/int64(per)*int64(per))
+	wait := window.Add(time.Duration(0.3 * float64(per)))
+	flat := 0
+	for ; p.now.Add(13 * ms).Before(wait); flat++ {
+		p.now = p.now.Add(13 * ms)
+		p.calls(max(p.c.Limit(), 20), 13*ms, 0)
+	}
+	if flat < 3 {
+		t.Fatalf("only %d batches before the wait; want 3, the limit cut twice", flat)
+	}
+	p.batchesUntilEnd(t, 10*ms)
+	if st := p.c.State(); st.Limit >= settled || !near(st.Baseline, 10*ms) {
+		t.Fatalf("after the probe: %+v; want below %d, the baseline still 10ms", st, settled)
 	}
 }
 
