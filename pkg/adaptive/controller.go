@@ -160,11 +160,12 @@ func (c *Controller) Constrained() {
 
 // Sample records one completed call that took latency and ended at now, and
 // ends the round when it is the round's last call. Latencies are clamped to
-// [0, ~68.7s]. It takes constant time and allocates nothing; once every ten
-// seconds of now it also retires the oldest ten seconds of the window, and
-// with probes, once per batch of a probe it passes over a 4 KiB histogram
-// and once per probe over an 8 KiB one. A Controller holds about 128 KiB
-// for the window and, with probes, 20 KiB more.
+// [0, ~68.7s]. It takes constant time; once every ten seconds of now it
+// allocates the window's next 4 KiB slot and retires the oldest ten seconds
+// of the window, and with probes, once per batch of a probe it passes over
+// a 4 KiB histogram and once per probe over an 8 KiB one. A Controller
+// holds 8 KiB plus 4 KiB for each ten seconds of the last five minutes in
+// which it was called (at most about 128 KiB), and with probes 20 KiB more.
 //
 // Every call enters the window. During a probe a call counts toward no
 // round: it is measured if it started (now − latency) during the probe's

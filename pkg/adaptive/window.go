@@ -9,9 +9,11 @@ import (
 // Keeping the samples themselves would cost memory in proportion to the call
 // rate, so the window is a ring of slots, each a log-linear histogram of the
 // latencies recorded during its ten seconds, plus a running sum of the slots.
-// Memory is fixed at construction (about 128 KiB per Controller), recording is
-// a few array increments, and the percentile is read from the sum in one pass
-// over its buckets.
+// A slot takes its 4 KiB when a call first lands in it and gives them back
+// when it leaves the window, so a busy Controller holds about 128 KiB and
+// one called now and then (a partition's, for a rare client) a few slots;
+// recording is a few array increments, and the percentile is read from the
+// sum in one pass over its buckets.
 const (
 	// slotWidth is the resolution of aging: a sample leaves the window
 	// between 4m50s and 5m after it was recorded.
@@ -54,10 +56,10 @@ const (
 type window struct {
 	started bool
 	epoch   time.Time
-	head    int64 // slots elapsed since epoch; the slot being filled is head % slots
-	slot    [slots][buckets]uint32
-	total   [buckets]uint64 // sum of slot over the ring
-	n       uint64          // sum of total
+	head    int64                   // slots elapsed since epoch; the slot being filled is head % slots
+	slot    [slots]*[buckets]uint32 // nil: no call in those ten seconds
+	total   [buckets]uint64         // sum of slot over the ring
+	n       uint64                  // sum of total
 }
 
 // record counts latency d at instant now. An instant earlier than the slot
@@ -69,7 +71,11 @@ func (w *window) record(now time.Time, d time.Duration) {
 	}
 	w.advance(int64(now.Sub(w.epoch) / slotWidth))
 	i := bucketOf(d)
-	w.slot[w.head%slots][i]++
+	h := &w.slot[w.head%slots]
+	if *h == nil {
+		*h = new([buckets]uint32)
+	}
+	(*h)[i]++
 	w.total[i]++
 	w.n++
 }
@@ -78,7 +84,7 @@ func (w *window) record(now time.Time, d time.Duration) {
 func (w *window) advance(s int64) {
 	if s-w.head >= slots {
 		w.head = s
-		w.slot = [slots][buckets]uint32{}
+		w.slot = [slots]*[buckets]uint32{}
 		w.total = [buckets]uint64{}
 		w.n = 0
 		return
@@ -86,11 +92,14 @@ func (w *window) advance(s int64) {
 	for w.head < s {
 		w.head++
 		old := &w.slot[w.head%slots]
-		for i, c := range old {
+		if *old == nil {
+			continue
+		}
+		for i, c := range *old {
 			w.total[i] -= uint64(c)
 			w.n -= uint64(c)
 		}
-		*old = [buckets]uint32{}
+		*old = nil
 	}
 }
 
