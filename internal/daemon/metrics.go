@@ -49,7 +49,7 @@ func newMetrics(d *Daemon) *metrics {
 		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from connect() to ESTABLISHED.", rule, nil),
 		requestLatency: prometheus.NewDesc("egressd_request_latency_seconds", "Time from a request's first outbound payload to the next inbound payload.", rule, nil),
 		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events that never reached the daemon, by kind: refusal records the kernel overwrote before the daemon read them, latency samples dropped because the ring buffer was full.", []string{"kind"}, nil),
-		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "The kernel's live count minus the sockets counted at the last recount; nonzero for long means lost accounting.", rule, nil),
+		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "How far the sockets counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; nonzero for long means lost accounting.", rule, nil),
 		reloads:        prometheus.NewDesc("egressd_policy_reloads_total", "Policy loads, by outcome.", []string{"outcome"}, nil),
 		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
 		rules:          prometheus.NewDesc("egressd_rules", "Rules by state: installed in the kernel or pending (unit not running, host name not resolved).", []string{"state"}, nil),
@@ -78,7 +78,7 @@ func (m *metrics) recount() {
 	for name, r := range rc {
 		drift[name] = r.Drift()
 		if r.Drift() != 0 {
-			m.d.log.Warn("recount drift", "rule", name, "kernel", r.Live, "sockets", r.Counted)
+			m.d.log.Warn("recount drift", "rule", name, "kernel", r.Live, "sockets", r.Counted, "admitted", r.Admitted, "released", r.Released)
 		}
 	}
 	m.driftMu.Lock()

@@ -468,13 +468,28 @@ func monotonicToWall(ns uint64) time.Time {
 
 // Recount counts the sockets holding a slot of each rule, by walking the
 // kernel's TCP sockets, and sets that beside the kernel's counters. It sees
-// the sockets of the calling process's network namespace only, and it is
-// not an atomic snapshot: connections that open or close during the walk
-// show as drift that the next pass does not repeat.
+// the sockets of the calling process's network namespace only. The walk is
+// not an atomic snapshot, so the rule's counters are read before and after
+// it: what was admitted and released meanwhile bounds what the walk may
+// have seen (Recount.Drift). A rule created or replaced during the walk is
+// left out; the next pass counts it.
 func (d *Datapath) Recount() (map[string]Recount, error) {
+	type before struct {
+		gen                uint32
+		live               int64
+		admitted, released uint64
+	}
 	d.mu.Lock()
 	prog := d.objs.EgressdRecount
+	was := map[uint32]before{}
+	err := d.eachActive(false, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
+		st := statsOf(state, nil)
+		was[idx] = before{gen: d.t.slots[idx].gen, live: st.Live, admitted: st.Admitted, released: st.Released}
+	})
 	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	it, err := link.AttachIter(link.IterOptions{Program: prog})
 	if err != nil {
 		return nil, fmt.Errorf("attach recount: %w", err)
@@ -514,8 +529,15 @@ func (d *Datapath) Recount() (map[string]Recount, error) {
 	defer d.mu.Unlock()
 	out := map[string]Recount{}
 	err = d.eachActive(false, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
+		b, ok := was[idx]
+		if !ok || b.gen != d.t.slots[idx].gen {
+			return
+		}
 		st, t := statsOf(state, nil), counted[idx]
-		out[d.t.slots[idx].rule.Name] = Recount{Live: st.Live, Counted: t.live, InFlight: st.InFlight, CountedInFlight: t.inFlight}
+		out[d.t.slots[idx].rule.Name] = Recount{
+			Live: b.live, Counted: t.live, InFlight: st.InFlight, CountedInFlight: t.inFlight,
+			Admitted: int64(st.Admitted - b.admitted), Released: int64(st.Released - b.released),
+		}
 	})
 	return out, err
 }

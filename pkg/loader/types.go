@@ -163,14 +163,32 @@ type Sample struct {
 // Recount compares the kernel's live and in-flight counts of a rule with a
 // count of the sockets themselves.
 type Recount struct {
-	Live            int64
-	Counted         int64
-	InFlight        int64
-	CountedInFlight int64
+	// Live is the kernel's count when the walk began; Counted the sockets
+	// the walk found holding a slot.
+	Live    int64
+	Counted int64
+	// Admitted and Released are the slots the kernel took and gave back
+	// while the sockets were walked.
+	Admitted, Released int64
+	InFlight           int64
+	CountedInFlight    int64
 }
 
-// Drift is how far the kernel's live count is from the sockets counted.
-func (r Recount) Drift() int64 { return r.Live - r.Counted }
+// Drift is how far the sockets counted fall outside what the kernel's
+// count allows: the walk sees each socket once, at some moment of it, so
+// it finds at least Live-Released and at most Live+Admitted sockets. Any
+// count within is no drift: connections that opened or closed during the
+// walk. Positive: the kernel counts more slots than sockets hold them (a
+// slot not given back); negative: fewer.
+func (r Recount) Drift() int64 {
+	switch lo, hi := r.Live-r.Released, r.Live+r.Admitted; {
+	case r.Counted < lo:
+		return lo - r.Counted
+	case r.Counted > hi:
+		return hi - r.Counted
+	}
+	return 0
+}
 
 // ProgramStats is the kernel's run count and run time of one program,
 // recorded while kernel.bpf_stats_enabled is on.
