@@ -109,11 +109,6 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for name, v := range t.shares {
 		m.shares.collect(ch, name, v)
 	}
-	m.driftMu.Lock()
-	for name, drift := range m.drift {
-		ch <- prometheus.MustNewConstMetric(m.driftDesc, prometheus.GaugeValue, float64(drift), name)
-	}
-	m.driftMu.Unlock()
 	m.collectKernel(ch, t)
 }
 
@@ -207,6 +202,15 @@ func (m *metrics) collectKernel(ch chan<- prometheus.Metric, t tableView) {
 		ch <- prometheus.MustNewConstMetric(m.connectFailed, prometheus.CounterValue, float64(s.Stats.ConnectFailed), s.Name)
 	})
 	m.collectLimits(ch, status, t)
+	// The last recount may have counted rules removed since: per-rule
+	// series are the kernel's rules'.
+	m.driftMu.Lock()
+	each(func(s *loader.RuleStatus) {
+		if drift, ok := m.drift[s.Name]; ok {
+			ch <- prometheus.MustNewConstMetric(m.driftDesc, prometheus.GaugeValue, float64(drift), s.Name)
+		}
+	})
+	m.driftMu.Unlock()
 	each(func(s *loader.RuleStatus) { ch <- histogram(m.connectLatency, s.Stats.ConnectLatency, s.Name) })
 	// 31 series that stay empty for a rule that tracks no requests:
 	// with 100,000 rules, 3.1 million of them, 200 MB a scrape.

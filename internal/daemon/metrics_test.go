@@ -201,3 +201,21 @@ func TestPendingSharedRuleMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestDriftOfRemovedRule: a rule removed since the last recount has no
+// egressd_recount_drift series, as it has no other per-rule series; the
+// rules kept keep theirs.
+func TestDriftOfRemovedRule(t *testing.T) {
+	td := newTestDaemon(t)
+	td.apply(t, "rules:\n  - {name: gone, destination: 10.0.0.1, concurrency: 5}\n  - {name: kept, destination: 10.0.0.2, concurrency: 5}\n")
+	td.metrics.recount()
+	td.apply(t, "rules:\n  - {name: kept, destination: 10.0.0.2, concurrency: 5}\n")
+	want := `
+# HELP egressd_recount_drift How far the sockets counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; nonzero for long means lost accounting.
+# TYPE egressd_recount_drift gauge
+egressd_recount_drift{rule="kept"} 0
+`
+	if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), "egressd_recount_drift"); err != nil {
+		t.Error(err)
+	}
+}
