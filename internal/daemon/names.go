@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egressd/egressd/internal/dns"
@@ -56,36 +57,68 @@ func usesOf(rules ...[]policy.Rule) []nameUse {
 	return out
 }
 
+// lookupsAtOnce bounds the lookups resolve has in flight: a start or
+// reload of many names during a DNS outage (2 s per nameserver, up to 3,
+// each) then waits about as long as one lookup per lookupsAtOnce names,
+// not one per name.
+const lookupsAtOnce = 16
+
 // resolve looks up each name of uses never looked up or whose TTL ran out
-// at now, and reports whether any resolved to other addresses than before
-// (in any order): a table of many rules is planned again only then. A
-// failed lookup must not lift a
-// limit: the addresses last resolved stay, by this run or, for a name it
-// never resolved, those the kernel enforces for the rule (pinned by the
-// daemon before; pinned says which), and the name is asked again after
-// the resolver's retry time.
+// at now, up to lookupsAtOnce at a time, and reports whether any resolved
+// to other addresses than before (in any order): a table of many rules is
+// planned again only then. A failed lookup must not lift a limit: the
+// addresses last resolved stay, by this run or, for a name it never
+// resolved, those the kernel enforces for the first rule that uses it
+// (pinned by the daemon before; pinned says which), and the name is asked
+// again after the resolver's retry time.
 func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule string) []netip.Addr, now time.Time) (changed bool) {
+	var due []nameUse
+	seen := map[string]bool{}
+	n.mu.Lock()
 	for _, u := range uses {
-		n.mu.Lock()
-		h, ok := n.hosts[u.host]
-		n.mu.Unlock()
-		if ok && now.Before(h.expires) {
+		if h, ok := n.hosts[u.host]; (ok && now.Before(h.expires)) || seen[u.host] {
 			continue
 		}
-		addrs, ttl, err := n.resolver.Lookup(ctx, u.host)
-		if err != nil {
-			addrs = h.addrs
-			if len(addrs) == 0 {
-				addrs = pinned(u.rule)
-			}
-			n.log.Warn("host lookup failed; keeping the last addresses", "rule", u.rule, "host", u.host, "err", err, "addresses", len(addrs))
-		}
-		changed = changed || !ok || !sameAddrs(addrs, h.addrs)
-		n.mu.Lock()
-		n.hosts[u.host] = hostEntry{addrs: addrs, expires: now.Add(ttl)}
-		n.mu.Unlock()
+		seen[u.host] = true
+		due = append(due, u)
 	}
-	return changed
+	n.mu.Unlock()
+	var (
+		wg    sync.WaitGroup
+		moved atomic.Bool
+		slots = make(chan struct{}, lookupsAtOnce)
+	)
+	for _, u := range due {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if n.lookup(ctx, u, pinned, now) {
+				moved.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	return moved.Load()
+}
+
+// lookup looks u's host name up and keeps what it resolved to, reporting
+// whether that differs from before.
+func (n *names) lookup(ctx context.Context, u nameUse, pinned func(rule string) []netip.Addr, now time.Time) (changed bool) {
+	n.mu.Lock()
+	h, ok := n.hosts[u.host]
+	n.mu.Unlock()
+	addrs, ttl, err := n.resolver.Lookup(ctx, u.host)
+	if err != nil {
+		addrs = h.addrs
+		if len(addrs) == 0 {
+			addrs = pinned(u.rule)
+		}
+		n.log.Warn("host lookup failed; keeping the last addresses", "rule", u.rule, "host", u.host, "err", err, "addresses", len(addrs))
+	}
+	n.mu.Lock()
+	n.hosts[u.host] = hostEntry{addrs: addrs, expires: now.Add(ttl)}
+	n.mu.Unlock()
+	return !ok || !sameAddrs(addrs, h.addrs)
 }
 
 func sameAddrs(a, b []netip.Addr) bool {

@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,6 +91,39 @@ func TestLookupOutsideTheLock(t *testing.T) {
 	}
 	if got := td.state()["slow"]; got != "pending: host slow.test has no addresses yet" {
 		t.Errorf("a name that did not resolve: %q", got)
+	}
+}
+
+// TestLookupsAtOnce: the host names of an install are looked up together,
+// so that many names during a DNS outage take the time of one lookup, not
+// of each in turn: every name's questions reach the silent server while
+// the first still waits for its answer.
+func TestLookupsAtOnce(t *testing.T) {
+	td := newTestDaemon(t)
+	pc, asked := td.silentDNS(t, time.Minute)
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	const names = 4
+	for i := range names {
+		fmt.Fprintf(&b, "  - {name: r%d, destination: svc%d.test, concurrency: 1}\n", i, i)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- td.install(ctx, parse(t, b.String())) }()
+	// An A and an AAAA question a name. A bound for a hang only: one
+	// name at a time would ask the second after the minute.
+	for i := range 2 * names {
+		select {
+		case <-asked:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d questions reached the DNS server, want %d: the names are looked up one after another", i, 2*names)
+		}
+	}
+	cancel()
+	pc.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 
