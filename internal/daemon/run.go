@@ -289,7 +289,7 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server
 // start took, and runs until ctx ends or an uninstall request, reloading
 // on each SIGHUP that hup brings and pinging the watchdog. It reports
 // whether the daemon is to uninstall.
-func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes) (uninstall bool) {
+func (d *Daemon) wait(parent context.Context, hup <-chan os.Signal, took startTimes) (uninstall bool) {
 	d.mu.Lock()
 	rules := len(d.entries)
 	d.mu.Unlock()
@@ -300,6 +300,16 @@ func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes
 	n := d.cfg.Notify
 	n.Ready()
 	defer n.Stopping()
+	// SIGHUP's reloads run beside this loop, which goes on pinging the
+	// watchdog while their lookups wait on DNS. When the loop ends, so
+	// does a reload's waiting on DNS, and the reload is waited for
+	// before the daemon says it stops or lets go of the datapath.
+	ctx, cancel := context.WithCancel(parent)
+	var reloads sync.WaitGroup
+	defer reloads.Wait()
+	defer cancel()
+	hups := make(chan struct{}, 1)
+	reloads.Go(func() { d.reloadOnHUP(ctx, hups) })
 	var watchdog <-chan time.Time
 	if every, ok := n.WatchdogInterval(); ok {
 		t := time.NewTicker(every / 2)
@@ -320,13 +330,30 @@ func (d *Daemon) wait(ctx context.Context, hup <-chan os.Signal, took startTimes
 		case <-d.stop:
 			return true
 		case <-hup:
-			n.Reloading()
-			if _, err := d.reloadPolicy(ctx); err != nil {
-				d.log.Error("policy reload refused; the old policy stays", "err", err)
+			select {
+			case hups <- struct{}{}:
+			default: // one is due already, and reads the file as it is then
 			}
-			n.Ready()
 		case <-watchdog:
 			n.Watchdog()
 		}
+	}
+}
+
+// reloadOnHUP reloads the policy each time want brings a value, until ctx
+// ends.
+func (d *Daemon) reloadOnHUP(ctx context.Context, want <-chan struct{}) {
+	n := d.cfg.Notify
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-want:
+		}
+		n.Reloading()
+		if _, err := d.reloadPolicy(ctx); err != nil {
+			d.log.Error("policy reload refused; the old policy stays", "err", err)
+		}
+		n.Ready()
 	}
 }

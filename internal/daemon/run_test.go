@@ -8,7 +8,9 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -180,6 +182,91 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 	}
 	if l.Limit != 7 {
 		t.Fatalf("limit db = %d after a SIGHUP during start, want 7 from the policy reloaded", l.Limit)
+	}
+}
+
+// watchdogNotifier is a testNotifier that asks for watchdog pings every
+// 20 ms and passes them on, and keeps what the daemon said in order.
+type watchdogNotifier struct {
+	*testNotifier
+	pings chan struct{}
+	mu    sync.Mutex
+	said  []string
+}
+
+func (n *watchdogNotifier) Ready()     { n.say("ready"); n.testNotifier.Ready() }
+func (n *watchdogNotifier) Reloading() { n.say("reloading"); n.testNotifier.Reloading() }
+func (n *watchdogNotifier) Stopping()  { n.say("stopping") }
+func (n *watchdogNotifier) Watchdog() {
+	select {
+	case n.pings <- struct{}{}:
+	default:
+	}
+}
+func (*watchdogNotifier) WatchdogInterval() (time.Duration, bool) { return 20 * time.Millisecond, true }
+
+func (n *watchdogNotifier) say(what string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.said = append(n.said, what)
+}
+
+// TestSIGHUPReloadKeepsWatchdog: while a SIGHUP's reload waits on a DNS
+// server that does not answer, the watchdog is still pinged (the unit
+// kills a daemon that stops pinging for WatchdogSec); a stop or an
+// uninstall meanwhile ends the reload's wait and comes after it: the
+// daemon says it is ready again, then that it stops.
+func TestSIGHUPReloadKeepsWatchdog(t *testing.T) {
+	tests := []struct {
+		name string
+		end  func(td *testDaemon, stop func() error) error
+		want error
+	}{
+		{"stopped", func(_ *testDaemon, stop func() error) error { return stop() }, nil},
+		{"uninstalled", func(td *testDaemon, stop func() error) error { td.requestStop(); <-td.done; return td.runErr }, ErrUninstalled},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			n := &watchdogNotifier{testNotifier: td.notify, pings: make(chan struct{}, 1)}
+			td.cfg.Notify = n
+			_, asked := td.silentDNS(t, time.Minute)
+			stop := td.start(t)
+			writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: api.test, concurrency: 1}\n")
+			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			td.await(t, td.notify.reloading, "reloading")
+			td.await(t, asked, "asking the DNS server")
+			select {
+			case <-n.pings:
+			default:
+			}
+			// A bound for a hang only: a watchdog held up by the reload
+			// is pinged again after the lookup's minute.
+			for i := range 3 {
+				select {
+				case <-n.pings:
+				case <-time.After(20 * time.Second):
+					t.Fatalf("%d watchdog pings in 20 s while the reload waits on DNS, want 3 (one every 10 ms)", i)
+				}
+			}
+			ended := make(chan error, 1)
+			go func() { ended <- tt.end(td, stop) }()
+			select {
+			case err := <-ended:
+				if !errors.Is(err, tt.want) {
+					t.Fatalf("run: %v, want %v", err, tt.want)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("Run did not return within 20 s: the reload's lookup still waits")
+			}
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if want := []string{"ready", "reloading", "ready", "stopping"}; !slices.Equal(n.said, want) {
+				t.Errorf("the daemon said %v, want %v", n.said, want)
+			}
+		})
 	}
 }
 
