@@ -27,6 +27,7 @@ type metrics struct {
 	leases, live, inFlight, connectFailed, limit, baseline *prometheus.Desc
 	connectLatency, requestLatency                         *prometheus.Desc
 	lost, driftDesc, reloads, buildInfo, rules             *prometheus.Desc
+	loadOK                                                 *prometheus.Desc
 	shares                                                 shareDescs
 	probing, settled, probes                               *prometheus.Desc
 	ruleInfo, window                                       *prometheus.Desc
@@ -51,6 +52,7 @@ func newMetrics(d *Daemon) *metrics {
 		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events that never reached the daemon, by kind: refusal records the kernel overwrote before the daemon read them, latency samples dropped because the ring buffer was full.", []string{"kind"}, nil),
 		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "How far the sockets counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; nonzero for long means lost accounting.", rule, nil),
 		reloads:        prometheus.NewDesc("egressd_policy_reloads_total", "Policy loads, by outcome.", []string{"outcome"}, nil),
+		loadOK:         prometheus.NewDesc("egressd_policy_last_load_ok", "1 when the last load of the policy file (the start's or a reload) was applied whole; 0 when it was refused and the rules before it stay, or the run-time limits conflicted with it at start.", nil, nil),
 		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
 		rules:          prometheus.NewDesc("egressd_rules", "Rules by state: installed in the kernel or pending (unit not running, host name not resolved).", []string{"state"}, nil),
 		ruleInfo:       prometheus.NewDesc("egressd_rule_info", "Always 1; shape says what egressd_limit counts: concurrency, adaptive, perSecond or perWindow, as in the policy.", []string{"rule", "shape"}, nil),
@@ -87,7 +89,7 @@ func (m *metrics) recount() {
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.buildInfo, m.rules,
+	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.loadOK, m.buildInfo, m.rules,
 		m.probing, m.settled, m.probes, m.ruleInfo, m.window} {
 		ch <- d
 	}
@@ -105,6 +107,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	t := m.d.tableView()
 	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(t.installed), "installed")
 	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(t.pending), "pending")
+	loadOK := 0.0
+	if t.loadOK {
+		loadOK = 1
+	}
+	ch <- prometheus.MustNewConstMetric(m.loadOK, prometheus.GaugeValue, loadOK)
 	m.collectLoops(ch, t.loops)
 	for name, v := range t.shares {
 		m.shares.collect(ch, name, v)
@@ -116,8 +123,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 // lock.
 type tableView struct {
 	installed, pending int
-	loops              map[string]*adaptive.Controller
-	shares             map[string]shareView
+	// loadOK is whether the last load of the policy file was applied
+	// whole, as status says.
+	loadOK bool
+	loops  map[string]*adaptive.Controller
+	shares map[string]shareView
 	// rates are shared rates' rules as the policy gives them (sharedRate).
 	rates map[string]*loader.Rule
 }
@@ -125,7 +135,7 @@ type tableView struct {
 func (d *Daemon) tableView() tableView {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	t := tableView{loops: map[string]*adaptive.Controller{}, shares: map[string]shareView{}, rates: map[string]*loader.Rule{}}
+	t := tableView{loadOK: d.reload.OK, loops: map[string]*adaptive.Controller{}, shares: map[string]shareView{}, rates: map[string]*loader.Rule{}}
 	for name, e := range d.entries {
 		if e.share != nil {
 			t.shares[name] = e.share.view()

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -103,6 +104,7 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_limit",
 		"egressd_limit_window_seconds",
 		"egressd_live_connections",
+		"egressd_policy_last_load_ok",
 		"egressd_policy_reloads_total",
 		"egressd_recount_drift",
 		"egressd_request_latency_seconds",
@@ -217,5 +219,33 @@ egressd_recount_drift{rule="kept"} 0
 `
 	if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), "egressd_recount_drift"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestPolicyLastLoadOK: egressd_policy_last_load_ok says whether the last
+// load of the policy file was applied, and stays 0 after a refused reload
+// for as long as the file is not fixed (a restart would refuse it), where
+// the count of failed reloads only grows once.
+func TestPolicyLastLoadOK(t *testing.T) {
+	td := newTestDaemon(t)
+	steps := []struct {
+		name, file string
+		want       string
+	}{
+		{"a good file", "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n", "1"},
+		{"a broken one", "rules:\n  - {name: db, destination: 10.0.0.1}\n", "0"},
+		{"still broken, reloaded again", "rules:\n  - {name: db, destination: 10.0.0.1}\n", "0"},
+		{"fixed", "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 6}\n", "1"},
+	}
+	for _, s := range steps {
+		writeFile(t, td.cfg.PolicyFile, s.file)
+		td.reloadPolicy(context.Background())
+		want := `
+# HELP egressd_policy_last_load_ok 1 when the last load of the policy file (the start's or a reload) was applied whole; 0 when it was refused and the rules before it stay, or the run-time limits conflicted with it at start.
+# TYPE egressd_policy_last_load_ok gauge
+egressd_policy_last_load_ok ` + s.want + "\n"
+		if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), "egressd_policy_last_load_ok"); err != nil {
+			t.Errorf("%s: %v", s.name, err)
+		}
 	}
 }
