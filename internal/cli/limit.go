@@ -160,11 +160,17 @@ func printLoop(w io.Writer, l control.Limit, now time.Time) {
 	switch {
 	case l.Probing:
 		fmt.Fprintf(w, "probe: running, the limit held at %d; it restores %d\n", l.Limit, l.SettledLimit)
-	case l.BaselineSource == "window" && l.Probes == 0 && l.NextProbe.IsZero():
+	case l.NoProbes && l.BaselineSource == "fixed":
+		// The baseline says it all.
+	case l.NoProbes:
 		fmt.Fprintln(w, "probes: none (probeEvery 0: the reference loop)")
 	case l.Probes > 0:
 		fmt.Fprintf(w, "probes: %d, the last ended %s ago; the next is due in %s\n",
 			l.Probes, ago(now, l.LastProbe), ago(l.NextProbe, now))
+	case !l.NextProbe.IsZero():
+		fmt.Fprintf(w, "probes: none yet; the first is due in %s\n", ago(l.NextProbe, now))
+	default:
+		fmt.Fprintln(w, "probes: none yet; the first is planned once a round keeps its limit")
 	}
 }
 

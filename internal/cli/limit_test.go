@@ -162,15 +162,25 @@ func TestPrintLoop(t *testing.T) {
 		want: "baseline: 4.7ms (learned in drain probes)\nprobes: 7, the last ended 1.5s ago; the next is due in 250ms\n",
 	}, {
 		name: "the reference loop",
-		l:    control.Limit{Limit: 200, SettledLimit: 200, BaselineSeconds: 0.02, BaselineSource: "window"},
+		l:    control.Limit{Limit: 200, SettledLimit: 200, BaselineSeconds: 0.02, BaselineSource: "window", NoProbes: true},
 		want: "baseline: 20ms (10th percentile of the last five minutes)\nprobes: none (probeEvery 0: the reference loop)\n",
+	}, {
+		// Probes on, but every round so far decreased: the same figures
+		// as the reference loop's, which only NoProbes tells apart.
+		name: "probes, none yet",
+		l:    control.Limit{Limit: 18, SettledLimit: 18, BaselineSeconds: 0.02, BaselineSource: "window"},
+		want: "baseline: 20ms (10th percentile of the last five minutes)\nprobes: none yet; the first is planned once a round keeps its limit\n",
+	}, {
+		name: "the first probe due",
+		l:    control.Limit{Limit: 40, SettledLimit: 40, BaselineSeconds: 0.02, BaselineSource: "window", NextProbe: now.Add(90 * time.Second)},
+		want: "baseline: 20ms (10th percentile of the last five minutes)\nprobes: none yet; the first is due in 1m30s\n",
 	}, {
 		name: "before a baseline",
 		l:    control.Limit{Limit: 20, SettledLimit: 20},
-		want: "baseline: none yet (the limit holds until there is one)\n",
+		want: "baseline: none yet (the limit holds until there is one)\nprobes: none yet; the first is planned once a round keeps its limit\n",
 	}, {
 		name: "fixed",
-		l:    control.Limit{Limit: 20, SettledLimit: 20, BaselineSeconds: 0.005, BaselineSource: "fixed"},
+		l:    control.Limit{Limit: 20, SettledLimit: 20, BaselineSeconds: 0.005, BaselineSource: "fixed", NoProbes: true},
 		want: "baseline: 5ms (fixed)\n",
 	}}
 	for _, tt := range tests {

@@ -212,7 +212,7 @@ func view(v viewed, st loader.Stats, kr loader.Rule, forReader bool) (control.Li
 		if st.Source != adaptive.NoSource {
 			l.BaselineSource = st.Source.String()
 		}
-		l.LastProbe, l.NextProbe = st.LastProbe, st.NextProbe
+		l.LastProbe, l.NextProbe, l.NoProbes = st.LastProbe, st.NextProbe, st.NoProbes
 		if st.Probing {
 			l.Probing, l.SettledLimit = true, uint32(st.Settled)
 		}

@@ -79,6 +79,9 @@ type State struct {
 	// the probes that ended.
 	LastProbe, NextProbe time.Time
 	Probes               uint64
+	// NoProbes says the loop never probes: ProbeEvery is NoProbes, or the
+	// baseline is fixed.
+	NoProbes bool
 }
 
 // State returns a snapshot of c. It takes c's lock, as Sample does.
@@ -95,6 +98,8 @@ func (c *Controller) State() State {
 	}
 	if p := c.probe; p != nil {
 		st.LastProbe, st.NextProbe = p.end, p.next
+	} else {
+		st.NoProbes = true
 	}
 	return st
 }

@@ -319,3 +319,26 @@ func BenchmarkSampleParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestStateSaysWhetherItProbes: a loop without probes says so, where its
+// other figures look like those of a loop with probes none of which has
+// yet been due.
+func TestStateSaysWhetherItProbes(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts adaptive.Options
+		want bool
+	}{
+		{"defaults", adaptive.Options{}, false},
+		{"probeEvery 0", adaptive.Options{ProbeEvery: adaptive.NoProbes}, true},
+		{"a fixed baseline", adaptive.Options{Baseline: 5 * time.Millisecond}, true},
+	} {
+		c, err := adaptive.New(&tt.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := c.State(); st.NoProbes != tt.want || st.Probes != 0 || !st.NextProbe.IsZero() {
+			t.Errorf("%s: state %+v, want NoProbes %v", tt.name, st, tt.want)
+		}
+	}
+}

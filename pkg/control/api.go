@@ -100,6 +100,9 @@ type Limit struct {
 	LastProbe    time.Time `json:"lastProbe,omitzero"`
 	NextProbe    time.Time `json:"nextProbe,omitzero"`
 	Probes       uint64    `json:"probes,omitempty"`
+	// NoProbes says the loop never probes (probeEvery 0, or a fixed
+	// baseline); without it, no probe yet means none has been due.
+	NoProbes bool `json:"noProbes,omitempty"`
 	// Shared is this host's part of a shared budget, for a shared rule.
 	Shared *Share `json:"shared,omitempty"`
 }
