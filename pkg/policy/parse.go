@@ -263,6 +263,12 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	if slices.ContainsFunc(limitKeys, func(k string) bool { return w.bad[k] }) {
 		w.refuse("limit") // "no limit" would repeat why
 	}
+	// A shared mapping with every field left out or zero would read as no
+	// sharing at all: a fleet's budget, its redis an unset variable of a
+	// template, would silently be each host's own.
+	if w.node("shared") != nil && !w.bad["shared"] && !r.IsShared() {
+		checker{w: w, rule: f.rule, problems: &d.problems}.checkShared(r)
+	}
 	return r, w
 }
 

@@ -212,6 +212,22 @@ func TestParseBad(t *testing.T) {
 			want: []Problem{{Line: 1, Column: 11, Msg: "maxRules 2000000 is outside 1..1048576"}},
 		},
 		{
+			name: "shared with nothing set",
+			in: `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1, shared: {}}
+  - {name: b, destination: 10.0.0.2, concurrency: 1, shared: {replicas: 0}}
+  - {name: c, destination: 10.0.0.3, concurrency: 1, shared: {redis: ""}}
+`,
+			want: []Problem{
+				{Line: 2, Column: 62, Rule: "a", Msg: "shared.redis is missing: the URL of the Redis server that keeps the budget"},
+				{Line: 2, Column: 62, Rule: "a", Msg: "shared.key is missing: the Redis key every host sharing the budget names"},
+				{Line: 3, Column: 62, Rule: "b", Msg: "shared.redis is missing: the URL of the Redis server that keeps the budget"},
+				{Line: 3, Column: 62, Rule: "b", Msg: "shared.key is missing: the Redis key every host sharing the budget names"},
+				{Line: 4, Column: 62, Rule: "c", Msg: "shared.key is missing: the Redis key every host sharing the budget names"},
+				{Line: 4, Column: 70, Rule: "c", Msg: "shared.redis is empty"},
+			},
+		},
+		{
 			name: "maxRules 0",
 			in:   "maxRules: 0\n",
 			want: []Problem{{Line: 1, Column: 11, Msg: "maxRules 0 is not allowed; leave it out for the default"}},

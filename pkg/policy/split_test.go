@@ -107,6 +107,10 @@ rules: []
   - {name: a, destination: 10.0.0.1, concurrency: 1}
   - {name: b, destination: 10.0.0.2, concurrency: 0}
 `, false},
+	{"a shared mapping with nothing set", `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1}
+  - {name: b, destination: 10.0.0.2, concurrency: 1, shared: {}}
+`, false},
 	{"more rules than maxRules", `maxRules: 1
 rules:
   - {name: a, destination: 10.0.0.1, concurrency: 1}
