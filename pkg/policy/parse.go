@@ -240,7 +240,7 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 				case "durability":
 					r.Shared.Durability, _ = f.nonEmpty("shared.durability", v, "; leave it out for ephemeral")
 				case "lease":
-					r.Shared.Lease, _ = f.duration("shared.lease", v)
+					r.Shared.Lease, _ = f.nonZeroDuration("shared.lease", v, "the default")
 				case "replicas":
 					r.Shared.Replicas, _ = f.integer("shared.replicas", v)
 				}
@@ -587,15 +587,23 @@ func (f fields) probeEvery(path string, v *yaml.Node) (int, bool) {
 	return x, true
 }
 
-// defaultedDuration reads a duration whose zero means "the default" in a
+// nonZeroDuration reads a duration whose zero means def in a Rule, so that
+// a 0 written in the file is refused rather than read as def.
+func (f fields) nonZeroDuration(path string, v *yaml.Node, def string) (time.Duration, bool) {
+	d, ok := f.duration(path, v)
+	if ok && d == 0 {
+		f.problem(v, path, "%s 0 is not allowed; leave it out for %s", path, def)
+		return 0, false
+	}
+	return d, ok
+}
+
+// defaultedDuration reads a positive duration whose zero means none in a
 // Rule.
 func (f fields) defaultedDuration(path string, v *yaml.Node) (time.Duration, bool) {
-	d, ok := f.duration(path, v)
+	d, ok := f.nonZeroDuration(path, v, "none")
 	switch {
 	case !ok:
-		return 0, false
-	case d == 0:
-		f.problem(v, path, "%s 0 is not allowed; leave it out for none", path)
 		return 0, false
 	case d < 0:
 		f.problem(v, path, "%s %v must be positive", path, d)

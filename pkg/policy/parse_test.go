@@ -228,6 +228,11 @@ func TestParseBad(t *testing.T) {
 			},
 		},
 		{
+			name: "shared lease 0",
+			in:   "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1, shared: {redis: 'redis://r:6379', key: k, lease: 0s}}\n",
+			want: []Problem{{Line: 2, Column: 103, Rule: "a", Msg: "shared.lease 0 is not allowed; leave it out for the default"}},
+		},
+		{
 			name: "maxRules 0",
 			in:   "maxRules: 0\n",
 			want: []Problem{{Line: 1, Column: 11, Msg: "maxRules 0 is not allowed; leave it out for the default"}},
