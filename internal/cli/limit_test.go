@@ -75,6 +75,40 @@ func TestLimitSet(t *testing.T) {
 		args: "--dest 10.0.0.1 --per-second 5 --burst 0",
 		errs: []string{"rule x: --burst 0 is not allowed; leave it out for the default"},
 	}, {
+		name: "a flag without the flag it needs",
+		args: "--dest 10.0.0.1 --burst 5",
+		errs: []string{"rule x: --burst needs --per-second"},
+	}, {
+		name: "a window without permits",
+		args: "--dest 10.0.0.1 --window 1m",
+		errs: []string{"rule x: --window needs --per-window"},
+	}, {
+		name: "permits without a window",
+		args: "--dest 10.0.0.1 --per-window 5",
+		errs: []string{"rule x: --per-window needs --window"},
+	}, {
+		name: "segments alone",
+		args: "--dest 10.0.0.1 --segments 4",
+		errs: []string{"rule x: --segments needs --per-window and --window"},
+	}, {
+		name: "shared flags without a Redis",
+		args: "--dest 10.0.0.1 --concurrency 5 --shared-key k --shared-replicas 0",
+		errs: []string{
+			"rule x: --shared-key needs --shared-redis",
+			"rule x: --shared-replicas needs --shared-redis",
+		},
+	}, {
+		name: "an empty Redis",
+		args: "--dest 10.0.0.1 --concurrency 5 --shared-redis= --shared-key k",
+		errs: []string{"rule x: --shared-redis is empty: give the URL of the Redis server that keeps the budget"},
+	}, {
+		name: "an empty Redis alone",
+		args: "--dest 10.0.0.1 --concurrency 5 --shared-redis=",
+		errs: []string{
+			"rule x: --shared-redis is empty: give the URL of the Redis server that keeps the budget",
+			"rule x: --shared-redis needs --shared-key",
+		},
+	}, {
 		name: "every problem at once",
 		args: "--dest 10.0.0.0/33 --port 70000 --concurrency 0 --errno EBOGUS --unit=",
 		errs: []string{

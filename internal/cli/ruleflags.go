@@ -22,6 +22,25 @@ type ruleFlag struct {
 	// set puts the flag's value in the rule being built; it is called only
 	// for the flags given.
 	set func(b *ruleBuilder, c *cli.Context, name string)
+	// needs are the flags this one means nothing without: --burst needs
+	// --per-second.
+	needs []string
+	// standIn puts a value in the rule for this flag when a flag that
+	// needs it is given without it, so that the check does not report its
+	// policy field missing too.
+	standIn func(b *ruleBuilder)
+}
+
+// needing returns f needing the flags named.
+func (f ruleFlag) needing(flags ...string) ruleFlag {
+	f.needs = flags
+	return f
+}
+
+// standingIn returns f with a stand-in value for the rule.
+func (f ruleFlag) standingIn(standIn func(b *ruleBuilder)) ruleFlag {
+	f.standIn = standIn
+	return f
 }
 
 // flagOf pairs a flag with where its value goes; get reads the value from
@@ -41,7 +60,7 @@ func ruleFlags() ruleFlagList {
 				d, err := policy.ParseDestination(v)
 				if err != nil {
 					b.problem("%v", err)
-					b.destRefused = true
+					d = standInDest // the check would add that it is missing
 				}
 				b.rule.Destination = d
 			}),
@@ -68,20 +87,25 @@ func ruleFlags() ruleFlagList {
 			}),
 
 		flagOf(&cli.IntFlag{Name: "per-second", Usage: "new connections per second"}, (*cli.Context).Int,
-			func(b *ruleBuilder, _ string, v int) { limitOf[policy.PerSecond](b, "perSecond").Permits = v }),
+			func(b *ruleBuilder, _ string, v int) { limitOf[policy.PerSecond](b, "perSecond").Permits = v }).
+			standingIn(func(b *ruleBuilder) { limitOf[policy.PerSecond](b, "perSecond").Permits = 1 }),
 		flagOf(&cli.IntFlag{Name: "burst", Usage: "with --per-second: bucket size (default: one second's permits)"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				limitOf[policy.PerSecond](b, "perSecond").Burst = nonZero(b, flag, v)
-			}),
+			}).needing("per-second"),
 
 		flagOf(&cli.IntFlag{Name: "per-window", Usage: "new connections per --window"}, (*cli.Context).Int,
-			func(b *ruleBuilder, _ string, v int) { limitOf[policy.PerWindow](b, "perWindow").Permits = v }),
+			func(b *ruleBuilder, _ string, v int) { limitOf[policy.PerWindow](b, "perWindow").Permits = v }).
+			needing("window").
+			standingIn(func(b *ruleBuilder) { limitOf[policy.PerWindow](b, "perWindow").Permits = 1 }),
 		flagOf(&cli.DurationFlag{Name: "window", Usage: "with --per-window: the sliding window"}, (*cli.Context).Duration,
-			func(b *ruleBuilder, _ string, v time.Duration) { limitOf[policy.PerWindow](b, "perWindow").Window = v }),
+			func(b *ruleBuilder, _ string, v time.Duration) { limitOf[policy.PerWindow](b, "perWindow").Window = v }).
+			needing("per-window").
+			standingIn(func(b *ruleBuilder) { limitOf[policy.PerWindow](b, "perWindow").Window = time.Hour }),
 		flagOf(&cli.IntFlag{Name: "segments", Usage: "with --per-window: segments of the window (default 8)"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				limitOf[policy.PerWindow](b, "perWindow").Segments = nonZero(b, flag, v)
-			}),
+			}).needing("per-window", "window"),
 
 		flagOf(&cli.BoolFlag{Name: "adaptive", Usage: "a concurrency limit moved by measured latency"}, (*cli.Context).Bool,
 			func(b *ruleBuilder, _ string, v bool) {
@@ -144,21 +168,43 @@ func ruleFlags() ruleFlagList {
 			func(b *ruleBuilder, flag string, v string) { b.rule.Errno = nonEmpty(b, flag, v, "EPERM") }),
 
 		flagOf(&cli.StringFlag{Name: "shared-redis", Usage: "share the limit with every host naming the same --shared-key: URL of the Redis server keeping it"}, (*cli.Context).String,
-			func(b *ruleBuilder, _ string, v string) { b.rule.Shared.Redis = v }),
+			func(b *ruleBuilder, flag string, v string) {
+				// Empty, it would make the rule this host's own: a
+				// fleet's budget whose URL came from an unset variable.
+				if v == "" {
+					b.problem("%s is empty: give the URL of the Redis server that keeps the budget", flag)
+					v = standInRedis
+				}
+				b.rule.Shared.Redis = v
+			}).
+			needing("shared-key").
+			standingIn(func(b *ruleBuilder) { b.rule.Shared.Redis = standInRedis }),
 		flagOf(&cli.StringFlag{Name: "shared-key", Usage: "with --shared-redis: the budget's Redis key"}, (*cli.Context).String,
-			func(b *ruleBuilder, _ string, v string) { b.rule.Shared.Key = v }),
+			func(b *ruleBuilder, _ string, v string) { b.rule.Shared.Key = v }).
+			needing("shared-redis").
+			standingIn(func(b *ruleBuilder) { b.rule.Shared.Key = standInKey }),
 		flagOf(&cli.StringFlag{Name: "shared-failure-mode", Usage: "with --shared-redis: throw (keep the last share, default), allow (the whole limit) or deny while Redis is unreachable"}, (*cli.Context).String,
-			func(b *ruleBuilder, flag string, v string) { b.rule.Shared.FailureMode = nonEmpty(b, flag, v, "throw") }),
+			func(b *ruleBuilder, flag string, v string) { b.rule.Shared.FailureMode = nonEmpty(b, flag, v, "throw") }).
+			needing("shared-redis"),
 		flagOf(&cli.StringFlag{Name: "shared-durability", Usage: "with --shared-redis: ephemeral (Redis may lose the budget: a budget it has no record of is frozen for a lease, default) or persistent (an AOF keeps it)"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) {
 				b.rule.Shared.Durability = nonEmpty(b, flag, v, "ephemeral")
-			}),
+			}).needing("shared-redis"),
 		flagOf(&cli.DurationFlag{Name: "shared-lease", Usage: "with --shared-redis: how long this host's slots outlive its daemon's last renewal (default 10s)"}, (*cli.Context).Duration,
-			func(b *ruleBuilder, flag string, v time.Duration) { b.rule.Shared.Lease = nonZero(b, flag, v) }),
+			func(b *ruleBuilder, flag string, v time.Duration) { b.rule.Shared.Lease = nonZero(b, flag, v) }).
+			needing("shared-redis"),
 		flagOf(&cli.IntFlag{Name: "shared-replicas", Usage: "with --shared-redis: Redis replicas that must confirm a grant before it is used (default 0; at least 1 with Sentinel)"}, (*cli.Context).Int,
-			func(b *ruleBuilder, _ string, v int) { b.rule.Shared.Replicas = v }),
+			func(b *ruleBuilder, _ string, v int) { b.rule.Shared.Replicas = v }).needing("shared-redis"),
 	}
 }
+
+// Stand-ins for a value whose problem a flag has already reported. A rule
+// with a problem is never sent.
+var (
+	standInDest, _ = policy.ParseDestination("192.0.2.1")
+	standInRedis   = "redis://192.0.2.1:6379"
+	standInKey     = "k"
+)
 
 func (l ruleFlagList) cliFlags() []cli.Flag {
 	flags := make([]cli.Flag, len(l))
@@ -177,15 +223,11 @@ func (l ruleFlagList) rule(c *cli.Context, name string) (policy.Rule, error) {
 			f.set(b, c, n)
 		}
 	}
+	l.needs(b, c)
 	if b.limit != nil {
 		b.rule.Limit = b.limit()
 	}
-	check := b.rule
-	if b.destRefused {
-		// Said already; the check would add that it is missing.
-		check.Destination, _ = policy.ParseDestination("192.0.2.1")
-	}
-	err := (&policy.Policy{Rules: []policy.Rule{check}}).Validate()
+	err := (&policy.Policy{Rules: []policy.Rule{b.rule}}).Validate()
 	if pe, ok := errors.AsType[*policy.Error](err); ok {
 		for _, p := range pe.Problems {
 			b.problems = append(b.problems, p.Msg)
@@ -199,11 +241,34 @@ func (l ruleFlagList) rule(c *cli.Context, name string) (policy.Rule, error) {
 	return b.rule, nil
 }
 
+// needs reports each flag given without a flag it needs, and puts a stand-in
+// in the rule for the flag missing.
+func (l ruleFlagList) needs(b *ruleBuilder, c *cli.Context) {
+	for _, f := range l {
+		n := f.flag.Names()[0]
+		if !c.IsSet(n) {
+			continue
+		}
+		var missing []string
+		for _, need := range f.needs {
+			if c.IsSet(need) {
+				continue
+			}
+			missing = append(missing, "--"+need)
+			if i := slices.IndexFunc(l, func(f ruleFlag) bool { return f.flag.Names()[0] == need }); l[i].standIn != nil {
+				l[i].standIn(b)
+			}
+		}
+		if len(missing) > 0 {
+			b.problem("--%s needs %s", n, strings.Join(missing, " and "))
+		}
+	}
+}
+
 // ruleBuilder is a rule as the flags fill it in.
 type ruleBuilder struct {
-	rule        policy.Rule
-	problems    []string
-	destRefused bool
+	rule     policy.Rule
+	problems []string
 
 	// limit returns the rule's one shape once a flag chose it; shape is
 	// its policy field and shapeOf the value the shape's flags fill in.
