@@ -126,6 +126,18 @@ func TestLimitSet(t *testing.T) {
 			`rule x: adaptive.samples "fast" is not connect or request`,
 		},
 	}, {
+		name: "empty samples",
+		args: "--dest 10.0.0.1 --samples=",
+		errs: []string{"rule x: --samples is empty; leave it out for request"},
+	}, {
+		name: "adaptive false is not overridden",
+		args: "--dest 10.0.0.1 --adaptive=false --concurrency 5 --min 5",
+		errs: []string{"rule x: --min tunes an adaptive limit, and --adaptive=false is given"},
+	}, {
+		name: "adaptive false with another limit",
+		args: "--dest 10.0.0.1 --adaptive=false --concurrency 5",
+		want: "name: x\ndestination: 10.0.0.1\nconcurrency: 5\n",
+	}, {
 		name: "probe-every 0 is the reference loop",
 		args: "--dest 10.0.0.1 --probe-every 0 --samples connect",
 		want: "name: x\ndestination: 10.0.0.1\nadaptive: {probeEvery: 0, samples: connect}\n",
