@@ -105,17 +105,25 @@ func TestSplitLines(t *testing.T) {
 	}
 }
 
-// TestRunRefusesSocketMode: a socket mode that is not permission bits, or
-// none (which would silently become 0660), stops egressd run before it
-// starts.
-func TestRunRefusesSocketMode(t *testing.T) {
-	for _, mode := range []string{"0", "0000", "1777", "rw"} {
+// TestRunRefusesFlags: a socket mode that is not permission bits, or none
+// (which would silently become 0660), and --max-rules 0 (which would
+// silently be the default, as the policy's maxRules: 0 is not) stop
+// egressd run before it starts.
+func TestRunRefusesFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--socket-mode", "0"}, {"--socket-mode", "0000"}, {"--socket-mode", "1777"}, {"--socket-mode", "rw"},
+		{"--max-rules", "0"},
+	} {
 		app := App()
 		app.ExitErrHandler = func(*cli.Context, error) {} // the default exits
 		dir := t.TempDir()
-		err := app.Run([]string{"egressd", "--socket", filepath.Join(dir, "sock"), "run", "--socket-mode", mode, "--policy", filepath.Join(dir, "none.yaml")})
-		if err == nil || !strings.Contains(err.Error(), "--socket-mode") {
-			t.Errorf("--socket-mode %s: %v, want it refused", mode, err)
+		// Were the flag taken, the daemon would stop at once: no cgroup
+		// to attach to, no policy file.
+		run := []string{"egressd", "--socket", filepath.Join(dir, "sock"), "run", "--policy", filepath.Join(dir, "none.yaml"),
+			"--cgroup", filepath.Join(dir, "none"), "--bpffs", filepath.Join(dir, "bpffs"), "--state-dir", dir, "--metrics", ""}
+		err := app.Run(append(run, args...))
+		if err == nil || !strings.Contains(err.Error(), args[0]+" ") {
+			t.Errorf("%s: %v, want it refused", args, err)
 		}
 	}
 }

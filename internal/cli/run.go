@@ -58,6 +58,11 @@ func runCommand() *cli.Command {
 				// The control server takes 0 for its default, 0660.
 				return cli.Exit(fmt.Sprintf("--socket-mode %q: no permission bits; for root and the daemon's uid alone, use 0600", c.String("socket-mode")), 2)
 			}
+			if c.IsSet("max-rules") && c.Int("max-rules") == 0 {
+				// The daemon takes 0 for no flag, as a policy's maxRules: 0
+				// would be, were it not refused.
+				return cli.Exit("--max-rules 0 is not allowed; leave it out for the default", 2)
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			d, err := daemon.New(daemon.Config{
 				PolicyFile:   c.String("policy"),
