@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/big"
 	"os"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -484,19 +486,44 @@ func (f fields) nonEmpty(path string, v *yaml.Node, hint string) (string, bool) 
 }
 
 func (f fields) integer(path string, v *yaml.Node) (int, bool) {
-	if v.ShortTag() != intTag {
+	if v.ShortTag() == intTag {
+		if x, ok := plainDecimal(v.Value); ok {
+			return x, true
+		}
+		var x int
+		if v.Decode(&x) == nil {
+			return x, true
+		}
+	}
+	// YAML reads a whole number beyond ±2⁶⁴ as a float, beyond it in hex
+	// as a string; none fits any field.
+	if _, whole := new(big.Int).SetString(v.Value, 0); !whole || v.Style != 0 {
 		f.problem(v, path, "%s must be a whole number", path)
 		return 0, false
 	}
-	if x, ok := plainDecimal(v.Value); ok {
-		return x, true
+	f.problem(v, path, "%s %s is outside %s", path, v.Value, wholeRange(path))
+	return 0, false
+}
+
+// wholeRange is the range of the whole-number field at path, for a number
+// too large to read.
+func wholeRange(path string) string {
+	switch path {
+	case "maxRules":
+		return fmt.Sprintf("1..%d", kernelrule.MaxRules)
+	case "port":
+		return fmt.Sprintf("1..%d", math.MaxUint16)
+	case "perSecond.permits", "perSecond.burst":
+		return fmt.Sprintf("1..%d", kernelrule.MaxRate)
+	case "perWindow.segments":
+		return fmt.Sprintf("1..%d", kernelrule.MaxSegments)
+	case "adaptive.probeEvery":
+		return fmt.Sprintf("0..%d", math.MaxInt)
+	case "shared.replicas":
+		return fmt.Sprintf("0..%d", MaxReplicas)
 	}
-	var x int
-	if err := v.Decode(&x); err != nil {
-		f.problem(v, path, "%s %s is not a whole number in range", path, v.Value)
-		return 0, false
-	}
-	return x, true
+	// concurrency, perWindow.permits and the adaptive limits
+	return fmt.Sprintf("1..%d", uint32(math.MaxUint32))
 }
 
 // plainDecimal reads a number written as most are, "-"? and digits without

@@ -324,14 +324,22 @@ func TestParseBad(t *testing.T) {
   - {name: c, destination: 10.0.0.3, adaptive: {maximum: 4294967296}}
   - {name: d, destination: 10.0.0.4, concurrency: 99999999999999999999}
   - {name: e, destination: 10.0.0.5, concurrency: 18446744073709551615}
+  - {name: f, destination: 10.0.0.6, port: -99999999999999999999, perSecond: {permits: 0x1FFFFFFFFFFFFFFFFF, burst: 1_000_000_000_000_000_000_000}}
+  - {name: g, destination: 10.0.0.7, concurrency: "99999999999999999999"}
+  - {name: h, destination: 10.0.0.8, concurrency: 1e30}
 `,
 			want: []Problem{
 				{Line: 2, Column: 59, Rule: "a", Msg: "perSecond.permits 1000001 is above 1000000, the kernel's largest"},
 				{Line: 2, Column: 75, Rule: "a", Msg: "perSecond.burst 2000000 is above 1000000, the kernel's largest"},
 				{Line: 3, Column: 51, Rule: "b", Msg: "concurrency 4294967296 is above 4294967295, the kernel's largest"},
 				{Line: 4, Column: 58, Rule: "c", Msg: "adaptive.maximum 4294967296 is above 4294967295, the kernel's largest"},
-				{Line: 5, Column: 51, Rule: "d", Msg: "concurrency must be a whole number"},
-				{Line: 6, Column: 51, Rule: "e", Msg: "concurrency 18446744073709551615 is not a whole number in range"},
+				{Line: 5, Column: 51, Rule: "d", Msg: "concurrency 99999999999999999999 is outside 1..4294967295"},
+				{Line: 6, Column: 51, Rule: "e", Msg: "concurrency 18446744073709551615 is outside 1..4294967295"},
+				{Line: 7, Column: 44, Rule: "f", Msg: "port -99999999999999999999 is outside 1..65535"},
+				{Line: 7, Column: 88, Rule: "f", Msg: "perSecond.permits 0x1FFFFFFFFFFFFFFFFF is outside 1..1000000"},
+				{Line: 7, Column: 117, Rule: "f", Msg: "perSecond.burst 1_000_000_000_000_000_000_000 is outside 1..1000000"},
+				{Line: 8, Column: 51, Rule: "g", Msg: "concurrency must be a whole number"},
+				{Line: 9, Column: 51, Rule: "h", Msg: "concurrency must be a whole number"},
 			},
 		},
 		{
