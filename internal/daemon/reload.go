@@ -72,7 +72,9 @@ func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 	d.reload = r
 	d.mu.Unlock()
 	d.metrics.reloaded(err == nil)
-	if err == nil {
+	if err != nil {
+		d.log.Error("policy reload refused; the old policy stays", "path", d.cfg.PolicyFile, "err", err)
+	} else {
 		d.log.Info("policy reloaded", "path", d.cfg.PolicyFile, "read", ms(read), "install", ms(install))
 	}
 	return r, err

@@ -351,9 +351,7 @@ func (d *Daemon) reloadOnHUP(ctx context.Context, want <-chan struct{}) {
 		case <-want:
 		}
 		n.Reloading()
-		if _, err := d.reloadPolicy(ctx); err != nil {
-			d.log.Error("policy reload refused; the old policy stays", "err", err)
-		}
+		_, _ = d.reloadPolicy(ctx) // a refusal is logged, counted and in status
 		n.Ready()
 	}
 }

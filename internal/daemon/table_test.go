@@ -383,9 +383,12 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 }
 
 // TestReloadKeepsOldPolicyOnError: a reload of a bad file, or of a file
-// gone, changes nothing and says why.
+// gone, changes nothing and says why, also in the log: a reload through
+// the control API has no other place the daemon's operator looks.
 func TestReloadKeepsOldPolicyOnError(t *testing.T) {
 	td := newTestDaemon(t)
+	logged := &messages{}
+	td.log = slog.New(logged)
 	good := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
 	writeFile(t, td.cfg.PolicyFile, good)
 	if _, err := td.reloadPolicy(context.Background()); err != nil {
@@ -396,6 +399,12 @@ func TestReloadKeepsOldPolicyOnError(t *testing.T) {
 	r, err := td.reloadPolicy(context.Background())
 	if err == nil || r.OK || !strings.Contains(r.Error, "destination") {
 		t.Errorf("reload of a bad file = %+v, %v; want refused, naming the problem", r, err)
+	}
+	logged.mu.Lock()
+	refusal := logged.attrs["policy reload refused; the old policy stays"]["err"]
+	logged.mu.Unlock()
+	if !strings.Contains(refusal.String(), "destination") {
+		t.Errorf("the refused reload logged %q; want its error", refusal)
 	}
 	os.Remove(td.cfg.PolicyFile)
 	if r, err := td.reloadPolicy(context.Background()); err == nil || r.OK {
