@@ -333,7 +333,9 @@ func (f fields) limit(key string, v *yaml.Node) Limit {
 			case "baseline":
 				l.Baseline, ok = f.defaultedDuration(path, v)
 			case "samples":
-				l.Samples, _ = f.samples(path, v)
+				// Judged by the check, as a rule from the CLI is.
+				samples, _ := f.nonEmpty(path, v, "; leave it out for request")
+				l.Samples = Samples(samples)
 			}
 			// The options are checked together; with one refused,
 			// the others would be judged against its default.
@@ -584,18 +586,6 @@ func (f fields) duration(path string, v *yaml.Node) (time.Duration, bool) {
 		return 0, false
 	}
 	return d, true
-}
-
-func (f fields) samples(path string, v *yaml.Node) (Samples, bool) {
-	s, ok := f.str(path, v)
-	if !ok {
-		return "", false
-	}
-	if k := Samples(s); k == SamplesConnect || k == SamplesRequest {
-		return k, true
-	}
-	f.problem(v, path, "%s must be connect or request", path)
-	return "", false
 }
 
 // probeEvery reads adaptive.probeEvery, whose 0 is not the default but the

@@ -488,6 +488,7 @@ func TestParseBad(t *testing.T) {
   - {name: e, destination: 10.0.0.5, adaptive: {samples: packets}}
   - {name: f, destination: 10.0.0.6, adaptive: 5}
   - {name: g, destination: 10.0.0.7, adaptive: {multiple: fast, decreaseFactor: !!float x, samples: 1}}
+  - {name: h, destination: 10.0.0.8, adaptive: {samples: ""}}
 `,
 			want: []Problem{
 				{Line: 2, Column: 48, Rule: "a", Msg: "adaptive: Maximum 5 must be at least Minimum 10"},
@@ -498,11 +499,13 @@ func TestParseBad(t *testing.T) {
 				// A refused option is not judged again, nor its neighbours
 				// against its default.
 				{Line: 5, Column: 58, Rule: "d", Msg: "adaptive.maximum must be a whole number"},
-				{Line: 6, Column: 58, Rule: "e", Msg: "adaptive.samples must be connect or request"},
+				// As the CLI's --samples packets is.
+				{Line: 6, Column: 58, Rule: "e", Msg: `adaptive.samples "packets" is not connect or request`},
 				{Line: 7, Column: 48, Rule: "f", Msg: "adaptive must be a mapping of minimum, maximum, initial, multiple, decreaseFactor, probeEvery, probeFactor, maxHealthy, baseline, samples"},
 				{Line: 8, Column: 59, Rule: "g", Msg: "adaptive.multiple must be a number"},
 				{Line: 8, Column: 81, Rule: "g", Msg: "adaptive.decreaseFactor must be a number"},
 				{Line: 8, Column: 101, Rule: "g", Msg: "adaptive.samples must be a string"},
+				{Line: 9, Column: 58, Rule: "h", Msg: "adaptive.samples is empty; leave it out for request"},
 			},
 		},
 		{
