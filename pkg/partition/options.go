@@ -67,7 +67,9 @@ type Options struct {
 	// OnCount, if set, is told how many partitions there are each time a
 	// partition is made or evicted, for a gauge. It is called with the
 	// partitioned limiter's lock held: it must be quick, and must not call
-	// back into it.
+	// back into it. It should not panic; if it does, the panic reaches the
+	// Acquire or Sweep that made or evicted the partition, and the limiter
+	// stays usable.
 	OnCount func(partitions int)
 }
 

@@ -178,38 +178,61 @@ func (p *Partitioned) Acquire(ctx context.Context, key string) (Lease, error) {
 // enter returns key's partition, made if need be, counted busy.
 func (p *Partitioned) enter(key string) (*part, error) {
 	now := p.tick()
+	e, err := p.find(key, now)
+	if e != nil || err != nil {
+		return e, err
+	}
+	l, err := p.make(key) // a factory may be slow: not under the lock
+	if err != nil {
+		return nil, fmt.Errorf("partition %q of %s: %w", key, p.name, err)
+	}
+	return p.insert(key, l, now)
+}
+
+// find returns key's partition counted busy, or nil when it has none and
+// there is room to make it. It unlocks by defer, as insert and Sweep do,
+// so that an OnCount that panics does not leave the lock held.
+func (p *Partitioned) find(key string, now int64) (*part, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if now-p.lastSweep >= p.every {
 		p.sweepLocked(now)
 	}
 	e := p.parts[key]
 	if e == nil {
 		if !p.roomLocked(now) {
-			p.mu.Unlock()
 			return nil, p.full
 		}
-		p.mu.Unlock()
-		l, err := p.make(key) // a factory may be slow: not under the lock
-		if err != nil {
-			return nil, fmt.Errorf("partition %q of %s: %w", key, p.name, err)
+		return nil, nil
+	}
+	e.enter(now)
+	return e, nil
+}
+
+// insert keeps l as key's partition, unless a racing caller made one
+// first, and returns the partition kept, counted busy.
+func (p *Partitioned) insert(key string, l Limiter, now int64) (*part, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.parts[key]
+	if e == nil {
+		if !p.roomLocked(now) {
+			return nil, p.full
 		}
-		p.mu.Lock()
-		if e = p.parts[key]; e == nil {
-			if !p.roomLocked(now) {
-				p.mu.Unlock()
-				return nil, p.full
-			}
-			e = &part{l: l}
-			p.parts[key] = e
-			if p.onCount != nil {
-				p.onCount(len(p.parts))
-			}
+		e = &part{l: l}
+		p.parts[key] = e
+		if p.onCount != nil {
+			p.onCount(len(p.parts))
 		}
 	}
+	e.enter(now)
+	return e, nil
+}
+
+// enter counts e busy at now. Call with the Partitioned's lock held.
+func (e *part) enter(now int64) {
 	e.busy.Add(1)
 	e.last.Store(now)
-	p.mu.Unlock()
-	return e, nil
 }
 
 // roomLocked reports whether there is room for one more partition at now,

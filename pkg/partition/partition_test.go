@@ -426,3 +426,66 @@ func BenchmarkAcquire(b *testing.B) {
 		})
 	}
 }
+
+// An OnCount that panics (a gauge's bug, which net/http would recover per
+// request) reaches the caller that made the change, and leaves the limiter
+// usable: before, the panic left its lock held and every later Acquire
+// hung.
+func TestOnCountPanicLeavesLimiterUsable(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(p *partition.Partitioned, clock *clocktest.Manual)
+	}{
+		{"new partition", func(p *partition.Partitioned, _ *clocktest.Manual) {
+			_, _ = p.Acquire(context.Background(), "b")
+		}},
+		{"lazy sweep", func(p *partition.Partitioned, clock *clocktest.Manual) {
+			clock.Advance(time.Hour)
+			_, _ = p.Acquire(context.Background(), "a") // sweeps "a" out, then makes it again
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := clocktest.New()
+			var armed atomic.Bool
+			p := newPartitioned(t, partition.Options{
+				Local:       &limit.Options{Concurrency: 1, Clock: clock},
+				IdleTimeout: time.Minute,
+				OnCount: func(int) {
+					if armed.Load() {
+						panic("gauge bug")
+					}
+				},
+			})
+			lease, err := p.Acquire(context.Background(), "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lease.Release()
+			armed.Store(true)
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Error("OnCount's panic did not reach the caller")
+					}
+				}()
+				tt.change(p, clock)
+			}()
+			armed.Store(false)
+			done := make(chan error, 1)
+			go func() {
+				lease, err := p.Acquire(context.Background(), "c")
+				lease.Release()
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Acquire after the panic = %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Acquire still blocked 5s after OnCount panicked: the lock is held")
+			}
+		})
+	}
+}
