@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/limit"
 )
 
@@ -31,16 +32,21 @@ func admitting(tb testing.TB) []struct {
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, bm := range admitting(b) {
 		b.Run(bm.name, func(b *testing.B) {
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				lease, err := bm.l.Acquire(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				lease.Release()
-			}
+			acquireRelease(b, bm.l)
 		})
+	}
+}
+
+// acquireRelease is one goroutine taking and returning permits of l.
+func acquireRelease(b *testing.B, l *limit.Local) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		lease, err := l.Acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lease.Release()
 	}
 }
 
@@ -76,16 +82,7 @@ func BenchmarkQueueUncontended(b *testing.B) {
 		{"Concurrency", limit.Options{Concurrency: 1 << 20, QueueLimit: 10}},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
-			l := mustNew(b, bm.opts)
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				lease, err := l.Acquire(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				lease.Release()
-			}
+			acquireRelease(b, mustNew(b, bm.opts))
 		})
 	}
 }
@@ -113,6 +110,31 @@ func BenchmarkRefused(b *testing.B) {
 			for b.Loop() {
 				_, _ = l.Acquire(ctx)
 			}
+		})
+	}
+}
+
+// nop is an Observer that does nothing, so that BenchmarkObserved measures
+// what the limiter pays to call one.
+type nop struct{}
+
+func (nop) OnLease(limit.Outcome) {}
+func (nop) OnWait(time.Duration)  {}
+func (nop) OnLimit(int)           {}
+
+// BenchmarkObserved is BenchmarkAcquireRelease with an observer, with and
+// without a queue.
+func BenchmarkObserved(b *testing.B) {
+	for _, bm := range []struct {
+		name string
+		opts limit.Options
+	}{
+		{"Concurrency", limit.Options{Concurrency: 1 << 20, Observer: nop{}}},
+		{"Adaptive", limit.Options{Adaptive: &adaptive.Options{Maximum: 200}, Observer: nop{}}},
+		{"ConcurrencyQueue", limit.Options{Concurrency: 1 << 20, QueueLimit: 10, Observer: nop{}}},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			acquireRelease(b, mustNew(b, bm.opts))
 		})
 	}
 }
