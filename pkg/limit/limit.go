@@ -273,9 +273,27 @@ func (l *Local) Acquire(ctx context.Context) (Lease, error) {
 		lease, err = l.acquireRate()
 	}
 	if l.obs != nil {
-		l.observe(err)
+		l.observeHeld(lease, err, 0, false)
 	}
 	return lease, err
+}
+
+// observeHeld tells the observer what an Acquire came to (with waited, when
+// queued), before lease is handed over. Should the observer panic, the
+// caller never gets the lease to release, so its permit goes back first;
+// the deferred check costs nothing when the observer returns.
+func (l *Local) observeHeld(lease Lease, err error, waited time.Duration, queued bool) {
+	told := false
+	defer func() {
+		if !told && lease.l != nil {
+			l.free()
+		}
+	}()
+	if queued {
+		l.obs.OnWait(waited)
+	}
+	l.observe(err)
+	told = true
 }
 
 func (l *Local) observe(err error) {
@@ -347,13 +365,39 @@ func (l *Local) tryInFlight() bool {
 // release returns a permit handed over at at (a tick).
 func (l *Local) release(at int64) {
 	if l.ctrl != nil {
-		now := l.tick()
-		l.ctrl.Sample(l.origin.Add(time.Duration(now)), time.Duration(now-at))
+		l.sample(at)
 	}
+	l.free()
+}
+
+// sample gives the controller the latency of a permit handed over at at,
+// before the permit is freed, so that a waiter is served under the limit
+// the sample set. Should OnChange or the observer's OnLimit panic, the
+// permit is freed all the same: the lease is spent, and nobody else would.
+func (l *Local) sample(at int64) {
+	sampled := false
+	defer func() {
+		if !sampled {
+			l.free()
+		}
+	}()
+	now := l.tick()
+	l.ctrl.Sample(l.origin.Add(time.Duration(now)), time.Duration(now-at))
+	sampled = true
+}
+
+// free returns a concurrency permit. It is small enough to inline, so that
+// a bulkhead without a queue releases without a call.
+func (l *Local) free() {
 	if l.queueLimit == 0 {
 		l.inFlight.Add(-1)
 		return
 	}
+	l.freeQueued()
+}
+
+// freeQueued is free with a queue: it passes the permit on to a waiter.
+func (l *Local) freeQueued() {
 	l.mu.Lock()
 	l.inFlight.Add(-1)
 	if l.queue.len > 0 {

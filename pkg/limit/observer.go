@@ -10,7 +10,9 @@ import (
 // acquire and release, concurrently, outside the limiter's locks (OnLimit
 // excepted: it is called in order, under the adaptive controller's lock, and
 // must not call back into the limiter's Acquire or Release). They should be
-// cheap and must not block.
+// cheap and must not block, and must not panic: a panic reaches the caller
+// of Acquire, which gets no lease and whose permit goes back, or of
+// Release (OnLimit), whose permit is freed all the same.
 type Observer interface {
 	// OnLease is called once per Acquire with its outcome. A caller whose
 	// context ended while it waited was Denied: it asked, and got nothing.

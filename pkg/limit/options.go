@@ -94,7 +94,8 @@ type Options struct {
 	// Adaptive, if set, makes a concurrency limit that package adaptive
 	// moves between its Minimum and Maximum. Its presence turns it on:
 	// &adaptive.Options{} takes every default. Its OnChange, if any, is
-	// still called.
+	// still called, from a Release; it must not panic, but if it does,
+	// the panic reaches that Release, whose permit is freed all the same.
 	Adaptive *adaptive.Options
 
 	// QueueLimit is how many callers may wait for a permit. Zero, the

@@ -71,21 +71,22 @@ func (l *Local) acquireQueued(ctx context.Context) (Lease, error) {
 		ok, w := l.take(start)
 		if ok {
 			l.mu.Unlock()
-			l.observeQueued(nil, 0)
-			return l.lease(start), nil
+			lease := l.lease(start)
+			l.observeQueued(lease, nil, 0)
+			return lease, nil
 		}
 		wait = w
 	}
 	if err := ctx.Err(); err != nil {
 		l.mu.Unlock()
-		l.observeQueued(err, 0)
+		l.observeQueued(Lease{}, err, 0)
 		return Lease{}, err
 	}
 	if l.queue.len >= l.queueLimit {
 		refusal := l.refusal(wait, true)
 		if !l.newest {
 			l.mu.Unlock()
-			l.observeQueued(refusal, 0)
+			l.observeQueued(Lease{}, refusal, 0)
 			return Lease{}, refusal
 		}
 		oldest := l.queue.head
@@ -111,21 +112,22 @@ func (l *Local) acquireQueued(ctx context.Context) (Lease, error) {
 		}
 		l.mu.Unlock()
 		err := ctx.Err()
-		l.observeQueued(err, time.Duration(l.tick()-start))
+		l.observeQueued(Lease{}, err, time.Duration(l.tick()-start))
 		return Lease{}, err
 	}
 	end := l.tick()
-	l.observeQueued(w.err, time.Duration(end-start))
 	if w.err != nil {
+		l.observeQueued(Lease{}, w.err, time.Duration(end-start))
 		return Lease{}, w.err
 	}
-	return l.lease(end), nil
+	lease := l.lease(end)
+	l.observeQueued(lease, nil, time.Duration(end-start))
+	return lease, nil
 }
 
-func (l *Local) observeQueued(err error, waited time.Duration) {
+func (l *Local) observeQueued(lease Lease, err error, waited time.Duration) {
 	if l.obs != nil {
-		l.obs.OnWait(waited)
-		l.observe(err)
+		l.observeHeld(lease, err, waited, true)
 	}
 }
 
