@@ -34,7 +34,11 @@ type Options struct {
 
 	// Local, if set, makes each partition a limit.Local with these
 	// options: the same Name and Observer for every partition, so that
-	// refusals and metrics name the limiter, not the partition.
+	// refusals and metrics name the limiter, not the partition. An
+	// adaptive partition's limit is its own, so the Observer is not told
+	// it (OnLimit): one gauge for every partition would show whichever
+	// moved last, often a new partition's Initial. Adaptive.OnChange is
+	// still called, for every partition, without saying which.
 	Local *limit.Options
 	// Shared, if set, makes each partition a shared.Limiter over Redis
 	// with these options, but for Key: Shared.Key is the prefix, and the

@@ -69,6 +69,9 @@ func New(opts Options) (*Partitioned, error) {
 	switch {
 	case opts.Local != nil:
 		lo := cloneLocal(*opts.Local)
+		if lo.Adaptive != nil && lo.Observer != nil {
+			lo.Observer = leasesOnly{lo.Observer}
+		}
 		keep = retention(&lo)
 		if p.clock == nil && lo.Clock != nil {
 			p.clock = lo.Clock
@@ -118,6 +121,12 @@ func (p *Partitioned) Len() int {
 	defer p.mu.Unlock()
 	return len(p.parts)
 }
+
+// leasesOnly passes on what an adaptive partition's limiter tells its
+// observer, but for its limit: see Options.Local.
+type leasesOnly struct{ limit.Observer }
+
+func (leasesOnly) OnLimit(int) {}
 
 func (p *Partitioned) tick() int64 {
 	if p.clock == nil {

@@ -489,3 +489,38 @@ func TestOnCountPanicLeavesLimiterUsable(t *testing.T) {
 		})
 	}
 }
+
+// limitRecorder is a limit.Observer that counts leases and keeps the limits
+// it is told.
+type limitRecorder struct {
+	mu     sync.Mutex
+	leases int
+	limits []int
+}
+
+func (r *limitRecorder) OnLease(limit.Outcome) { r.mu.Lock(); r.leases++; r.mu.Unlock() }
+func (r *limitRecorder) OnWait(time.Duration)  {}
+func (r *limitRecorder) OnLimit(n int)         { r.mu.Lock(); r.limits = append(r.limits, n); r.mu.Unlock() }
+
+// Adaptive partitions sharing one observer (serving.md's advice: one set of
+// limitmetrics series per policy) tell it their leases, not their limits:
+// before, each new partition reported its Initial, and the one gauge showed
+// whichever partition spoke last.
+func TestAdaptivePartitionsReportNoLimit(t *testing.T) {
+	obs := &limitRecorder{}
+	p := newPartitioned(t, partition.Options{Local: &limit.Options{
+		Adaptive: &adaptive.Options{Minimum: 1, Initial: 1, Maximum: 5, ProbeEvery: adaptive.NoProbes, Baseline: time.Hour},
+		Observer: obs,
+	}})
+	ctx := context.Background()
+	for _, key := range []string{"a", "a", "b"} {
+		lease, err := p.Acquire(ctx, key) // a fast round at its limit: "a"'s grows to 2
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease.Release()
+	}
+	if obs.leases != 3 || len(obs.limits) != 0 {
+		t.Errorf("observer told %d leases and limits %v; want 3 leases and no limit", obs.leases, obs.limits)
+	}
+}
