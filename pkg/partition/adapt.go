@@ -70,7 +70,20 @@ type boxed[L comparable, P interface {
 	lease L
 }
 
-func (b *boxed[L, P]) Release() { P(&b.lease).Release() }
+func (b *boxed[L, P]) Release() { b.release() }
+
+// release releases the lease unless it was already, and reports whether
+// it did. The box is shared by every copy of the partition.Lease that holds
+// it, so a copy released as well finds it empty.
+func (b *boxed[L, P]) release() bool {
+	var zero L
+	if b.lease == zero {
+		return false
+	}
+	P(&b.lease).Release()
+	b.lease = zero // for a lease type whose Release does not zero it
+	return true
+}
 
 // nothing is the lease that holds nothing.
 type nothing struct{}

@@ -27,9 +27,10 @@
 // that from changing what the limits allow:
 //
 //   - A partition is never evicted while anything is inside it: an Acquire
-//     in progress (waiting in a queue, or asking Redis) or a lease not yet
-//     released. A concurrency partition evicted with leases out would come
-//     back empty and admit past its bound.
+//     in progress (waiting in a queue, or asking Redis) or a lease that
+//     holds a permit, not yet released (a rate permit is spent when taken,
+//     and holds nothing). A concurrency partition evicted with leases out
+//     would come back empty and admit past its bound.
 //   - A local rate partition is kept at least until forgetting it changes
 //     nothing: a PerSecond bucket until it would be full again, a PerWindow
 //     until its window has passed. A shared partition's state is in Redis,

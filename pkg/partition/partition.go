@@ -137,12 +137,22 @@ func (p *Partitioned) tick() int64 {
 
 // Lease is a permit held in one partition, with package limit's contract:
 // Release it once, through the variable Acquire returned, however the work
-// ended; Release zeroes it, so a second call does nothing. Until it is
-// released its partition is not evicted. The zero Lease holds nothing.
+// ended; Release zeroes it, so a second call does nothing. A copy released
+// as well does nothing either when the partition's limiter came from Adapt
+// (every Local and Shared partition's does); a Releaser of Options.New's
+// own is released again, and its partition counted idle too soon. Until a
+// lease that holds a permit is released its partition is not evicted; a
+// rate permit, spent when taken, holds nothing. The zero Lease holds
+// nothing.
 type Lease struct {
 	r Releaser
 	p *Partitioned
 	e *part
+}
+
+// releaseOnce is a Releaser that can tell a second release, Adapt's box.
+type releaseOnce interface {
+	release() bool
 }
 
 // Release returns the permit to its partition's limiter. It is safe on the
@@ -154,7 +164,13 @@ func (ls *Lease) Release() {
 	}
 	r, p := ls.r, ls.p
 	*ls = Lease{}
-	r.Release()
+	if o, ok := r.(releaseOnce); ok {
+		if !o.release() {
+			return // a copy was released: the partition has counted it
+		}
+	} else {
+		r.Release()
+	}
 	p.done(e)
 }
 
@@ -180,6 +196,12 @@ func (p *Partitioned) Acquire(ctx context.Context, key string) (Lease, error) {
 	if err != nil {
 		p.done(e)
 		return Lease{}, err
+	}
+	if _, ok := r.(nothing); ok {
+		// Nothing to give back, so nothing to keep the partition for: and
+		// no box for a copy released as well to find empty.
+		p.done(e)
+		return Lease{}, nil
 	}
 	return Lease{r: r, p: p, e: e}, nil
 }

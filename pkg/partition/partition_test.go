@@ -524,3 +524,40 @@ func TestAdaptivePartitionsReportNoLimit(t *testing.T) {
 		t.Errorf("observer told %d leases and limits %v; want 3 leases and no limit", obs.leases, obs.limits)
 	}
 }
+
+// A copy of a lease released as well as the lease does nothing: before, the
+// partition counted both releases, thought itself idle with a lease still
+// held, and was evicted; made again empty, it admitted past its bound.
+func TestReleasingACopyKeepsThePartition(t *testing.T) {
+	clock := clocktest.New()
+	p := newPartitioned(t, partition.Options{
+		Local:       &limit.Options{Concurrency: 2, Clock: clock},
+		IdleTimeout: time.Second,
+	})
+	ctx := context.Background()
+	held, err := p.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(held.Release)
+	lease, err := p.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseCopy := lease
+	lease.Release()
+	leaseCopy.Release()
+	clock.Advance(time.Hour)
+	if n := p.Sweep(); n != 0 {
+		t.Fatalf("Sweep evicted %d partitions; want none while a lease is held", n)
+	}
+	var admitted int
+	for range 2 {
+		if _, err := p.Acquire(ctx, "k"); err == nil {
+			admitted++
+		}
+	}
+	if admitted != 1 {
+		t.Errorf("%d more admitted beside the lease held; want 1, the bound being 2", admitted)
+	}
+}
