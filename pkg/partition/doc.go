@@ -51,7 +51,11 @@
 // the partitions already there, and bounded memory.
 //
 // Keys become map keys and, for shared partitions, Redis keys in clear:
-// hash sensitive identifiers before passing them. Besides the standard
+// hash sensitive identifiers before passing them. A key longer than
+// [MaxKeyLen] (256 bytes) is kept as its first bytes and the SHA-256 of
+// the whole, 257 bytes in all, so that a caller who chooses its key (a
+// header) cannot make each partition hold a megabyte; the shortened key
+// is what Redis and errors see. Besides the standard
 // library the package imports packages limit, verdict and shared, and with
 // shared the Redis client; no Prometheus, no SDK and nothing of the
 // kernel's, which a test holds it to.

@@ -2,6 +2,8 @@ package partition
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -186,8 +188,11 @@ func (p *Partitioned) done(e *part) {
 // while the caller waited; or the limiter's error. A key that would be a
 // partition beyond MaxPartitions is refused with a *verdict.RateLimitedError
 // wrapping ErrTooManyPartitions; one whose limiter cannot be made returns
-// the factory's error.
+// the factory's error. A key longer than MaxKeyLen is shortened first.
 func (p *Partitioned) Acquire(ctx context.Context, key string) (Lease, error) {
+	if len(key) > MaxKeyLen {
+		key = boundKey(key)
+	}
 	e, err := p.enter(key)
 	if err != nil {
 		return Lease{}, err
@@ -204,6 +209,18 @@ func (p *Partitioned) Acquire(ctx context.Context, key string) (Lease, error) {
 		return Lease{}, nil
 	}
 	return Lease{r: r, p: p, e: e}, nil
+}
+
+// MaxKeyLen is the longest partition key kept as it is. A longer one -
+// often a header a client chose - is kept as its first bytes and the hex
+// SHA-256 of the whole, MaxKeyLen+1 bytes in all: as distinct as the keys
+// were, and longer than any key kept as it is, so never taken for one.
+const MaxKeyLen = 256
+
+// boundKey is a key longer than MaxKeyLen as it is kept.
+func boundKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return key[:MaxKeyLen+1-hex.EncodedLen(len(sum))] + hex.EncodeToString(sum[:])
 }
 
 // enter returns key's partition, made if need be, counted busy.

@@ -561,3 +561,31 @@ func TestReleasingACopyKeepsThePartition(t *testing.T) {
 		t.Errorf("%d more admitted beside the lease held; want 1, the bound being 2", admitted)
 	}
 }
+
+// A key longer than MaxKeyLen - an untrusted header of up to a megabyte -
+// is kept as MaxKeyLen+1 bytes that still tell it from every other key:
+// before, each such partition held its whole key for at least IdleTimeout.
+func TestLongKeysAreBounded(t *testing.T) {
+	var made []string
+	p := newPartitioned(t, partition.Options{New: func(key string) (partition.Limiter, error) {
+		made = append(made, key)
+		return partition.Adapt(limit.Concurrency(1)), nil
+	}})
+	ctx := context.Background()
+	long := strings.Repeat("x", 1<<20)
+	short := strings.Repeat("y", partition.MaxKeyLen)
+	for _, key := range []string{long + "a", long + "b", short} {
+		if _, err := p.Acquire(ctx, key); err != nil {
+			t.Fatalf("Acquire of a new %d-byte key = %v", len(key), err)
+		}
+	}
+	if _, err := p.Acquire(ctx, long+"a"); !sdk.IsRateLimited(err) {
+		t.Errorf("second Acquire of the first long key = %v; want its partition's refusal", err)
+	}
+	lens := []int{len(made[0]), len(made[1]), len(made[2])}
+	want := []int{partition.MaxKeyLen + 1, partition.MaxKeyLen + 1, partition.MaxKeyLen}
+	if !slices.Equal(lens, want) || made[0] == made[1] || made[2] != short {
+		t.Errorf("partitions made with keys of %v bytes (distinct: %v, short kept: %v); want %v, distinct, kept",
+			lens, made[0] != made[1], made[2] == short, want)
+	}
+}

@@ -35,7 +35,8 @@ func AddrKey(addr string) string {
 // ByHeader returns a Partition func that reads the header name: a tenant
 // or API key header, or one a trusted proxy sets to the client's address.
 // A request without it is in the partition "", which every such request
-// shares.
+// shares. The client chooses the value: the partitioned limiter keeps one
+// longer than partition.MaxKeyLen shortened.
 func ByHeader(name string) func(r *http.Request) string {
 	key := http.CanonicalHeaderKey(name)
 	return func(r *http.Request) string {
