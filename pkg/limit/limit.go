@@ -280,8 +280,8 @@ func (l *Local) Acquire(ctx context.Context) (Lease, error) {
 
 // observeHeld tells the observer what an Acquire came to (with waited, when
 // queued), before lease is handed over. Should the observer panic, the
-// caller never gets the lease to release, so its permit goes back first;
-// the deferred check costs nothing when the observer returns.
+// caller never gets the lease to release, so its permit goes back first.
+// The deferred check is a flag test when the observer returns.
 func (l *Local) observeHeld(lease Lease, err error, waited time.Duration, queued bool) {
 	told := false
 	defer func() {
@@ -292,16 +292,12 @@ func (l *Local) observeHeld(lease Lease, err error, waited time.Duration, queued
 	if queued {
 		l.obs.OnWait(waited)
 	}
-	l.observe(err)
-	told = true
-}
-
-func (l *Local) observe(err error) {
-	if err == nil {
-		l.obs.OnLease(Acquired)
-	} else {
-		l.obs.OnLease(Denied)
+	outcome := Acquired
+	if err != nil {
+		outcome = Denied
 	}
+	l.obs.OnLease(outcome)
+	told = true
 }
 
 // acquireRate is a rate shape's Acquire without a queue.
