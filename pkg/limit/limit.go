@@ -132,7 +132,7 @@ func New(opts Options) (*Local, error) {
 				if user != nil {
 					user(from, to)
 				}
-				obs.OnLimit(to)
+				obs.OnLimit(l.settled(to))
 			}
 		}
 		c, err := adaptive.New(&ao)
@@ -206,13 +206,24 @@ func Adaptive(maximum int) *Local {
 // Name returns the limiter's name.
 func (l *Local) Name() string { return l.name }
 
-// Limit returns the limit in force: permits per second or per window, leases
-// at once, or where an adaptive limiter has settled.
+// Limit returns the limit in force: permits per second or per window, or
+// leases at once; for an adaptive limiter during a drain probe, the
+// probe's (AdaptiveState has the limit it settled on).
 func (l *Local) Limit() int {
 	if l.ctrl != nil {
 		return l.ctrl.Limit()
 	}
 	return l.limit
+}
+
+// settled is the limit an adaptive limiter settled on when to is in force:
+// during a drain probe, the one the probe restores. A probe's dip is not
+// the dependency queueing, which is what an observer watches for.
+func (l *Local) settled(to int) int {
+	if restore, ok := l.ctrl.Probing(); ok {
+		return restore
+	}
+	return to
 }
 
 // Baseline returns what an adaptive limiter thinks a fast call takes (see

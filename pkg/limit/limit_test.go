@@ -245,10 +245,12 @@ func TestAdaptive(t *testing.T) {
 
 // TestAdaptiveProbesByDefault: an adaptive limiter with every default
 // runs drain probes: the first round judged starts one at Minimum, and its
-// state says so.
+// state says so. The observer is told the limit settled on, which a probe
+// does not move: its gauge would otherwise dip at every probe.
 func TestAdaptiveProbesByDefault(t *testing.T) {
 	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{Clock: clock, Adaptive: &adaptive.Options{}})
+	rec := &recorder{}
+	l := mustNew(t, limit.Options{Clock: clock, Adaptive: &adaptive.Options{}, Observer: rec})
 	ctx := context.Background()
 	leases := make([]limit.Lease, l.Limit())
 	for i := range leases {
@@ -264,6 +266,9 @@ func TestAdaptiveProbesByDefault(t *testing.T) {
 	st, ok := l.AdaptiveState()
 	if !ok || !st.Probing || st.Limit != adaptive.DefaultMinimum || st.Settled != adaptive.DefaultInitial+1 || l.Limit() != st.Limit {
 		t.Fatalf("after the first round: state %+v %t, limit %d; want a probe at Minimum", st, ok, l.Limit())
+	}
+	if want := []int{adaptive.DefaultInitial, st.Settled}; len(rec.limits) != 2 || rec.limits[0] != want[0] || rec.limits[1] != want[1] {
+		t.Errorf("the observer saw limits %v; want %v: the initial one, then the one settled on", rec.limits, want)
 	}
 	if _, ok := mustNew(t, limit.Options{Concurrency: 3}).AdaptiveState(); ok {
 		t.Error("a concurrency limiter has an adaptive state")

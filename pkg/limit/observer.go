@@ -21,9 +21,10 @@ type Observer interface {
 	// how long the caller waited (zero when it did not). A limiter without
 	// a queue never waits, and never calls it.
 	OnWait(d time.Duration)
-	// OnLimit is called by an adaptive limiter with its limit: once when it
-	// is made, then every time the limit moves. Watching it fall is watching
-	// the dependency say it is queueing.
+	// OnLimit is called by an adaptive limiter with the limit it settled
+	// on: once when it is made, then every time the limit moves (during a
+	// drain probe, the limit the probe restores, not the probe's own).
+	// Watching it fall is watching the dependency say it is queueing.
 	OnLimit(limit int)
 }
 

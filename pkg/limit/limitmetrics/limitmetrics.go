@@ -17,7 +17,8 @@
 //   - egressd_sdk_limiter_wait_seconds{limiter}: how long callers of a
 //     limiter with a queue waited (zero when they did not).
 //   - egressd_sdk_limiter_limit{limiter}: the limit an adaptive limiter has
-//     settled on. Watching it fall is watching the dependency queue.
+//     settled on, which drain probes do not move. Watching it fall is
+//     watching the dependency queue.
 package limitmetrics
 
 import (
