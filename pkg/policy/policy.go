@@ -233,13 +233,6 @@ func ParseDestination(s string) (Destination, error) {
 		if m := p.Masked(); m != p {
 			return Destination{}, fmt.Errorf("destination %s has bits set past /%d; write %s", s, p.Bits(), m)
 		}
-		// The kernel matches IPv4 as ::ffff:0:0/96. ::/0, every address,
-		// is the one way to put all of a scope's connections under one
-		// limit; a prefix between it and /96 that holds the IPv4 ones
-		// (::/8) is a slice of reserved IPv6 space meant for IPv6 alone.
-		if p.Bits() > 0 && p.Bits() < 96 && p.Contains(mappedIPv4.Addr()) {
-			return Destination{}, fmt.Errorf("destination %s also covers every IPv4 address, which the kernel matches as ::ffff:0:0/96: write ::/0 for every address, or 0.0.0.0/0 for IPv4 and a prefix outside ::ffff:0:0/96, such as 2000::/3, for IPv6", s)
-		}
 		return Destination{prefix: p}, nil
 	}
 	if host, port, err := net.SplitHostPort(s); err == nil && allDigits(port) {
@@ -280,9 +273,6 @@ func (d Destination) String() string {
 	}
 	return ""
 }
-
-// mappedIPv4 is where IPv6 holds the IPv4 addresses.
-var mappedIPv4 = netip.MustParsePrefix("::ffff:0:0/96")
 
 // netipDetail drops the `netip.ParseAddr("…"): ` that net/netip puts before
 // its reason, since the caller has already quoted the input.

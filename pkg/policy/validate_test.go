@@ -111,10 +111,6 @@ func TestParseDestination(t *testing.T) {
 		{in: "2001:DB8:0::1", wantPrefix: "2001:db8::1/128", wantString: "2001:db8::1"},
 		{in: "::ffff:10.0.0.1", wantPrefix: "::ffff:10.0.0.1/128", wantString: "::ffff:10.0.0.1"},
 		{in: "0.0.0.0/0", wantPrefix: "0.0.0.0/0", wantString: "0.0.0.0/0"},
-		{in: "::/0", wantPrefix: "::/0", wantString: "::/0"},
-		{in: "::ffff:0:0/96", wantPrefix: "::ffff:0.0.0.0/96", wantString: "::ffff:0.0.0.0/96"},
-		{in: "::/97", wantPrefix: "::/97", wantString: "::/97"},
-		{in: "2000::/3", wantPrefix: "2000::/3", wantString: "2000::/3"},
 		{in: "smtp.example.com", wantHost: "smtp.example.com", wantString: "smtp.example.com"},
 		{in: "Redis_Primary.svc.", wantHost: "Redis_Primary.svc.", wantString: "Redis_Primary.svc."},
 		{in: "localhost", wantHost: "localhost", wantString: "localhost"},
@@ -155,9 +151,6 @@ func TestParseDestinationRefuses(t *testing.T) {
 		{"a..b", `destination "a..b" is not an IP address, CIDR or host name`},
 		{"ünï.example", `destination "ünï.example" is not an IP address, CIDR or host name`},
 		{"", `destination "" is not an IP address, CIDR or host name`},
-		{"::/1", "destination ::/1 also covers every IPv4 address, which the kernel matches as ::ffff:0:0/96: write ::/0 for every address, or 0.0.0.0/0 for IPv4 and a prefix outside ::ffff:0:0/96, such as 2000::/3, for IPv6"},
-		{"::/80", "destination ::/80 also covers every IPv4 address"},
-		{"::fffe:0:0/95", "destination ::fffe:0:0/95 also covers every IPv4 address"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
