@@ -52,7 +52,6 @@ func TestDocsListProblems(t *testing.T) {
 		{"maxRules: 2000000\n", "maxRules N is outside 1..1048576"},
 		{"maxRules: 1\n" + rule("concurrency: 1") + "  - {name: b, destination: 10.0.0.2, concurrency: 1}\n", "N rules do not fit maxRules M"},
 		{rule("concurrency: 1") + "  - {name: a, destination: 10.0.0.2, concurrency: 1}\n", "name N is already used by the rule at line L"},
-		{"rules:\n  - {name: a, destination: '::/8', concurrency: 1}\n", "destination S also covers every IPv4 address, which the kernel matches as ::ffff:0:0/96: write ::/0 for every address, or 0.0.0.0/0 for IPv4 and a prefix outside ::ffff:0:0/96, such as 2000::/3, for IPv6"},
 		{rule("concurrency: 1, port: 0"), "port N is outside 1..65535; leave it out for any port"},
 		{rule("concurrency: 0"), "concurrency must be at least 1"},
 		{rule("perWindow: {permits: 1, window: 1m, segments: 33}"), "perWindow.segments N is outside 1..32"},
