@@ -125,6 +125,9 @@ type Datapath struct {
 	hints hints
 	// fault, set by tests, fails the kernel write it returns an error for.
 	fault func(step string) error
+	// stalePins says the pinned maps are not the ones in use: a resize
+	// could not pin its tables, and later calls try again.
+	stalePins bool
 	// lostRefusals counts refusal log records overwritten before a
 	// reader read them.
 	lostRefusals atomic.Uint64
@@ -433,7 +436,10 @@ func (d *Datapath) closeFDs() error {
 func (d *Datapath) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.closeFDs()
+	if d.closed {
+		return nil
+	}
+	return errors.Join(d.repinIfStale(), d.closeFDs())
 }
 
 // Uninstall detaches every program and removes the pins, ending

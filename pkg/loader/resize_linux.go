@@ -41,7 +41,7 @@ func (d *Datapath) Resize(n int) error {
 func (d *Datapath) resize(n int) error {
 	old := d.cfg.MaxRules
 	if n == old {
-		return nil
+		return d.repinIfStale()
 	}
 	if n < 1 || n > MaxRules {
 		return fmt.Errorf("max rules %d: outside 1..%d", n, MaxRules)
@@ -110,9 +110,6 @@ func (d *Datapath) resize(n int) error {
 		closeMaps()
 		return err
 	}
-	// Pin the new tables in place of the old, so that a restart adopts
-	// them.
-	err = d.repin(spec, fresh)
 	closeMaps()
 	// The maps not resized stay the same objects, which readers hold.
 	d.keepUnresized(&objs)
@@ -123,15 +120,36 @@ func (d *Datapath) resize(n int) error {
 	d.objs = objs
 	d.cfg.MaxRules = n
 	d.t.resize(n, n*keysPerRule)
-	return err
+	// Pin the new tables in place of the old, so that a restart adopts
+	// them; until that succeeds the pins are stale, and later calls try
+	// again.
+	d.stalePins = true
+	return d.repinIfStale()
 }
 
-// repin replaces the pinned maps with a set holding fresh in place of the
-// maps of the same names, all at once: it pins the whole set in a
-// directory beside, and exchanges the two. A crash on the way leaves
-// either set whole, never tables of two sizes, which no start could adopt;
-// the next start removes the other.
-func (d *Datapath) repin(spec *ebpf.CollectionSpec, fresh map[string]*ebpf.Map) error {
+// repinIfStale pins the maps in use in place of the pinned set, if a
+// resize left the pins stale: a start would adopt the old tables, their
+// counts as they were at the resize's copy.
+func (d *Datapath) repinIfStale() error {
+	if !d.stalePins {
+		return nil
+	}
+	if err := d.repin(); err != nil {
+		return err
+	}
+	d.stalePins = false
+	return nil
+}
+
+// repin replaces the pinned maps with the maps in use, all at once: it
+// pins the whole set in a directory beside, and exchanges the two. A crash
+// on the way leaves either set whole, never tables of two sizes, which no
+// start could adopt; the next start removes the other.
+func (d *Datapath) repin() error {
+	spec, err := loadEgressd()
+	if err != nil {
+		return err
+	}
 	next := d.mapsDir() + nextSuffix
 	if err := os.RemoveAll(next); err != nil {
 		return fmt.Errorf("pin: %w", err)
@@ -142,9 +160,6 @@ func (d *Datapath) repin(spec *ebpf.CollectionSpec, fresh map[string]*ebpf.Map) 
 	for name, m := range d.namedMaps() {
 		if spec.Maps[name].Pinning != ebpf.PinByName {
 			continue
-		}
-		if f, ok := fresh[name]; ok {
-			m = f
 		}
 		if err := pinAgain(m, filepath.Join(next, name)); err != nil {
 			return fmt.Errorf("pin %s: %w", name, err)

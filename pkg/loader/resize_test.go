@@ -180,15 +180,23 @@ func TestResizeStartedAfterCopy(t *testing.T) {
 
 // A resize cut short while it replaces the pinned maps, as by a crash,
 // leaves one whole set pinned, old or new: the next start adopts it, with
-// the rule's connections still counted, and removes the other set.
+// the rule's connections still counted, and removes the other set. A
+// resize that could not pin its tables, and goes on, pins them when the
+// datapath is closed.
 func TestResizeCutShortLeavesWholePins(t *testing.T) {
 	privtest.RequireRoot(t)
 	srv := listen(t, "tcp4", "127.0.0.1:0")
+	crash := func(d *Datapath) error { return d.closeFDs() } // no Close: nothing more runs
 	for _, tt := range []struct {
-		step     string
-		maxRules int
-	}{{"pinned", 8}, {"exchanged", 64}} {
-		t.Run(tt.step, func(t *testing.T) {
+		name, step string
+		end        func(*Datapath) error
+		maxRules   int
+	}{
+		{"crash before the exchange", "pinned", crash, 8},
+		{"crash after the exchange", "exchanged", crash, 64},
+		{"closed after a failed pin", "pinned", (*Datapath).Close, 64},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			cg, pins := privtest.Cgroup(t, "resize-cut"), privtest.PinDir(t)
 			d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 8})
 			if err != nil {
@@ -212,7 +220,7 @@ func TestResizeCutShortLeavesWholePins(t *testing.T) {
 				t.Fatalf("resize: %v, want it cut short at %s", err, tt.step)
 			}
 			d.fault = nil
-			if err := d.Close(); err != nil {
+			if err := tt.end(d); err != nil {
 				t.Fatal(err)
 			}
 

@@ -320,6 +320,9 @@ func (d *Datapath) apply(p *plan) error {
 	if err == nil {
 		d.t.commit(p)
 		d.hints = want
+		// The write is done either way; Resize and Close report pins
+		// that stay stale.
+		_ = d.repinIfStale()
 		return nil
 	}
 	undoErr := w.rollback()
