@@ -350,6 +350,9 @@ func (d *Daemon) reloadOnHUP(ctx context.Context, want <-chan struct{}) {
 			return
 		case <-want:
 		}
+		if ctx.Err() != nil {
+			return // the stop came too, and select took either
+		}
 		n.Reloading()
 		_, _ = d.reloadPolicy(ctx) // a refusal is logged, counted and in status
 		n.Ready()

@@ -416,3 +416,21 @@ func TestRunStopsDespiteStalledFollower(t *testing.T) {
 		t.Errorf("stop took %v with a stalled follower", took)
 	}
 }
+
+// TestNoReloadAfterStop: a SIGHUP that waited behind a reload does not
+// start another once the daemon stops. Both are ready to the reloads'
+// loop then, and a select picks one at random: fifty tries would let one
+// through half the time each.
+func TestNoReloadAfterStop(t *testing.T) {
+	td := newTestDaemon(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 50 {
+		want := make(chan struct{}, 1)
+		want <- struct{}{}
+		td.reloadOnHUP(ctx, want)
+	}
+	if n := len(td.notify.reloading); n != 0 {
+		t.Errorf("%d reloads began after the stop", n)
+	}
+}
