@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
@@ -64,8 +63,9 @@ func scopeOf(s policy.Scope) (loader.Scope, string) {
 	return loader.Scope{CgroupID: id, Level: uint32(level)}, ""
 }
 
-// errNoUnit means no cgroup carries the unit's name: it is not running.
-var errNoUnit = errors.New("no cgroup (is it running?)")
+// errNoUnit means no cgroup the daemon looks at carries the unit's name:
+// it is not running, or its cgroup is deeper than the daemon looks.
+var errNoUnit = fmt.Errorf("no cgroup at most %d levels deep (is it running?)", policy.UnitDepth)
 
 // findUnit finds the cgroup systemd made for a unit: the directory of that
 // name in the cgroup2 tree (system.slice/x.service, user.slice/…).

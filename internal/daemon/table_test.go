@@ -164,7 +164,7 @@ func TestInstall(t *testing.T) {
 	}, {
 		name:   "a unit that is not running is pending",
 		policy: "rules:\n  - {name: svc, destination: 10.0.0.1, unit: egressd-test-absent.service, concurrency: 1}\n",
-		want:   map[string]string{"svc": "pending: unit egressd-test-absent.service: no cgroup (is it running?)"},
+		want:   map[string]string{"svc": "pending: unit egressd-test-absent.service: no cgroup at most 6 levels deep (is it running?)"},
 	}, {
 		name:   "an adaptive rule starts at its initial limit",
 		policy: "rules:\n  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 7}}\n",
