@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -20,16 +21,17 @@ type scoped struct {
 	pending string
 }
 
-// scopes finds the cgroup of each scope the rules name. It reads the
-// cgroup tree, so it runs before the table's lock is taken.
-func scopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
-	return mountedTree().scopes(rules...)
+// scopes finds the cgroup of each scope the rules name; enforced is the
+// table's, what it enforces the rules in now. It reads the cgroup tree, so
+// it runs before the table's lock is taken.
+func scopes(enforced map[policy.Scope]scoped, rules ...[]policy.Rule) map[policy.Scope]scoped {
+	return mountedTree().scopes(enforced, rules...)
 }
 
 // scopeOf finds one scope's cgroup; a non-empty reason means it has none
 // now.
-func scopeOf(s policy.Scope) (loader.Scope, string) {
-	sc := scopes([]policy.Rule{{Scope: s}})[s]
+func scopeOf(s policy.Scope, enforced map[policy.Scope]scoped) (loader.Scope, string) {
+	sc := scopes(enforced, []policy.Rule{{Scope: s}})[s]
 	return sc.scope, sc.pending
 }
 
@@ -48,12 +50,12 @@ func mountedTree() cgroupTree {
 // scopes finds the cgroup of each scope the rules name, walking the tree
 // once for all their units: a walk per unit took 13 ms each with 420
 // cgroups, 1.3 s more for every change of a table of 100 units' rules.
-func (t cgroupTree) scopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
-	units := map[string][]string{}
+func (t cgroupTree) scopes(enforced map[policy.Scope]scoped, rules ...[]policy.Rule) map[policy.Scope]scoped {
+	units := map[string]*unitDirs{}
 	for _, rs := range rules {
 		for _, r := range rs {
 			if r.Scope.Unit != "" {
-				units[r.Scope.Unit] = nil
+				units[r.Scope.Unit] = &unitDirs{}
 			}
 		}
 	}
@@ -64,7 +66,11 @@ func (t cgroupTree) scopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
 	for _, rs := range rules {
 		for _, r := range rs {
 			if _, ok := out[r.Scope]; !ok {
-				s, why := t.scopeOf(r.Scope, units[r.Scope.Unit])
+				var named []string
+				if u := units[r.Scope.Unit]; u != nil {
+					named = u.candidates()
+				}
+				s, why := t.scopeOf(r.Scope, named, enforced[r.Scope])
 				out[r.Scope] = scoped{s, why}
 			}
 		}
@@ -72,9 +78,10 @@ func (t cgroupTree) scopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
 	return out
 }
 
-// scopeOf finds a rule's cgroup, given the directories named as its unit
-// if it names one; a non-empty reason means it has none now.
-func (t cgroupTree) scopeOf(s policy.Scope, named []string) (loader.Scope, string) {
+// scopeOf finds a rule's cgroup, given the directories its unit's cgroup
+// is taken from if it names one, and the scope the table has for it now;
+// a non-empty reason means it has none now.
+func (t cgroupTree) scopeOf(s policy.Scope, named []string, now scoped) (loader.Scope, string) {
 	var dir string
 	switch {
 	case s.Unit != "" && t.err != nil:
@@ -82,7 +89,11 @@ func (t cgroupTree) scopeOf(s policy.Scope, named []string) (loader.Scope, strin
 	case s.Unit != "" && len(named) == 0:
 		return loader.Scope{}, fmt.Sprintf("unit %s: %v", s.Unit, errNoUnit)
 	case s.Unit != "" && len(named) > 1:
-		return loader.Scope{}, fmt.Sprintf("unit %s: several cgroups are named so: %s", s.Unit, strings.Join(named, ", "))
+		// A cgroup of the unit's name made later (by a container's
+		// systemd) does not take the limit off the one in force.
+		if dir = enforcedDir(named, now); dir == "" {
+			return loader.Scope{}, fmt.Sprintf("unit %s: several cgroups are named so: %s", s.Unit, strings.Join(named, ", "))
+		}
 	case s.Unit != "":
 		dir = named[0]
 	case s.Cgroup != "":
@@ -108,11 +119,39 @@ func (t cgroupTree) scopeOf(s policy.Scope, named []string) (loader.Scope, strin
 // it is not running, or its cgroup is deeper than the daemon looks.
 var errNoUnit = fmt.Errorf("no cgroup at most %d levels deep (is it running?)", policy.UnitDepth)
 
+// enforcedDir is the one of dirs whose cgroup the table enforces rules in
+// now, or "".
+func enforcedDir(dirs []string, now scoped) string {
+	if now.pending != "" || now.scope.CgroupID == 0 {
+		return ""
+	}
+	for _, dir := range dirs {
+		if id, err := cgroups.ID(dir); err == nil && id == now.scope.CgroupID {
+			return dir
+		}
+	}
+	return ""
+}
+
+// unitDirs are the directories named as a unit, outside and inside the
+// trees systemd delegates to users' managers (user@UID.service), where
+// any user can make a cgroup of any name.
+type unitDirs struct{ outside, delegated []string }
+
+// candidates are the directories the unit's cgroup is taken from: a
+// user's cgroup does not shadow a system unit's, but a user unit is
+// found where no other has its name.
+func (u *unitDirs) candidates() []string {
+	if len(u.outside) > 0 {
+		return u.outside
+	}
+	return u.delegated
+}
+
 // findUnits finds the cgroups systemd made for the units that are keys of
 // units: the directories of their names in the tree (system.slice/x.service,
-// user.slice/…), at most policy.UnitDepth levels deep, each unit's added
-// to its value.
-func (t cgroupTree) findUnits(units map[string][]string) {
+// user.slice/…), at most policy.UnitDepth levels deep.
+func (t cgroupTree) findUnits(units map[string]*unitDirs) {
 	fs.WalkDir(t.fs, ".", func(path string, de fs.DirEntry, err error) error {
 		if err != nil || !de.IsDir() {
 			return nil
@@ -120,10 +159,27 @@ func (t cgroupTree) findUnits(units map[string][]string) {
 		if strings.Count(path, "/") >= policy.UnitDepth {
 			return fs.SkipDir
 		}
-		if dirs, ok := units[de.Name()]; ok {
-			units[de.Name()] = append(dirs, filepath.Join(t.root, filepath.FromSlash(path)))
+		if u := units[de.Name()]; u != nil {
+			dir := filepath.Join(t.root, filepath.FromSlash(path))
+			if delegated(path) {
+				u.delegated = append(u.delegated, dir)
+			} else {
+				u.outside = append(u.outside, dir)
+			}
 			return fs.SkipDir
 		}
 		return nil
 	})
+}
+
+// delegated is whether the cgroup at rel (slash-separated, from the root)
+// is below a user's manager, user@UID.service.
+func delegated(rel string) bool {
+	parents, _ := path.Split(rel)
+	for _, p := range strings.Split(parents, "/") {
+		if strings.HasPrefix(p, "user@") && strings.HasSuffix(p, ".service") {
+			return true
+		}
+	}
+	return false
 }

@@ -1,10 +1,14 @@
 package daemon
 
 import (
+	"context"
 	"io/fs"
+	"path/filepath"
 	"testing"
 	"testing/fstest"
 
+	"github.com/egressd/egressd/internal/privtest"
+	"github.com/egressd/egressd/pkg/cgroups"
 	"github.com/egressd/egressd/pkg/policy"
 )
 
@@ -31,7 +35,7 @@ func TestUnitsFoundInOneWalk(t *testing.T) {
 	for _, u := range []string{"a.service", "b.service", "c.service", "absent.service"} {
 		rules = append(rules, policy.Rule{Scope: policy.Scope{Unit: u}})
 	}
-	got := cgroupTree{root: "/cg", fs: tree}.scopes(rules)
+	got := cgroupTree{root: "/cg", fs: tree}.scopes(nil, rules)
 	if n := tree.reads["."]; n != 1 {
 		t.Errorf("the tree's root was read %d times, want 1", n)
 	}
@@ -45,5 +49,72 @@ func TestUnitsFoundInOneWalk(t *testing.T) {
 		if p := got[policy.Scope{Unit: u}].pending; p != why {
 			t.Errorf("unit %s: pending %q, want %q", u, p, why)
 		}
+	}
+}
+
+// TestUnitOutsideUsersTrees: a cgroup of a system unit's name in a user's
+// delegated tree, which any user can make, does not shadow the system
+// unit's; a user unit is found there when no other cgroup has its name.
+func TestUnitOutsideUsersTrees(t *testing.T) {
+	const user = "user.slice/user-1000.slice/user@1000.service/"
+	for _, tc := range []struct {
+		name string
+		tree []string
+		want string
+	}{
+		{
+			name: "a system unit and a user's of its name",
+			tree: []string{"system.slice/x.service", user + "app.slice/x.service"},
+			want: "cgroup /cg/system.slice/x.service does not exist",
+		},
+		{
+			name: "a user unit alone",
+			tree: []string{user + "app.slice/x.service"},
+			want: "cgroup /cg/" + user + "app.slice/x.service does not exist",
+		},
+		{
+			name: "two users' units",
+			tree: []string{user + "app.slice/x.service", "user.slice/user-1001.slice/user@1001.service/x.service"},
+			want: "unit x.service: several cgroups are named so: /cg/" + user + "app.slice/x.service, /cg/user.slice/user-1001.slice/user@1001.service/x.service",
+		},
+		{
+			name: "two system units",
+			tree: []string{"a.slice/x.service", "b.slice/x.service"},
+			want: "unit x.service: several cgroups are named so: /cg/a.slice/x.service, /cg/b.slice/x.service",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tree := fstest.MapFS{}
+			for _, dir := range tc.tree {
+				tree[dir+"/cgroup.procs"] = &fstest.MapFile{}
+			}
+			s := policy.Scope{Unit: "x.service"}
+			got := cgroupTree{root: "/cg", fs: tree}.scopes(nil, []policy.Rule{{Scope: s}})
+			if p := got[s].pending; p != tc.want {
+				t.Errorf("pending %q, want %q", p, tc.want)
+			}
+		})
+	}
+}
+
+// TestUnitKeepsEnforcedCgroup: a second cgroup of a unit's name (a
+// container's systemd made one) leaves the rule on the cgroup it is
+// enforced in, where it went pending and the limit was lifted.
+func TestUnitKeepsEnforcedCgroup(t *testing.T) {
+	privtest.RequireHostRoot(t, "creates cgroups")
+	base := privtest.Cgroup(t, "units")
+	unit := filepath.Base(base) + ".service"
+	first := privtest.SubCgroup(t, privtest.SubCgroup(t, base, "a.slice"), unit)
+	id, err := cgroups.ID(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := newTestDaemon(t)
+	td.apply(t, "rules:\n  - {name: pay, destination: 10.0.0.1, unit: "+unit+", concurrency: 1}\n")
+	privtest.SubCgroup(t, privtest.SubCgroup(t, base, "b.slice"), unit)
+	td.refresh(context.Background(), td.clock.Now(), true)
+	r, ok := td.fake.rule("pay")
+	if !ok || r.Scope.CgroupID != id {
+		t.Errorf("rule in the kernel %v, in cgroup %d; want it in %d (%s): %q", ok, r.Scope.CgroupID, id, first, td.state()["pay"])
 	}
 }

@@ -122,11 +122,12 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 		inForce = d.policy.Rules
 	}
 	rules := [][]policy.Rule{inForce, d.overrides.Set, more}
+	enforced := d.scopes // replaced, never written in place
 	d.mu.Unlock()
 	uses := usesOf(rules...)
 	d.names.hold(uses)
 	d.names.resolve(ctx, uses, d.pinnedAddrs, d.cfg.now())
-	return found{scopes: scopes(rules...), uses: uses}
+	return found{scopes: scopes(enforced, rules...), uses: uses}
 }
 
 // pinnedAddrs returns the addresses the kernel enforces a rule for now:
@@ -309,7 +310,7 @@ func (d *Daemon) plan(e, old *entry, f found) error {
 	}
 	sc, ok := f.scopes[e.spec.Scope]
 	if !ok {
-		sc.scope, sc.pending = scopeOf(e.spec.Scope) // set after prepare looked
+		sc.scope, sc.pending = scopeOf(e.spec.Scope, d.scopes) // set after prepare looked
 	}
 	if e.pending = sc.pending; e.pending != "" {
 		return nil
