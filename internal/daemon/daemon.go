@@ -228,9 +228,11 @@ type Daemon struct {
 	// them, so that loops that tick often do not walk or plan again a table
 	// of 100,000 rules: the host names its rules use, and its installed
 	// adaptive rules.
-	scopes   map[policy.Scope]scoped
-	uses     []nameUse
-	adaptive []*entry
+	scopes map[policy.Scope]scoped
+	// scopesGen counts the times the table took other scopes' cgroups.
+	scopesGen uint64
+	uses      []nameUse
+	adaptive  []*entry
 	// adaptiveAdded has a value once an apply leaves adaptive rules, for
 	// watchSaturation to wait on while there are none.
 	adaptiveAdded chan struct{}

@@ -91,8 +91,7 @@ func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
 	if err == nil || len(d.overrides.Set) == 0 {
 		return err
 	}
-	f := d.prepare(ctx, p.Rules...)
-	return d.change(f, func() ([]retired, error) {
+	return d.change(ctx, d.prepare(ctx, p.Rules...), func(f found) ([]retired, error) {
 		gone, ferr := d.applyLocked(p, overrides{Removed: d.overrides.Removed}, f)
 		if ferr != nil {
 			return gone, errors.Join(err, ferr)

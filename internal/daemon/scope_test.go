@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"testing"
 	"testing/fstest"
@@ -116,5 +117,44 @@ func TestUnitKeepsEnforcedCgroup(t *testing.T) {
 	r, ok := td.fake.rule("pay")
 	if !ok || r.Scope.CgroupID != id {
 		t.Errorf("rule in the kernel %v, in cgroup %d; want it in %d (%s): %q", ok, r.Scope.CgroupID, id, first, td.state()["pay"])
+	}
+}
+
+// TestChangeAfterUnitRestart: a change whose cgroups were found before a
+// unit restarted and a reload took its new cgroup looks again, where it
+// put the old, dead cgroup back until the next refresh.
+func TestChangeAfterUnitRestart(t *testing.T) {
+	privtest.RequireHostRoot(t, "creates cgroups")
+	base := privtest.Cgroup(t, "restart")
+	unit := filepath.Base(base) + ".service"
+	svc := privtest.SubCgroup(t, base, unit)
+	td := newTestDaemon(t)
+	ctx := context.Background()
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: s, destination: 10.0.0.1, unit: "+unit+", concurrency: 1}\n")
+	if _, err := td.reloadPolicy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := td.prepare(ctx)                   // a refresh looks for the unit...
+	if err := os.Remove(svc); err != nil { // ...which restarts...
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(svc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	id, err := cgroups.ID(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.reloadPolicy(ctx); err != nil { // ...a reload takes the new cgroup...
+		t.Fatal(err)
+	}
+	err = td.change(ctx, f, func(f found) ([]retired, error) { // ...then the refresh applies.
+		return td.applyLocked(td.policy, td.applied, f)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := td.fake.rule("s"); r.Scope.CgroupID != id {
+		t.Errorf("rule in cgroup %d, want the unit's new one, %d: %q", r.Scope.CgroupID, id, td.state()["s"])
 	}
 }

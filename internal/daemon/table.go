@@ -103,11 +103,15 @@ func (e *entry) limitShown(kernel uint32) uint32 {
 var errUnknownRule = errors.New("no such rule")
 
 // found is what a change of the table needs from outside it, found before
-// its lock is taken: the cgroup of each scope. (Host names' addresses are
-// d.names', which holds those of uses until the change is done.)
+// its lock is taken: the cgroup of each scope, looked for when the table's
+// scopes were at generation gen. (Host names' addresses are d.names',
+// which holds those of uses until the change is done.) more is the rules
+// it was found for besides those in force.
 type found struct {
 	scopes map[policy.Scope]scoped
+	gen    uint64
 	uses   []nameUse
+	more   []policy.Rule
 }
 
 // prepare looks up, outside the table's lock, what installing the rules in
@@ -122,12 +126,12 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 		inForce = d.policy.Rules
 	}
 	rules := [][]policy.Rule{inForce, d.overrides.Set, more}
-	enforced := d.scopes // replaced, never written in place
+	enforced, gen := d.scopes, d.scopesGen // scopes is replaced, never written in place
 	d.mu.Unlock()
 	uses := usesOf(rules...)
 	d.names.hold(uses)
 	d.names.resolve(ctx, uses, d.pinnedAddrs, d.cfg.now())
-	return found{scopes: scopes(enforced, rules...), uses: uses}
+	return found{scopes: scopes(enforced, rules...), gen: gen, uses: uses, more: more}
 }
 
 // pinnedAddrs returns the addresses the kernel enforces a rule for now:
@@ -152,12 +156,20 @@ type retired struct {
 	release bool
 }
 
-// change runs fn, a change of the table with what prepare found, under
+// change runs fn, a change of the table with f, what prepare found, under
 // the table's lock, lets go of f's host names, then ends the shares fn
-// retired.
-func (d *Daemon) change(f found, fn func() ([]retired, error)) error {
+// retired. If the table took other scopes' cgroups since f was found (a
+// reload or refresh ran meanwhile), f may hold a restarted unit's old
+// cgroup, so it is found again.
+func (d *Daemon) change(ctx context.Context, f found, fn func(found) ([]retired, error)) error {
 	d.mu.Lock()
-	gone, err := fn()
+	for f.gen != d.scopesGen {
+		d.names.release(f.uses)
+		d.mu.Unlock()
+		f = d.prepare(ctx, f.more...)
+		d.mu.Lock()
+	}
+	gone, err := fn(f)
 	d.names.release(f.uses)
 	d.mu.Unlock()
 	for _, r := range gone {
@@ -255,6 +267,9 @@ func (d *Daemon) writeLocked(c *tableChange) ([]retired, error) {
 		if e.share != nil {
 			e.share.start()
 		}
+	}
+	if !maps.Equal(d.scopes, c.f.scopes) {
+		d.scopesGen++
 	}
 	d.policy, d.applied, d.entries, d.order, d.scopes = c.p, c.o, c.next, c.merged, c.f.scopes
 	d.uses, d.adaptive = usesOf(c.rules), nil
@@ -419,8 +434,7 @@ const logChangesEach = 100
 // changes, the rule set: at start and on a reload. On any problem nothing
 // changes.
 func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
-	f := d.prepare(ctx, p.Rules...)
-	return d.change(f, func() ([]retired, error) {
+	return d.change(ctx, d.prepare(ctx, p.Rules...), func(f found) ([]retired, error) {
 		gone, err := d.applyLocked(p, d.overrides, f)
 		if err == nil && d.reload.Time.IsZero() {
 			d.reload = controlReloadOK()
@@ -431,15 +445,15 @@ func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
 
 // setRule sets a rule at run time and keeps it in the state directory.
 func (d *Daemon) setRule(ctx context.Context, r policy.Rule) error {
-	f := d.prepare(ctx, r)
-	return d.change(f, func() ([]retired, error) { return d.commitLocked(d.overrides.with(r), f) })
+	return d.change(ctx, d.prepare(ctx, r), func(f found) ([]retired, error) {
+		return d.commitLocked(d.overrides.with(r), f)
+	})
 }
 
 // removeRule removes a rule at run time and keeps that in the state
 // directory.
 func (d *Daemon) removeRule(ctx context.Context, name string) error {
-	f := d.prepare(ctx)
-	return d.change(f, func() ([]retired, error) {
+	return d.change(ctx, d.prepare(ctx), func(f found) ([]retired, error) {
 		_, known := d.entries[name]
 		if !known && !slices.ContainsFunc(d.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
 			return nil, errUnknownRule
@@ -518,8 +532,7 @@ func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
 	if !moved && !units {
 		return
 	}
-	f := d.prepare(ctx)
-	err := d.change(f, func() ([]retired, error) {
+	err := d.change(ctx, d.prepare(ctx), func(f found) ([]retired, error) {
 		if !moved && maps.Equal(f.scopes, d.scopes) {
 			return nil, nil
 		}
