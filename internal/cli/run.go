@@ -37,7 +37,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "cgroup", Usage: "cgroup v2 directory to attach to (default: the cgroup2 root, the whole host)"},
 			&cli.StringFlag{Name: "bpffs", Value: loader.DefaultPinDir, Usage: "bpffs directory for the datapath's pins"},
 			&cli.StringFlag{Name: "metrics", Value: daemon.DefaultMetricsAddr, Usage: "address for /metrics; empty turns it off"},
-			&cli.StringFlag{Name: "state-dir", Value: daemon.DefaultStateDir, Usage: "where limits set at run time are kept"},
+			&cli.StringFlag{Name: "state-dir", Value: daemon.DefaultStateDir, Usage: "where limits set at run time, and the addresses host names last resolved to, are kept"},
 			&cli.IntFlag{Name: "max-rules", Usage: "rule slots in the kernel's tables, up to 1048576 (default: the policy's maxRules, else what its rules need and a quarter more, in steps of 4096)"},
 			&cli.StringFlag{Name: "socket-group", Usage: "group allowed to change limits through the socket"},
 			&cli.StringFlag{Name: "socket-mode", Value: "0660", Usage: "socket permissions; 0666 lets every local service's SDK ask about its own refusals (read-only)"},

@@ -66,7 +66,8 @@ type Config struct {
 	SocketMode  fs.FileMode
 	// MetricsAddr serves /metrics; empty turns it off.
 	MetricsAddr string
-	// StateDir keeps the changes made at run time.
+	// StateDir keeps the changes made at run time, and the addresses
+	// host names last resolved to.
 	StateDir string
 	// DetachOnExit removes the datapath when the daemon stops (fail-open);
 	// by default it stays and keeps enforcing (fail-static).
@@ -257,7 +258,7 @@ func New(cfg Config) (*Daemon, error) {
 		cfg: c, log: c.Logger, entries: map[string]*entry{}, redis: map[string]redis.UniversalClient{},
 		stop: make(chan struct{}), events: newEventLog(), adaptiveAdded: make(chan struct{}, 1),
 	}
-	d.names = newNames(c.Resolver, d.log)
+	d.names = newNames(c.Resolver, c.StateDir, d.log)
 	d.metrics = newMetrics(d)
 	return d, nil
 }

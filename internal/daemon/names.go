@@ -1,9 +1,15 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -19,6 +25,7 @@ import (
 // the event readers; the table reads the addresses as they stand.
 type names struct {
 	resolver *dns.Resolver
+	dir      string // the state directory, where saved is kept
 	log      *slog.Logger
 
 	mu    sync.Mutex
@@ -29,6 +36,12 @@ type names struct {
 	// (Making each change's lookups and apply one at a time would do too,
 	// but then a `limit set` would wait seconds behind a reload's DNS.)
 	held map[string]int
+
+	// saveMu makes saves one at a time; saved is the file's text as last
+	// written or read, so that a save that would change nothing is not
+	// written.
+	saveMu sync.Mutex
+	saved  []byte
 }
 
 // hostEntry is what a host name resolved to, until when.
@@ -40,8 +53,8 @@ type hostEntry struct {
 // nameUse is a host name one rule uses.
 type nameUse struct{ rule, host string }
 
-func newNames(r *dns.Resolver, log *slog.Logger) *names {
-	return &names{resolver: r, log: log, hosts: map[string]hostEntry{}, held: map[string]int{}}
+func newNames(r *dns.Resolver, dir string, log *slog.Logger) *names {
+	return &names{resolver: r, dir: dir, log: log, hosts: map[string]hostEntry{}, held: map[string]int{}}
 }
 
 // usesOf returns the host names the rules use.
@@ -66,12 +79,11 @@ const lookupsAtOnce = 16
 // resolve looks up each name of uses never looked up or whose TTL ran out
 // at now, up to lookupsAtOnce at a time, and reports whether any resolved
 // to other addresses than before (in any order): a table of many rules is
-// planned again only then. A failed lookup must not lift a limit: the
-// addresses last resolved stay, by this run or, for a name it never
-// resolved, those the kernel enforces for the first rule that uses it
-// (pinned by the daemon before; pinned says which), and the name is asked
-// again after the resolver's retry time.
-func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule string) []netip.Addr, now time.Time) (changed bool) {
+// planned again only then, and the addresses saved. A failed lookup must
+// not lift a limit: the addresses last resolved stay (by this run, or by
+// the one before, which restore read), and the name is asked again after
+// the resolver's retry time.
+func (n *names) resolve(ctx context.Context, uses []nameUse, now time.Time) (changed bool) {
 	var due []nameUse
 	seen := map[string]bool{}
 	n.mu.Lock()
@@ -92,27 +104,27 @@ func (n *names) resolve(ctx context.Context, uses []nameUse, pinned func(rule st
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if n.lookup(ctx, u, pinned, now) {
+			if n.lookup(ctx, u, now) {
 				moved.Store(true)
 			}
 		})
 	}
 	wg.Wait()
+	if moved.Load() {
+		n.save()
+	}
 	return moved.Load()
 }
 
 // lookup looks u's host name up and keeps what it resolved to, reporting
 // whether that differs from before.
-func (n *names) lookup(ctx context.Context, u nameUse, pinned func(rule string) []netip.Addr, now time.Time) (changed bool) {
+func (n *names) lookup(ctx context.Context, u nameUse, now time.Time) (changed bool) {
 	n.mu.Lock()
 	h, ok := n.hosts[u.host]
 	n.mu.Unlock()
 	addrs, ttl, err := n.resolver.Lookup(ctx, u.host)
 	if err != nil {
 		addrs = h.addrs
-		if len(addrs) == 0 {
-			addrs = pinned(u.rule)
-		}
 		n.log.Warn("host lookup failed; keeping the last addresses", "rule", u.rule, "host", u.host, "err", err, "addresses", len(addrs))
 	}
 	n.mu.Lock()
@@ -169,4 +181,79 @@ func (n *names) keep(uses []nameUse) {
 			delete(n.hosts, host)
 		}
 	}
+}
+
+// The addresses each host name last resolved to are saved in the state
+// directory, so that a daemon started during a DNS outage enforces its
+// host-name rules with them rather than leaving them pending. They are
+// found by host, never by rule: a rule whose destination changed to a
+// name that does not resolve must not keep the old destination's.
+type savedNames struct {
+	Hosts map[string][]netip.Addr `json:"hosts"`
+}
+
+func namesPath(dir string) string { return filepath.Join(dir, "names.json") }
+
+// restore takes the addresses the last run saved as what each host last
+// resolved to, due for a lookup at once. The file only helps a start
+// during an outage, so a missing or unreadable one is logged, not fatal.
+func (n *names) restore() {
+	path := namesPath(n.dir)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		n.log.Info("no saved host addresses: a host name that does not resolve now stays pending", "file", path)
+		return
+	}
+	var f savedNames
+	if err == nil {
+		err = json.Unmarshal(b, &f)
+	}
+	for host, addrs := range f.Hosts {
+		if err == nil && slices.ContainsFunc(addrs, func(a netip.Addr) bool { return !a.IsValid() }) {
+			err = fmt.Errorf("host %s: an empty address", host)
+		}
+	}
+	if err != nil {
+		n.log.Warn("saved host addresses not read: a host name that does not resolve now stays pending", "file", path, "err", err)
+		return
+	}
+	n.mu.Lock()
+	for host, addrs := range f.Hosts {
+		n.hosts[host] = hostEntry{addrs: addrs}
+	}
+	n.mu.Unlock()
+	n.saveMu.Lock()
+	n.saved = b
+	n.saveMu.Unlock()
+}
+
+// save writes the addresses of every host name that has some, sorted so
+// that a new order of the same addresses writes nothing. A failure is
+// logged: the rules are enforced all the same.
+func (n *names) save() {
+	n.saveMu.Lock()
+	defer n.saveMu.Unlock()
+	f := savedNames{Hosts: map[string][]netip.Addr{}}
+	n.mu.Lock()
+	for host, h := range n.hosts {
+		if len(h.addrs) > 0 {
+			f.Hosts[host] = slices.SortedFunc(slices.Values(h.addrs), netip.Addr.Compare)
+		}
+	}
+	n.mu.Unlock()
+	b, err := json.Marshal(f)
+	if err == nil && bytes.Equal(b, n.saved) {
+		return
+	}
+	if err == nil {
+		err = makeDir(n.dir)
+	}
+	if err == nil {
+		err = writeAtomic(n.dir, namesPath(n.dir), b)
+	}
+	if err != nil {
+		n.log.Warn("saving host addresses", "err", err)
+		return
+	}
+	n.saved = b
 }

@@ -142,7 +142,7 @@ func makeDir(dir string) error {
 // writeAtomic writes path through a temporary file in dir, synced and
 // renamed over it, then syncs dir: until then a crash may undo the rename.
 func writeAtomic(dir, path string, b []byte) (err error) {
-	tmp, err := os.CreateTemp(dir, ".overrides-*")
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -64,7 +65,7 @@ func (td *testDaemon) silentDNS(t *testing.T, timeout time.Duration) (pc net.Pac
 		}
 	}()
 	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: timeout, MinTTL: time.Second, MaxTTL: time.Second}
-	td.names = newNames(td.cfg.Resolver, td.log)
+	td.names = newNames(td.cfg.Resolver, td.cfg.StateDir, td.log)
 	return pc, ch
 }
 
@@ -218,5 +219,68 @@ func (td *testDaemon) setHosts(t *testing.T, hosts string) {
 		writeFile(t, td.hosts, "")
 	default:
 		writeFile(t, td.hosts, hosts)
+	}
+}
+
+// TestNewNameGetsNoOldAddresses: a rule whose destination changes to a
+// host name that does not resolve is pending, and so is every rule on that
+// name: the addresses of the rule's old destination, which the kernel
+// still enforces, are not the new name's.
+func TestNewNameGetsNoOldAddresses(t *testing.T) {
+	for _, tc := range []struct{ name, before, hosts string }{
+		{"from a prefix", "10.0.0.0/8", ""},
+		{"from another name", "old.test", "192.0.2.7 old.test\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			writeFile(t, td.hosts, tc.hosts)
+			td.apply(t, "rules:\n  - {name: api, destination: "+tc.before+", concurrency: 3}\n")
+			// new.test is in neither the hosts file nor DNS.
+			td.apply(t, "rules:\n  - {name: api, destination: new.test, concurrency: 3}\n")
+			td.apply(t, "rules:\n  - {name: api, destination: new.test, concurrency: 3}\n  - {name: other, destination: new.test, port: 443, concurrency: 1}\n")
+			want := map[string]string{"api": "pending: host new.test has no addresses yet", "other": "pending: host new.test has no addresses yet"}
+			if got := td.state(); !equalMaps(got, want) {
+				t.Errorf("table %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestStartDuringOutage: a daemon started while no host name resolves
+// enforces a name's rules with the addresses the last run saved for that
+// name; a name it has none saved for, or a saved file it cannot read,
+// leaves the rules pending and the daemon starts all the same.
+func TestStartDuringOutage(t *testing.T) {
+	// The last run resolved api.test and saved its addresses.
+	last := newTestDaemon(t)
+	writeFile(t, last.hosts, "192.0.2.8 api.test\n192.0.2.7 api.test\n")
+	last.apply(t, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n")
+	saved, err := os.ReadFile(namesPath(last.cfg.StateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pending = "pending: host api.test has no addresses yet"
+	for _, tc := range []struct{ name, file, want string }{
+		{"saved by the last run", string(saved), "192.0.2.7/32,192.0.2.8/32 concurrency 4 (policy)"},
+		{"no file", "", pending},
+		{"a corrupt file", `{"hosts": {"api.test": [`, pending},
+		{"a prefix is no address", `{"hosts": {"api.test": ["10.0.0.0/8"]}}`, pending},
+		{"an empty address", `{"hosts": {"api.test": [""]}}`, pending},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			if tc.file != "" {
+				if err := os.MkdirAll(td.cfg.StateDir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				writeFile(t, namesPath(td.cfg.StateDir), tc.file)
+			}
+			writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n  - {name: new, destination: new.test, port: 443, concurrency: 1}\n")
+			td.start(t)
+			want := map[string]string{"api": tc.want, "new": "pending: host new.test has no addresses yet"}
+			if got := td.state(); !equalMaps(got, want) {
+				t.Errorf("table %v, want %v", got, want)
+			}
+		})
 	}
 }

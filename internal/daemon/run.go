@@ -59,6 +59,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if d.overrides, err = loadOverrides(d.cfg.StateDir); err != nil {
 		return err
 	}
+	d.names.restore()
 	// The socket first: a second daemon started by mistake stops here,
 	// before it touches the datapath of the first.
 	srv, err := control.NewServer(control.Config{Socket: d.cfg.Socket, Group: d.cfg.SocketGroup, Mode: d.cfg.SocketMode, Routes: d.routes(), Logger: d.log})

@@ -130,22 +130,8 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 	d.mu.Unlock()
 	uses := usesOf(rules...)
 	d.names.hold(uses)
-	d.names.resolve(ctx, uses, d.pinnedAddrs, d.cfg.now())
+	d.names.resolve(ctx, uses, d.cfg.now())
 	return found{scopes: scopes(enforced, rules...), gen: gen, uses: uses, more: more}
-}
-
-// pinnedAddrs returns the addresses the kernel enforces a rule for now:
-// those a previous daemon resolved, when this one cannot.
-func (d *Daemon) pinnedAddrs(rule string) []netip.Addr {
-	r, err := d.dp.Rule(rule)
-	if err != nil {
-		return nil
-	}
-	addrs := make([]netip.Addr, len(r.Dests))
-	for i, p := range r.Dests {
-		addrs[i] = p.Addr()
-	}
-	return addrs
 }
 
 // retired is a share the table no longer has, to end once its lock is
@@ -528,7 +514,7 @@ func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
 	d.mu.Lock()
 	uses := d.uses
 	d.mu.Unlock()
-	moved := d.names.resolve(ctx, uses, d.pinnedAddrs, now)
+	moved := d.names.resolve(ctx, uses, now)
 	if !moved && !units {
 		return
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/http/httptest"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -473,22 +472,6 @@ func TestStartWithConflictingRunTimeRule(t *testing.T) {
 	}
 	if td.reload.OK || !strings.Contains(td.reload.Error, "run-time limits not applied") {
 		t.Errorf("last load %+v, want it to say the run-time limits were not applied", td.reload)
-	}
-}
-
-// TestPinnedAddressesWhenLookupFails: a daemon that cannot resolve a host
-// name it never resolved keeps the addresses the kernel enforces (a
-// previous daemon's), rather than lifting the limit.
-func TestPinnedAddressesWhenLookupFails(t *testing.T) {
-	td := newTestDaemon(t)
-	pinned := loader.Rule{Name: "api", Dests: []netip.Prefix{netip.MustParsePrefix("10.9.9.9/32")}, Shape: loader.ShapeConcurrency, Limit: 4}
-	td.fake.rules["api"] = pinned
-	if err := td.install(context.Background(), parse(t, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n")); err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"api": "10.9.9.9/32 concurrency 4 (policy)"}
-	if got := td.state(); !equalMaps(got, want) {
-		t.Errorf("table %v, want %v", got, want)
 	}
 }
 
