@@ -123,7 +123,17 @@ func (n *names) lookup(ctx context.Context, u nameUse, now time.Time) (changed b
 	h, ok := n.hosts[u.host]
 	n.mu.Unlock()
 	addrs, ttl, err := n.resolver.Lookup(ctx, u.host)
-	if err != nil {
+	var partial *dns.PartialError
+	switch {
+	case errors.As(err, &partial):
+		for _, a := range h.addrs {
+			if partial.Unanswered(a) {
+				addrs = append(addrs, a)
+			}
+		}
+		slices.SortFunc(addrs, netip.Addr.Compare)
+		n.log.Warn("host lookup answered for one address family; keeping the other's last addresses", "rule", u.rule, "host", u.host, "err", err, "addresses", len(addrs))
+	case err != nil:
 		addrs = h.addrs
 		n.log.Warn("host lookup failed; keeping the last addresses", "rule", u.rule, "host", u.host, "err", err, "addresses", len(addrs))
 	}

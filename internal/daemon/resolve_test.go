@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/egressd/egressd/internal/dns"
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 // TestHostRuleFollowsTTL: a host-name rule is looked up again when its TTL
@@ -282,5 +285,108 @@ func TestStartDuringOutage(t *testing.T) {
 				t.Errorf("table %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// familyDNS is a DNS server that answers the questions of a type it has
+// addresses for with them (none: NODATA) and any other with SERVFAIL.
+type familyDNS struct {
+	mu      sync.Mutex
+	answers map[dnsmessage.Type][]netip.Addr
+}
+
+// familyDNS points td's lookups at a familyDNS, TTL a second.
+func (td *testDaemon) familyDNS(t *testing.T) *familyDNS {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	f := &familyDNS{}
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			var p dnsmessage.Parser
+			h, err := p.Start(buf[:n])
+			if err != nil {
+				continue
+			}
+			if q, err := p.Question(); err == nil {
+				pc.WriteTo(f.reply(h.ID, q), from)
+			}
+		}
+	}()
+	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: time.Minute, MinTTL: time.Second, MaxTTL: time.Second}
+	td.names = newNames(td.cfg.Resolver, td.cfg.StateDir, td.log)
+	return f
+}
+
+func (f *familyDNS) set(answers map[dnsmessage.Type][]netip.Addr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.answers = answers
+}
+
+func (f *familyDNS) reply(id uint16, q dnsmessage.Question) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := dnsmessage.Message{
+		Header:    dnsmessage.Header{ID: id, Response: true, RecursionDesired: true, RecursionAvailable: true},
+		Questions: []dnsmessage.Question{q},
+	}
+	addrs, ok := f.answers[q.Type]
+	if !ok {
+		m.RCode = dnsmessage.RCodeServerFailure
+	}
+	for _, a := range addrs {
+		h := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1}
+		var body dnsmessage.ResourceBody = &dnsmessage.AAAAResource{AAAA: a.As16()}
+		if a.Is4() {
+			body = &dnsmessage.AResource{A: a.As4()}
+		}
+		m.Answers = append(m.Answers, dnsmessage.Resource{Header: h, Body: body})
+	}
+	b, err := m.Pack()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// TestOneFamilyUnanswered: a name whose A or AAAA question goes unanswered
+// resolves to the other family's answer, an empty one included, and keeps
+// the unanswered family's last addresses: a forwarder that fails AAAA
+// questions does not leave a rule pending.
+func TestOneFamilyUnanswered(t *testing.T) {
+	td := newTestDaemon(t)
+	srv := td.familyDNS(t)
+	v4, v6 := dnsmessage.TypeA, dnsmessage.TypeAAAA
+	ip := func(s string) []netip.Addr { return []netip.Addr{netip.MustParseAddr(s)} }
+	steps := []struct {
+		name    string
+		answers map[dnsmessage.Type][]netip.Addr
+		want    string
+	}{
+		{"AAAA fails at the first lookup", map[dnsmessage.Type][]netip.Addr{v4: ip("127.0.0.2")}, "127.0.0.2/32 concurrency 3 (policy)"},
+		{"both answer", map[dnsmessage.Type][]netip.Addr{v4: ip("127.0.0.2"), v6: ip("::2")}, "127.0.0.2/32,::2/128 concurrency 3 (policy)"},
+		{"A fails: its last address stays", map[dnsmessage.Type][]netip.Addr{v6: ip("::3")}, "127.0.0.2/32,::3/128 concurrency 3 (policy)"},
+		{"AAAA fails, no A records", map[dnsmessage.Type][]netip.Addr{v4: nil}, "::3/128 concurrency 3 (policy)"},
+	}
+	for i, s := range steps {
+		srv.set(s.answers)
+		if i == 0 {
+			td.apply(t, "rules:\n  - {name: svc, destination: svc.test, concurrency: 3}\n")
+		} else {
+			td.clock.Advance(time.Second)
+			td.refresh(context.Background(), td.clock.Now(), false)
+		}
+		if got := td.state()["svc"]; got != s.want {
+			t.Fatalf("%s: svc is %q, want %q", s.name, got, s.want)
+		}
 	}
 }

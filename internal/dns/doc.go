@@ -6,6 +6,7 @@
 //	addrs, ttl, err := r.Lookup(ctx, "api.example.com")
 //	switch {
 //	case err == nil: // use addrs, ask again after ttl
+//	case errors.Is(err, dns.ErrPartial): // addrs are one family's: keep the other's last ones
 //	case dns.IsUnavailable(err): // keep the last addresses, ask again after ttl
 //	case dns.IsNotFound(err): // the name has no addresses, ask again after ttl
 //	}
@@ -54,10 +55,15 @@
 // returns an error matching ErrNotFound, with the negative-caching TTL of
 // RFC 2308 (the SOA record's TTL or MINIMUM field, whichever is smaller),
 // or MinTTL when the server sent no SOA. When every server fails (a
-// timeout, SERVFAIL, REFUSED, a lame reply, a CNAME loop) for either
-// question, Lookup returns an error matching ErrUnavailable and MinTTL:
-// the daemon keeps the addresses it had, rather than dropping one family
-// because a packet was lost.
+// timeout, SERVFAIL, REFUSED, a lame reply, a CNAME loop) for both
+// questions, Lookup returns an error matching ErrUnavailable and MinTTL:
+// the daemon keeps the addresses it had. When they fail for one question
+// only, the other's answer stands, an empty one (NODATA, NXDOMAIN) too:
+// Lookup returns its addresses with a *PartialError and MinTTL, so that
+// the failed question is asked again soon. The daemon keeps the failed
+// family's last addresses beside them, rather than dropping a family
+// because a packet was lost, and a forwarder that drops AAAA questions
+// does not keep a name from resolving.
 //
 // # Protocol
 //

@@ -2,6 +2,7 @@ package dns
 
 import (
 	"errors"
+	"net/netip"
 	"strconv"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -14,6 +15,9 @@ var (
 	// ErrUnavailable is matched by every *UnavailableError: no server gave an
 	// answer, so nothing is known about the name's addresses.
 	ErrUnavailable = errors.New("dns unavailable")
+	// ErrPartial is matched by every *PartialError: one address family's
+	// question was answered, the other's not.
+	ErrPartial = errors.New("one address family unanswered")
 	// ErrInvalidName is wrapped by the error Lookup returns for a host that is
 	// not a valid domain name; no query is sent.
 	ErrInvalidName = errors.New("invalid host name")
@@ -60,6 +64,36 @@ func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailab
 
 // Unwrap returns the failures.
 func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// PartialError says every server failed one family's question while the
+// other's was answered. Lookup returns it with the answered family's
+// addresses, maybe none, and MinTTL, so that the other family is asked
+// again soon; a caller keeps the addresses it had of the unanswered family.
+type PartialError struct {
+	Host string
+	// IPv6 is true when the AAAA question went unanswered, false when the
+	// A question did.
+	IPv6 bool
+	// Err holds the failures, one per server.
+	Err error
+}
+
+func (e *PartialError) Error() string {
+	q := "A"
+	if e.IPv6 {
+		q = "AAAA"
+	}
+	return "lookup " + e.Host + ": no answer for " + q + ": " + e.Err.Error()
+}
+
+// Is matches ErrPartial.
+func (e *PartialError) Is(target error) bool { return target == ErrPartial }
+
+// Unwrap returns the failures.
+func (e *PartialError) Unwrap() error { return e.Err }
+
+// Unanswered reports whether a is of the family that went unanswered.
+func (e *PartialError) Unanswered(a netip.Addr) bool { return a.Is4() != e.IPv6 }
 
 // IsNotFound reports whether err is, or wraps, a *NotFoundError.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }

@@ -63,7 +63,9 @@ type Resolver struct {
 // The error matches ErrNotFound when the name does not exist or has no
 // addresses, and ErrUnavailable when no answer could be had; the returned
 // duration is then when to try again (the negative-caching TTL, or
-// MinTTL). A host that is not a valid name wraps ErrInvalidName. When ctx
+// MinTTL). When one family's question was answered and the other's not,
+// the error is a *PartialError and the addresses are the answered
+// family's. A host that is not a valid name wraps ErrInvalidName. When ctx
 // ends first, the error wraps ctx.Err(). For these last two, and a bad
 // Servers entry, the duration is zero.
 func (r *Resolver) Lookup(ctx context.Context, host string) ([]netip.Addr, time.Duration, error) {
@@ -101,8 +103,13 @@ func (r *Resolver) lookupDNS(ctx context.Context, host, qname string, servers []
 	if err := ctx.Err(); err != nil {
 		return nil, 0, fmt.Errorf("lookup %s: %w", host, err)
 	}
-	if errA != nil || errAAAA != nil {
+	if errA != nil && errAAAA != nil {
 		return nil, r.minTTL(), &UnavailableError{Host: host, Err: errors.Join(errA, errAAAA)}
+	}
+	// One family answered, if only that it has no addresses: a forwarder
+	// that drops AAAA questions must not keep a name from resolving.
+	if errA != nil || errAAAA != nil {
+		return sortAddrs(append(a.addrs, aaaa.addrs...)), r.minTTL(), &PartialError{Host: host, IPv6: errAAAA != nil, Err: errors.Join(errA, errAAAA)}
 	}
 	addrs := append(a.addrs, aaaa.addrs...)
 	// The TTL covers every record the answer rests on: the addresses, and

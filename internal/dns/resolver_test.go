@@ -185,6 +185,29 @@ func TestLookup(t *testing.T) {
 			wantErr: ErrUnavailable,
 		},
 		{
+			name:      "AAAA SERVFAIL: the A answer, asked again soon",
+			servers:   []serverConfig{{records: zone, servfail: typeAAAA}},
+			host:      "www.example",
+			wantAddrs: addrs("192.0.2.1", "192.0.2.2"),
+			wantTTL:   DefaultMinTTL,
+			wantErr:   ErrPartial,
+		},
+		{
+			name:      "A dropped: the AAAA answer",
+			servers:   []serverConfig{{records: zone, drop: typeA}},
+			host:      "www.example",
+			wantAddrs: addrs("2001:db8::1"),
+			wantTTL:   DefaultMinTTL,
+			wantErr:   ErrPartial,
+		},
+		{
+			name:    "AAAA dropped, no A records (NODATA): an answer all the same",
+			servers: []serverConfig{{records: zone, drop: typeAAAA}},
+			host:    "mx-only.example",
+			wantTTL: DefaultMinTTL,
+			wantErr: ErrPartial,
+		},
+		{
 			name:      "SERVFAIL, then an answer",
 			servers:   []serverConfig{{rcode: dnsmessage.RCodeServerFailure}, good},
 			host:      "www.example",
@@ -626,8 +649,14 @@ func TestErrors(t *testing.T) {
 	if !IsNotFound(notFound) || IsUnavailable(notFound) {
 		t.Errorf("NotFoundError: %v", notFound)
 	}
+	partial := &PartialError{Host: "h", IPv6: true, Err: cause}
+	if !errors.Is(partial, ErrPartial) || IsUnavailable(partial) || !errors.Is(partial, cause) ||
+		!partial.Unanswered(netip.MustParseAddr("2001:db8::1")) || partial.Unanswered(netip.MustParseAddr("192.0.2.1")) {
+		t.Errorf("PartialError: %v", partial)
+	}
 	for err, want := range map[error]string{
 		unavailable:               "lookup h: dns unavailable: cause",
+		partial:                   "lookup h: no answer for AAAA: cause",
 		notFound:                  "lookup h: no such host",
 		&NotFoundError{Host: "h"}: "lookup h: no addresses",
 		rcodeError(dnsmessage.RCodeServerFailure): "server replied SERVFAIL",

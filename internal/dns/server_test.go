@@ -29,6 +29,9 @@ type serverConfig struct {
 	soaTTL, soaMinimum uint32
 	// rcode, when set, is the RCODE of every reply, which has no records.
 	rcode dnsmessage.RCode
+	// servfail, when set, is the type of the questions answered SERVFAIL;
+	// drop, that of the questions not answered.
+	servfail, drop dnsmessage.Type
 	// lame replies without RA (and without AA).
 	lame bool
 	// truncateUDP replies over UDP with TC set and no records;
@@ -124,7 +127,7 @@ func (s *testServer) serveUDP() {
 		s.udpQueries.Add(1)
 		s.wg.Go(func() {
 			q, ok := s.record(buf[:n])
-			if !ok || s.silent || !s.wait() {
+			if !ok || s.silent || q.Type == s.drop || !s.wait() {
 				return
 			}
 			var replies [][]byte
@@ -227,6 +230,8 @@ func (s *testServer) reply(q query, tcp bool) []byte {
 	switch {
 	case s.rcode != 0:
 		m.RCode = s.rcode
+	case q.Type == s.servfail:
+		m.RCode = dnsmessage.RCodeServerFailure
 	case s.truncateUDP && !tcp, s.truncateTCP && tcp:
 		m.Truncated = true
 	default:
