@@ -89,7 +89,7 @@ func TestClashesFollowDNS(t *testing.T) {
 		t.Helper()
 		td.setHosts(t, hosts)
 		td.clock.Advance(time.Second + time.Millisecond)
-		td.refresh(ctx, td.clock.Now(), false)
+		td.refreshAll(ctx, td.clock.Now(), false)
 	}
 
 	refresh("127.0.0.2 a.test\n127.0.0.2 b.test\n127.0.0.10 c.test\n")

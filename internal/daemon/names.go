@@ -37,6 +37,16 @@ type names struct {
 	// but then a `limit set` would wait seconds behind a reload's DNS.)
 	held map[string]int
 
+	// The lookups of the refresh loop go on in the background, so that a
+	// name whose servers do not answer (seconds a lookup) holds back no
+	// other name's change: inflight are their names, which changes do not
+	// look up again; moved is set when one resolved to other addresses,
+	// for the loop's next tick to apply.
+	inflight   map[string]bool
+	background sync.WaitGroup
+	slots      chan struct{}
+	moved      atomic.Bool
+
 	// saveMu makes saves one at a time; saved is the file's text as last
 	// written or read, so that a save that would change nothing is not
 	// written.
@@ -54,7 +64,10 @@ type hostEntry struct {
 type nameUse struct{ rule, host string }
 
 func newNames(r *dns.Resolver, dir string, log *slog.Logger) *names {
-	return &names{resolver: r, dir: dir, log: log, hosts: map[string]hostEntry{}, held: map[string]int{}}
+	return &names{
+		resolver: r, dir: dir, log: log, hosts: map[string]hostEntry{}, held: map[string]int{},
+		inflight: map[string]bool{}, slots: make(chan struct{}, lookupsAtOnce),
+	}
 }
 
 // usesOf returns the host names the rules use.
@@ -70,37 +83,26 @@ func usesOf(rules ...[]policy.Rule) []nameUse {
 	return out
 }
 
-// lookupsAtOnce bounds the lookups resolve has in flight: a start or
-// reload of many names during a DNS outage (2 s per nameserver, up to 3,
-// each) then waits about as long as one lookup per lookupsAtOnce names,
-// not one per name.
+// lookupsAtOnce bounds the lookups resolve has in flight, and those of
+// resolveBackground: a start or reload of many names during a DNS outage
+// (2 s per nameserver, up to 3, each) then waits about as long as one
+// lookup per lookupsAtOnce names, not one per name.
 const lookupsAtOnce = 16
 
 // resolve looks up each name of uses never looked up or whose TTL ran out
-// at now, up to lookupsAtOnce at a time, and reports whether any resolved
-// to other addresses than before (in any order): a table of many rules is
-// planned again only then, and the addresses saved. A failed lookup must
-// not lift a limit: the addresses last resolved stay (by this run, or by
-// the one before, which restore read), and the name is asked again after
-// the resolver's retry time.
-func (n *names) resolve(ctx context.Context, uses []nameUse, now time.Time) (changed bool) {
-	var due []nameUse
-	seen := map[string]bool{}
-	n.mu.Lock()
-	for _, u := range uses {
-		if h, ok := n.hosts[u.host]; (ok && now.Before(h.expires)) || seen[u.host] {
-			continue
-		}
-		seen[u.host] = true
-		due = append(due, u)
-	}
-	n.mu.Unlock()
+// at now, up to lookupsAtOnce at a time, and saves the addresses if any
+// resolved to other addresses than before (in any order). A failed lookup
+// must not lift a limit: the addresses last resolved stay (by this run,
+// or by the one before, which restore read), and the name is asked again
+// after the resolver's retry time. A name the background is looking up is
+// left to it: it sets moved when done.
+func (n *names) resolve(ctx context.Context, uses []nameUse, now time.Time) {
 	var (
 		wg    sync.WaitGroup
 		moved atomic.Bool
 		slots = make(chan struct{}, lookupsAtOnce)
 	)
-	for _, u := range due {
+	for _, u := range n.due(uses, now, false) {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
@@ -113,7 +115,57 @@ func (n *names) resolve(ctx context.Context, uses []nameUse, now time.Time) (cha
 	if moved.Load() {
 		n.save()
 	}
-	return moved.Load()
+}
+
+// resolveBackground starts resolve's lookups and returns: each, once done,
+// sets moved if its name resolved to other addresses. wait joins them.
+func (n *names) resolveBackground(ctx context.Context, uses []nameUse, now time.Time) {
+	for _, u := range n.due(uses, now, true) {
+		n.background.Go(func() {
+			n.slots <- struct{}{}
+			defer func() { <-n.slots }()
+			moved := n.lookup(ctx, u, now)
+			n.mu.Lock()
+			delete(n.inflight, u.host)
+			n.mu.Unlock()
+			if moved {
+				n.moved.Store(true)
+			}
+		})
+	}
+}
+
+// takeMoved reports whether a background lookup moved a name since the
+// last call, and then saves the addresses.
+func (n *names) takeMoved() bool {
+	if !n.moved.Swap(false) {
+		return false
+	}
+	n.save()
+	return true
+}
+
+func (n *names) wait() { n.background.Wait() }
+
+// due returns each name of uses, once, never looked up or whose TTL ran
+// out at now, and not being looked up in the background; background marks
+// them as being so.
+func (n *names) due(uses []nameUse, now time.Time, background bool) []nameUse {
+	var due []nameUse
+	seen := map[string]bool{}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, u := range uses {
+		if h, ok := n.hosts[u.host]; (ok && now.Before(h.expires)) || seen[u.host] || n.inflight[u.host] {
+			continue
+		}
+		seen[u.host] = true
+		if background {
+			n.inflight[u.host] = true
+		}
+		due = append(due, u)
+	}
+	return due
 }
 
 // lookup looks u's host name up and keeps what it resolved to, reporting

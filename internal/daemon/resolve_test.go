@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,7 +41,7 @@ func TestHostRuleFollowsTTL(t *testing.T) {
 	for _, s := range steps {
 		td.setHosts(t, s.hosts)
 		td.clock.Advance(s.advance)
-		td.refresh(ctx, td.clock.Now(), false)
+		td.refreshAll(ctx, td.clock.Now(), false)
 		if got := td.state()["svc"]; got != s.want {
 			t.Fatalf("%s: svc is %q, want %q", s.name, got, s.want)
 		}
@@ -203,7 +204,7 @@ func TestRefreshPlansOnlyWhatMoved(t *testing.T) {
 		td.setHosts(t, s.hosts)
 		td.clock.Advance(s.advance)
 		before := syncs()
-		td.refresh(ctx, td.clock.Now(), s.units)
+		td.refreshAll(ctx, td.clock.Now(), s.units)
 		if planned := syncs() > before; planned != s.planned {
 			t.Errorf("%s: planned again %v, want %v", s.name, planned, s.planned)
 		}
@@ -383,10 +384,65 @@ func TestOneFamilyUnanswered(t *testing.T) {
 			td.apply(t, "rules:\n  - {name: svc, destination: svc.test, concurrency: 3}\n")
 		} else {
 			td.clock.Advance(time.Second)
-			td.refresh(context.Background(), td.clock.Now(), false)
+			td.refreshAll(context.Background(), td.clock.Now(), false)
 		}
 		if got := td.state()["svc"]; got != s.want {
 			t.Fatalf("%s: svc is %q, want %q", s.name, got, s.want)
 		}
+	}
+}
+
+// refreshAll refreshes at now and applies what the lookups it started
+// found, once they are done.
+func (td *testDaemon) refreshAll(ctx context.Context, now time.Time, units bool) {
+	td.refresh(ctx, now, units)
+	td.names.wait()
+	td.refresh(ctx, now, false)
+}
+
+// TestSlowNameHoldsBackNoOther: a refresh does not wait for a name whose
+// DNS server does not answer: another name's new addresses are applied
+// while that lookup goes on.
+func TestSlowNameHoldsBackNoOther(t *testing.T) {
+	td := newTestDaemon(t)
+	_, asked := td.silentDNS(t, time.Minute)
+	writeFile(t, td.hosts, "127.0.0.2 fast.test\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); td.names.wait() })
+	// slow.test's first lookup gives up: pending.
+	installCtx, giveUp := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- td.install(installCtx, parse(t, "rules:\n  - {name: fast, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, port: 443, concurrency: 3}\n"))
+	}()
+	<-asked
+	giveUp()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, td.hosts, "127.0.0.3 fast.test\n")
+	td.clock.Advance(time.Second)
+	refreshed := make(chan struct{})
+	go func() { td.refresh(ctx, td.clock.Now(), false); close(refreshed) }()
+	select {
+	case <-refreshed:
+	case <-time.After(10 * time.Second): // a minute if it waits
+		t.Fatal("a refresh waits for slow.test's lookup")
+	}
+	for deadline := time.Now().Add(time.Minute); !slices.Equal(td.names.addrs("fast.test"), []netip.Addr{netip.MustParseAddr("127.0.0.3")}); {
+		if time.Now().After(deadline) {
+			t.Fatal("fast.test's lookup took a minute")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	td.refresh(ctx, td.clock.Now(), false)
+	want := map[string]string{"fast": "127.0.0.3/32 concurrency 3 (policy)", "slow": "pending: host slow.test has no addresses yet"}
+	if got := td.state(); !equalMaps(got, want) {
+		t.Errorf("table %v, want %v", got, want)
+	}
+	td.names.mu.Lock()
+	defer td.names.mu.Unlock()
+	if !td.names.inflight["slow.test"] {
+		t.Error("slow.test's lookup is over: the test shows nothing")
 	}
 }

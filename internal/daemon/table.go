@@ -490,6 +490,7 @@ func (d *Daemon) saveBack() {
 func (d *Daemon) refreshLoop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	defer d.names.wait()
 	last := d.cfg.now()
 	for {
 		select {
@@ -507,14 +508,17 @@ func (d *Daemon) refreshLoop(ctx context.Context) {
 	}
 }
 
-// refresh looks up the host names whose TTLs ran out at now and, with
-// units, the cgroups of scopes; if a name resolved to other addresses or a
-// scope's cgroup moved, it applies the table again with what it found.
+// refresh starts looking up, in the background, the host names whose TTLs
+// ran out at now and, with units, looks up the cgroups of scopes; if a
+// name resolved to other addresses since the last refresh or a scope's
+// cgroup moved, it applies the table again. A lookup that has not ended
+// is not waited for: the next refresh applies what it finds.
 func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
 	d.mu.Lock()
 	uses := d.uses
 	d.mu.Unlock()
-	moved := d.names.resolve(ctx, uses, now)
+	d.names.resolveBackground(ctx, uses, now)
+	moved := d.names.takeMoved()
 	if !moved && !units {
 		return
 	}
