@@ -86,6 +86,10 @@ func BenchmarkTrackedSockets(b *testing.B) {
 	defer stats.Close()
 	var untracked, tracked int64
 	var storage uint64
+	// leaked is the slots of closes the kernel ran no sock_release for
+	// (seen in 1 of 1,000,000 closes in some runs, only after the other
+	// loader benchmarks in the same process).
+	var leaked int64
 	var connectNs float64
 	for b.Loop() {
 		u, _ := hold("10.98.0.1:80", total) // no rule
@@ -104,16 +108,32 @@ func BenchmarkTrackedSockets(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if s, err := d.Stats("tracked"); err != nil || n != total || s.Live != total {
-			b.Fatalf("%d sockets held, the rule has %d live (%v); want %d", n, s.Live, err, total)
+		if s, err := d.Stats("tracked"); err != nil || n != total || s.Live != leaked+total {
+			b.Fatalf("%d sockets held, the rule has %d live (%v); want %d", n, s.Live-leaked, err, total)
 		}
 		storageAfter, err := d.StorageSockets()
 		if err != nil {
 			b.Fatal(err)
 		}
 		release()
-		if s := liveAfter(b, d, "tracked", 2*time.Second); s.Live != 0 {
-			b.Fatalf("rule tracked: live %d after every socket closed (%+v); %s", s.Live, s, leakReport(b, d, agents))
+		if s := liveAfter(b, d, "tracked", leaked, 2*time.Second); s.Live != leaked {
+			closed, err := d.ProgramStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, r0 := closed["sock_release"], progsAfter["sock_release"]
+			c, c0 := progsAfter["connect4"], progsBefore["connect4"]
+			report := fmt.Sprintf("rule tracked: live %d after every socket closed (%+v); connect4 ran %d times for the connects, sock_release %d for the closes; %s",
+				s.Live-leaked, s, c.Runs-c0.Runs, r.Runs-r0.Runs, leakReport(b, d, agents, leaked))
+			// A close the kernel ran no sock_release for is the kernel's
+			// to explain, and reported; one it ran it for is a slot the
+			// datapath failed to give back.
+			skipped := int64(total) - int64(r.Runs-r0.Runs)
+			if skipped <= 0 || s.Live-leaked > skipped || openSockets(agents) > 0 {
+				b.Fatal(report)
+			}
+			b.Log(report)
+			leaked = s.Live
 		}
 		time.Sleep(time.Second)
 		untracked, tracked = untracked+u, tracked+t
@@ -126,6 +146,7 @@ func BenchmarkTrackedSockets(b *testing.B) {
 	b.ReportMetric(float64(tracked-untracked)/rounds/total, "storage-bytes/socket")
 	b.ReportMetric((float64(tracked-untracked)/rounds+table)/total, "kernel-bytes/socket")
 	b.ReportMetric(float64(storage)/rounds, "sockets-in-storage")
+	b.ReportMetric(float64(leaked)/rounds, "closes-without-sock_release")
 	b.ReportMetric(connectNs/rounds, "connect4-ns")
 
 	// A recount over 100,000 connected sockets and their peers: eight
@@ -197,20 +218,18 @@ func slab(b *testing.B) int64 {
 	return total
 }
 
-// liveAfter polls the rule's counts until none is live or wait has passed.
-func liveAfter(b *testing.B, d *Datapath, name string, wait time.Duration) Stats {
+// liveAfter polls the rule's counts until no more than base are live or
+// wait has passed.
+func liveAfter(b *testing.B, d *Datapath, name string, base int64, wait time.Duration) Stats {
 	for end := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
-		if s := stats(b, d, name); s.Live == 0 || time.Now().After(end) {
+		if s := stats(b, d, name); s.Live <= base || time.Now().After(end) {
 			return s
 		}
 	}
 }
 
-// leakReport says where a slot that was not given back may be: the
-// sockets the helpers still have open, the table entries still held, and
-// the live count 10 s later.
-func leakReport(b *testing.B, d *Datapath, agents []*privtest.Child) string {
-	var w strings.Builder
+// openSockets counts the sockets the helpers have open.
+func openSockets(agents []*privtest.Child) int {
 	open := 0
 	for _, a := range agents {
 		fds := fmt.Sprintf("/proc/%d/fd", a.PID())
@@ -221,7 +240,15 @@ func leakReport(b *testing.B, d *Datapath, agents []*privtest.Child) string {
 			}
 		}
 	}
-	fmt.Fprintf(&w, "the helpers hold %d sockets", open)
+	return open
+}
+
+// leakReport says where a slot that was not given back may be: the
+// sockets the helpers still have open, the table entries still held, and
+// the live count 10 s later.
+func leakReport(b *testing.B, d *Datapath, agents []*privtest.Child, base int64) string {
+	var w strings.Builder
+	fmt.Fprintf(&w, "the helpers hold %d sockets", openSockets(agents))
 	var k uint32
 	var ss egressdSockState
 	held := 0
@@ -233,7 +260,7 @@ func leakReport(b *testing.B, d *Datapath, agents []*privtest.Child) string {
 		}
 	}
 	fmt.Fprintf(&w, "; %d table entries held", held)
-	later := liveAfter(b, d, "tracked", 10*time.Second)
-	fmt.Fprintf(&w, "; 10 s later live %d", later.Live)
+	later := liveAfter(b, d, "tracked", base, 10*time.Second)
+	fmt.Fprintf(&w, "; 10 s later live %d", later.Live-base)
 	return w.String()
 }
