@@ -1075,18 +1075,29 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 			return 1;
 		cookie = bpf_get_socket_cookie(skops);
 		ss = find_state(sk, cookie);
-		if (!ss || ss->word != (cookie << 2 | SS_HELD))
+		__u64 held = cookie << 2 | SS_HELD;
+		if (!ss || ss->word != held)
+			return 1;
+		__u32 slot = ss->rule, gen = ss->gen;
+		__u64 connect_ns = ss->connect_ns;
+		/* A close() on another CPU may release the entry meanwhile and
+		 * another socket take it: what was read is this socket's only
+		 * if the word still says so after. Else a sample of another
+		 * socket's connect time, a few nanoseconds, would become the
+		 * rule's baseline. (The flag below could still land on the next
+		 * socket's entry in the instants after: it only decides whether
+		 * that socket's failure counts as a connect failure.) */
+		if (*(volatile __u64 *)&ss->word != held)
 			return 1;
 		ss->established = 1;
-		__u32 slot = ss->rule;
 		struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 		struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
-		if (!r || !st || r->gen != ss->gen)
+		if (!r || !st || r->gen != gen)
 			return 1;
 		count(st, COUNTER_ESTABLISHED, 1);
 		__u64 now = synack_ns(sk);
-		if (now > ss->connect_ns)
-			record_latency(slot, ss->gen, r->flags, SAMPLE_CONNECT, now, now - ss->connect_ns);
+		if (now > connect_ns)
+			record_latency(slot, gen, r->flags, SAMPLE_CONNECT, now, now - connect_ns);
 		return 1;
 	}
 	case BPF_SOCK_OPS_STATE_CB:
