@@ -278,26 +278,32 @@ func (l *Local) Acquire(ctx context.Context) (Lease, error) {
 	}
 	var lease Lease
 	var err error
+	var seg int64
 	if l.inFlightShape() {
 		lease, err = l.acquireInFlight()
 	} else {
-		lease, err = l.acquireRate()
+		seg, err = l.acquireRate()
 	}
 	if l.obs != nil {
-		l.observeHeld(lease, err, 0, false)
+		l.observeHeld(lease, err, 0, false, seg)
 	}
 	return lease, err
 }
 
 // observeHeld tells the observer what an Acquire came to (with waited, when
 // queued), before lease is handed over. Should the observer panic, the
-// caller never gets the lease to release, so its permit goes back first.
+// caller never gets the lease to release, so its permit goes back first:
+// a concurrency permit, or a rate permit (taken in window segment seg).
 // The deferred check is a flag test when the observer returns.
-func (l *Local) observeHeld(lease Lease, err error, waited time.Duration, queued bool) {
+func (l *Local) observeHeld(lease Lease, err error, waited time.Duration, queued bool, seg int64) {
 	told := false
 	defer func() {
-		if !told && lease.l != nil {
+		switch {
+		case told || err != nil:
+		case lease.l != nil:
 			l.free()
+		case !l.inFlightShape():
+			l.refundRate(seg)
 		}
 	}()
 	if queued {
@@ -311,16 +317,18 @@ func (l *Local) observeHeld(lease Lease, err error, waited time.Duration, queued
 	told = true
 }
 
-// acquireRate is a rate shape's Acquire without a queue.
-func (l *Local) acquireRate() (Lease, error) {
+// acquireRate is a rate shape's Acquire without a queue; seg is the window
+// segment the permit was counted in.
+func (l *Local) acquireRate() (seg int64, err error) {
 	now := l.tick()
 	l.mu.Lock()
 	wait := l.takeRate(now)
+	seg = l.window.taken
 	l.mu.Unlock()
 	if wait != 0 {
-		return Lease{}, &verdict.RateLimitedError{Limiter: l.name, RetryAfter: wait}
+		return 0, &verdict.RateLimitedError{Limiter: l.name, RetryAfter: wait}
 	}
-	return Lease{}, nil
+	return seg, nil
 }
 
 // acquireInFlight is a concurrency shape's Acquire without a queue:

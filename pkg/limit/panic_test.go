@@ -61,6 +61,39 @@ func TestObserverPanicGivesPermitBack(t *testing.T) {
 	}
 }
 
+// A rate permit too: its token (or its count in the window) goes back, so
+// that the next caller, on a clock that has not moved, is admitted.
+func TestObserverPanicGivesRatePermitBack(t *testing.T) {
+	at := time.Unix(1_750_000_000, 0)
+	tests := []struct {
+		name string
+		opts limit.Options
+	}{
+		{"per second", limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1, Burst: 1}}},
+		{"per second, queue", limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1, Burst: 1}, QueueLimit: 1}},
+		{"per window", limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Hour}}},
+		{"per window, queue", limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Hour}, QueueLimit: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obs := &panicky{in: "OnLease"}
+			opts := tt.opts
+			opts.Observer, opts.Clock = obs, limit.NewFakeClock(at)
+			l := mustNew(t, opts)
+			obs.armed.Store(true)
+			if !panics(func() { _, _ = l.Acquire(context.Background()) }) {
+				t.Fatal("the observer's panic did not reach Acquire's caller")
+			}
+			obs.armed.Store(false)
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // a queue must not wait: the permit is free now or never
+			if _, err := l.Acquire(ctx); err != nil {
+				t.Fatalf("Acquire after the panic = %v; want the permit back", err)
+			}
+		})
+	}
+}
+
 // The same for a caller served from the queue once a lease comes back.
 func TestObserverPanicAfterWaitGivesPermitBack(t *testing.T) {
 	obs := &panicky{in: "OnLease"}

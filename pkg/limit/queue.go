@@ -70,23 +70,24 @@ func (l *Local) acquireQueued(ctx context.Context) (Lease, error) {
 	if l.queue.len == 0 {
 		ok, w := l.take(start)
 		if ok {
+			seg := l.window.taken
 			l.mu.Unlock()
 			lease := l.lease(start)
-			l.observeQueued(lease, nil, 0)
+			l.observeQueued(lease, nil, 0, seg)
 			return lease, nil
 		}
 		wait = w
 	}
 	if err := ctx.Err(); err != nil {
 		l.mu.Unlock()
-		l.observeQueued(Lease{}, err, 0)
+		l.observeQueued(Lease{}, err, 0, 0)
 		return Lease{}, err
 	}
 	if l.queue.len >= l.queueLimit {
 		refusal := l.refusal(wait, true)
 		if !l.newest {
 			l.mu.Unlock()
-			l.observeQueued(Lease{}, refusal, 0)
+			l.observeQueued(Lease{}, refusal, 0, 0)
 			return Lease{}, refusal
 		}
 		oldest := l.queue.head
@@ -112,22 +113,22 @@ func (l *Local) acquireQueued(ctx context.Context) (Lease, error) {
 		}
 		l.mu.Unlock()
 		err := ctx.Err()
-		l.observeQueued(Lease{}, err, time.Duration(l.tick()-start))
+		l.observeQueued(Lease{}, err, time.Duration(l.tick()-start), 0)
 		return Lease{}, err
 	}
 	end := l.tick()
 	if w.err != nil {
-		l.observeQueued(Lease{}, w.err, time.Duration(end-start))
+		l.observeQueued(Lease{}, w.err, time.Duration(end-start), 0)
 		return Lease{}, w.err
 	}
 	lease := l.lease(end)
-	l.observeQueued(lease, nil, time.Duration(end-start))
+	l.observeQueued(lease, nil, time.Duration(end-start), w.seg)
 	return lease, nil
 }
 
-func (l *Local) observeQueued(lease Lease, err error, waited time.Duration) {
+func (l *Local) observeQueued(lease Lease, err error, waited time.Duration, seg int64) {
 	if l.obs != nil {
-		l.observeHeld(lease, err, waited, true)
+		l.observeHeld(lease, err, waited, true, seg)
 	}
 }
 
@@ -204,6 +205,14 @@ func (l *Local) giveBack(w *waiter) {
 			l.arm(now, wait)
 		}
 	}
+}
+
+// refundRate gives back a rate permit taken in window segment seg that its
+// caller never got.
+func (l *Local) refundRate(seg int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.giveBack(&waiter{seg: seg})
 }
 
 // arm makes sure a rate limiter wakes its queue wait after now, unless a
