@@ -118,7 +118,9 @@ func printLimit(w io.Writer, l control.Limit) {
 	}
 	if s := l.Shared; s != nil {
 		state := "reachable"
-		if !s.Reachable {
+		if s.Waiting {
+			state = "waiting for Redis's first answer"
+		} else if !s.Reachable {
 			state = fmt.Sprintf("UNREACHABLE since %s (%s in force): %s", s.Since.Format(time.TimeOnly), s.FailureMode, s.Error)
 		}
 		fmt.Fprintf(w, "shared: key %s, %s\n", s.Key, state)
@@ -200,6 +202,8 @@ func printLimits(w io.Writer, ls []control.Limit) {
 			state = "pending: " + l.Pending
 		} else if l.Shadow {
 			state = "shadow"
+		} else if l.Shared != nil && l.Shared.Waiting {
+			state = "shared, waiting for Redis"
 		} else if l.Shared != nil && !l.Shared.Reachable {
 			state = "shared, Redis unreachable: " + l.Shared.FailureMode
 		} else if l.Shared != nil {

@@ -103,6 +103,10 @@ type shareLoop struct {
 
 	mu                        sync.Mutex // the machine's, and these counts
 	errors, lost, unconfirmed uint64
+	// answered says a call to Redis has come back, with or without an
+	// error: before, the share knows neither that Redis answers nor that
+	// it does not.
+	answered bool
 }
 
 func (l *shareLoop) name() string { return l.rule }
@@ -140,6 +144,7 @@ func (l *shareLoop) halt() bool {
 
 // count keeps the counts of a tick's outcome; call with l.mu held.
 func (l *shareLoop) count(ev decide.Event, err error) {
+	l.answered = true
 	if err != nil {
 		l.errors++
 	}
@@ -281,6 +286,7 @@ type shareView struct {
 	slots       decide.SlotsView
 	grants      decide.GrantsView
 	outage      decide.Outage
+	answered    bool
 	frozen      bool
 	errors      uint64
 	lost        uint64
@@ -291,7 +297,8 @@ type shareView struct {
 
 // baseView is the view's common part; call with l.mu held.
 func (l *shareLoop) baseView() shareView {
-	v := shareView{errors: l.errors, lost: l.lost, unconfirmed: l.unconfirmed, mode: l.spec.Shared.FailureMode, settings: l.spec.Shared}
+	v := shareView{errors: l.errors, lost: l.lost, unconfirmed: l.unconfirmed, answered: l.answered,
+		mode: l.spec.Shared.FailureMode, settings: l.spec.Shared}
 	if v.mode == "" {
 		v.mode = policy.FailureThrow
 	}
@@ -301,7 +308,7 @@ func (l *shareLoop) baseView() shareView {
 // control is the share as the API shows it.
 func (v shareView) control(st loader.Stats) *control.Share {
 	out := &control.Share{Key: v.settings.Key, FailureMode: v.mode, Durability: v.settings.Durability, Replicas: v.settings.Replicas,
-		Reachable: !v.outage.Failing()}
+		Reachable: v.answered && !v.outage.Failing(), Waiting: !v.answered}
 	if out.Durability == "" {
 		out.Durability = policy.DurabilityEphemeral
 	}

@@ -151,3 +151,23 @@ func TestGrantShareClaimsAndReturns(t *testing.T) {
 		t.Errorf("idle: granted %d, returned %d; want 4 (3 spent and 1 kept) and 6", r.Granted, v.grants.Returned)
 	}
 }
+
+// TestShareWaitsForFirstAnswer: until a call to Redis comes back, a share
+// is shown neither reachable nor unreachable; before, `limit set` of a
+// shared rule on a Redis that did not answer replied "reachable".
+func TestShareWaitsForFirstAnswer(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.Pause() // the loop's first call hangs until end cancels it
+	td := newTestDaemon(t)
+	td.apply(t, sharedPool(rds, 10, t.Name()))
+	e := td.entries["pool"]
+	e.share.end(false)
+	if got := e.share.view().control(loader.Stats{}); got.Reachable || !got.Waiting {
+		t.Fatalf("before Redis answered: reachable %v, waiting %v; want false, true", got.Reachable, got.Waiting)
+	}
+	rds.Resume()
+	td.tick(t, "pool")
+	if got := e.share.view().control(loader.Stats{}); !got.Reachable || got.Waiting {
+		t.Fatalf("after Redis answered: reachable %v, waiting %v (%s); want true, false", got.Reachable, got.Waiting, got.Error)
+	}
+}

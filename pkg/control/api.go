@@ -118,8 +118,12 @@ type Share struct {
 	// kernel uses it.
 	Replicas int `json:"replicas,omitempty"`
 	// Reachable is false while Redis cannot be reached; FailureMode is
-	// then in force, since Since, and Error says why.
+	// then in force, since Since, and Error says why. Waiting says no call
+	// to Redis has come back yet (a rule just set, or a daemon just
+	// started): Reachable is false then too, and no failure mode is in
+	// force.
 	Reachable bool      `json:"reachable"`
+	Waiting   bool      `json:"waiting,omitempty"`
 	Error     string    `json:"error,omitempty"`
 	Since     time.Time `json:"since,omitzero"`
 	// Slots are the concurrency slots this host holds in Redis, FairShare
