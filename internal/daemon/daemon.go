@@ -225,6 +225,10 @@ type Daemon struct {
 	// apply looks for each rule first.
 	order  []*entry
 	reload control.Reload
+	// heldBack says the start applied the file without the run-time
+	// limits, which conflicted with it: reload says so until a change
+	// puts them all in force.
+	heldBack bool
 	// What entries were planned with (the cgroups of scopes) and views of
 	// them, so that loops that tick often do not walk or plan again a table
 	// of 100,000 rules: the host names its rules use, and its installed

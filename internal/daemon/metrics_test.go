@@ -241,7 +241,7 @@ func TestPolicyLastLoadOK(t *testing.T) {
 		writeFile(t, td.cfg.PolicyFile, s.file)
 		td.reloadPolicy(context.Background())
 		want := `
-# HELP egressd_policy_last_load_ok 1 when the last load of the policy file (the start's or a reload) was applied whole; 0 when it was refused and the rules before it stay, or the run-time limits conflicted with it at start.
+# HELP egressd_policy_last_load_ok 1 when the last load of the policy file (the start's or a reload) was applied whole; 0 when it was refused and the rules before it stay, or the run-time limits conflicted with it at start (until a run-time change puts them in force).
 # TYPE egressd_policy_last_load_ok gauge
 egressd_policy_last_load_ok ` + s.want + "\n"
 		if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), "egressd_policy_last_load_ok"); err != nil {

@@ -97,7 +97,8 @@ func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
 			return gone, errors.Join(err, ferr)
 		}
 		d.reload = control.Reload{Time: time.Now(), Error: "run-time limits not applied: " + err.Error()}
-		d.log.Error("run-time limits conflict with the policy; running with the policy alone", "err", err)
+		d.heldBack = true
+		d.log.Error("run-time limits conflict with the policy; running with the policy less the rules removed at run time", "err", err)
 		return gone, nil
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 	"github.com/egressd/egressd/pkg/shared/redisurl"
@@ -425,6 +426,9 @@ func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
 		if err == nil && d.reload.Time.IsZero() {
 			d.reload = controlReloadOK()
 		}
+		if err == nil {
+			d.heldBack = false
+		}
 		return gone, err
 	})
 }
@@ -474,6 +478,13 @@ func (d *Daemon) commitLocked(o overrides, f found) ([]retired, error) {
 		return nil, err
 	}
 	d.overrides = o
+	if d.heldBack {
+		// Every run-time limit is in force now, with the file the start
+		// loaded: that load is applied whole at last.
+		d.heldBack = false
+		d.reload = control.Reload{Time: d.reload.Time, OK: true}
+		d.log.Info("run-time limits applied with the policy")
+	}
 	return gone, nil
 }
 

@@ -473,6 +473,15 @@ func TestStartWithConflictingRunTimeRule(t *testing.T) {
 	if td.reload.OK || !strings.Contains(td.reload.Error, "run-time limits not applied") {
 		t.Errorf("last load %+v, want it to say the run-time limits were not applied", td.reload)
 	}
+	// Removing the conflicting rule puts the others in force: the load is
+	// whole, and status and egressd_policy_last_load_ok say so without a
+	// reload.
+	if err := td.removeRule(context.Background(), "cli"); err != nil {
+		t.Fatal(err)
+	}
+	if !td.reload.OK || td.reload.Error != "" {
+		t.Errorf("after limit rm of the conflicting rule: last load %+v, want ok", td.reload)
+	}
 }
 
 // messages records the messages logged at Info and above.
