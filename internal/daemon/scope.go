@@ -21,17 +21,18 @@ type scoped struct {
 	pending string
 }
 
-// scopes finds the cgroup of each scope the rules name; enforced is the
+// scopes finds the cgroup of each scope the rules name; attach is the
+// cgroup the datapath is attached to (empty: the root), enforced is the
 // table's, what it enforces the rules in now. It reads the cgroup tree, so
 // it runs before the table's lock is taken.
-func scopes(enforced map[policy.Scope]scoped, rules ...[]policy.Rule) map[policy.Scope]scoped {
-	return mountedTree().scopes(enforced, rules...)
+func scopes(attach string, enforced map[policy.Scope]scoped, rules ...[]policy.Rule) map[policy.Scope]scoped {
+	return mountedTree(attach).scopes(enforced, rules...)
 }
 
 // scopeOf finds one scope's cgroup; a non-empty reason means it has none
 // now.
-func scopeOf(s policy.Scope, enforced map[policy.Scope]scoped) (loader.Scope, string) {
-	sc := scopes(enforced, []policy.Rule{{Scope: s}})[s]
+func scopeOf(attach string, s policy.Scope, enforced map[policy.Scope]scoped) (loader.Scope, string) {
+	sc := scopes(attach, enforced, []policy.Rule{{Scope: s}})[s]
 	return sc.scope, sc.pending
 }
 
@@ -40,11 +41,20 @@ type cgroupTree struct {
 	root string // its mount point
 	fs   fs.FS  // the same, to walk
 	err  error  // why there is none
+	// attach is the directory of the cgroup the datapath is attached to,
+	// "" for the root: the programs never see a socket of a cgroup
+	// outside it.
+	attach string
 }
 
-func mountedTree() cgroupTree {
+func mountedTree(attach string) cgroupTree {
 	root, err := cgroups.Mount()
-	return cgroupTree{root, os.DirFS(root), err}
+	t := cgroupTree{root: root, fs: os.DirFS(root), err: err}
+	if attach != "" && err == nil {
+		// The datapath resolved it the same way to attach: it exists.
+		t.attach, _ = cgroups.Resolve(attach)
+	}
+	return t
 }
 
 // scopes finds the cgroup of each scope the rules name, walking the tree
@@ -103,6 +113,10 @@ func (t cgroupTree) scopeOf(s policy.Scope, named []string, now scoped) (loader.
 		}
 	default:
 		return loader.Scope{}, ""
+	}
+	if t.attach != "" && dir != t.attach && !strings.HasPrefix(dir, t.attach+"/") {
+		// Installed, the rule would look enforced and match nothing.
+		return loader.Scope{}, fmt.Sprintf("cgroup %s is outside %s, the cgroup egressd is attached to", dir, t.attach)
 	}
 	id, err := cgroups.ID(dir)
 	if err != nil {

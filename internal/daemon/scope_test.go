@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -156,5 +157,52 @@ func TestChangeAfterUnitRestart(t *testing.T) {
 	}
 	if r, _ := td.fake.rule("s"); r.Scope.CgroupID != id {
 		t.Errorf("rule in cgroup %d, want the unit's new one, %d: %q", r.Scope.CgroupID, id, td.state()["s"])
+	}
+}
+
+// TestScopeOutsideAttachedCgroup: a rule scoped to a cgroup outside the one
+// the datapath is attached to is pending, with why: installed, it looked
+// enforced and matched nothing, since no socket there reaches egressd's
+// programs. A cgroup whose name only begins as the attached one's is
+// outside too.
+func TestScopeOutsideAttachedCgroup(t *testing.T) {
+	tree := fstest.MapFS{}
+	for _, dir := range []string{"in/a/x.service", "inner/y.service", "out/z.service"} {
+		tree[dir+"/cgroup.procs"] = &fstest.MapFile{}
+	}
+	var rules []policy.Rule
+	for _, u := range []string{"x.service", "y.service", "z.service"} {
+		rules = append(rules, policy.Rule{Scope: policy.Scope{Unit: u}})
+	}
+	got := cgroupTree{root: "/cg", fs: tree, attach: "/cg/in"}.scopes(nil, rules)
+	want := map[string]string{
+		"x.service": "cgroup /cg/in/a/x.service does not exist", // inside: looked up
+		"y.service": "cgroup /cg/inner/y.service is outside /cg/in, the cgroup egressd is attached to",
+		"z.service": "cgroup /cg/out/z.service is outside /cg/in, the cgroup egressd is attached to",
+	}
+	for u, why := range want {
+		if p := got[policy.Scope{Unit: u}].pending; p != why {
+			t.Errorf("unit %s: pending %q, want %q", u, p, why)
+		}
+	}
+}
+
+// The same through the table, with cgroups that exist: the rule inside is
+// installed, the one outside pending.
+func TestRuleOutsideAttachedCgroupPending(t *testing.T) {
+	privtest.RequireHostRoot(t, "creates cgroups")
+	base := privtest.Cgroup(t, "attached")
+	in := privtest.SubCgroup(t, base, "in")
+	inside := privtest.SubCgroup(t, in, "app")
+	outside := privtest.SubCgroup(t, base, "other")
+	td := newTestDaemon(t)
+	td.cfg.Cgroup = in
+	td.apply(t, "rules:\n  - {name: inside, destination: 10.0.0.1, cgroup: "+inside+", concurrency: 1}\n"+
+		"  - {name: outside, destination: 10.0.0.1, cgroup: "+outside+", concurrency: 1}\n")
+	if _, ok := td.fake.rule("inside"); !ok {
+		t.Errorf("the rule scoped inside the attached cgroup is not in the kernel: %q", td.state()["inside"])
+	}
+	if _, ok := td.fake.rule("outside"); ok || !strings.Contains(td.entries["outside"].pending, "is outside") {
+		t.Errorf("the rule scoped outside the attached cgroup: in the kernel %v, pending %q; want pending, outside", ok, td.entries["outside"].pending)
 	}
 }

@@ -132,7 +132,7 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 	uses := usesOf(rules...)
 	d.names.hold(uses)
 	d.names.resolve(ctx, uses, d.cfg.now())
-	return found{scopes: scopes(enforced, rules...), gen: gen, uses: uses, more: more}
+	return found{scopes: scopes(d.cfg.Cgroup, enforced, rules...), gen: gen, uses: uses, more: more}
 }
 
 // retired is a share the table no longer has, to end once its lock is
@@ -312,7 +312,7 @@ func (d *Daemon) plan(e, old *entry, f found) error {
 	}
 	sc, ok := f.scopes[e.spec.Scope]
 	if !ok {
-		sc.scope, sc.pending = scopeOf(e.spec.Scope, d.scopes) // set after prepare looked
+		sc.scope, sc.pending = scopeOf(d.cfg.Cgroup, e.spec.Scope, d.scopes) // set after prepare looked
 	}
 	if e.pending = sc.pending; e.pending != "" {
 		return nil
