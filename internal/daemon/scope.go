@@ -129,6 +129,27 @@ func (t cgroupTree) scopeOf(s policy.Scope, named []string, now scoped) (loader.
 	return loader.Scope{CgroupID: id, Level: uint32(level)}, ""
 }
 
+// adoptedScopes is, for the first table of a daemon that adopted a
+// pinned datapath, the scopes the previous daemon's kernel rules enforce
+// the rules' units in: what the table enforces them in now, so that a
+// unit with several cgroups of its name keeps the one its limit is in
+// force in rather than go pending across the restart. Rules are matched
+// to kernel rules by name, and a unit takes the first rule's it finds.
+func (d *Daemon) adoptedScopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
+	out := map[policy.Scope]scoped{}
+	for _, rs := range rules {
+		for _, r := range rs {
+			if _, ok := out[r.Scope]; ok || r.Scope.Unit == "" {
+				continue
+			}
+			if kr, err := d.dp.Rule(r.Name); err == nil && !kr.Scope.HostWide() {
+				out[r.Scope] = scoped{scope: kr.Scope}
+			}
+		}
+	}
+	return out
+}
+
 // errNoUnit means no cgroup the daemon looks at carries the unit's name:
 // it is not running, or its cgroup is deeper than the daemon looks.
 var errNoUnit = fmt.Errorf("no cgroup at most %d levels deep (is it running?)", policy.UnitDepth)

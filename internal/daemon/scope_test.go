@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/cgroups"
+	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
 
@@ -205,4 +208,76 @@ func TestRuleOutsideAttachedCgroupPending(t *testing.T) {
 	if _, ok := td.fake.rule("outside"); ok || !strings.Contains(td.entries["outside"].pending, "is outside") {
 		t.Errorf("the rule scoped outside the attached cgroup: in the kernel %v, pending %q; want pending, outside", ok, td.entries["outside"].pending)
 	}
+}
+
+// TestStartKeepsAdoptedCgroup: a daemon that starts on the datapath a
+// previous one left pinned keeps a unit's rule on the cgroup the adopted
+// kernel rule enforces it in, of the several of the unit's name, where it
+// went pending and the limit was lifted across the restart. A cgroup gone
+// since, or not of the unit's name, counts for nothing.
+func TestStartKeepsAdoptedCgroup(t *testing.T) {
+	privtest.RequireHostRoot(t, "creates cgroups")
+	for _, tc := range []struct {
+		name    string
+		slices  []string // each with a cgroup of the unit's name
+		adopted string   // the adopted rule's cgroup: a slice's, "gone" (removed before the start) or "other" (another unit's)
+		want    string   // a slice's cgroup, "several" or "none" (pending)
+	}{
+		{"kept in the first of two", []string{"a.slice", "b.slice"}, "a.slice", "a.slice"},
+		{"kept in the second of two", []string{"a.slice", "b.slice"}, "b.slice", "b.slice"},
+		{"adopted gone, two left", []string{"a.slice", "b.slice"}, "gone", "several"},
+		{"adopted gone, one left", []string{"a.slice"}, "gone", "a.slice"},
+		{"adopted gone, none left", nil, "gone", "none"},
+		{"adopted another unit's", []string{"a.slice", "b.slice"}, "other", "several"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := privtest.Cgroup(t, "adopt")
+			unit := filepath.Base(base) + ".service"
+			ids := map[string]uint64{}
+			var named []string
+			for _, s := range append(tc.slices, "gone") {
+				dir := privtest.SubCgroup(t, privtest.SubCgroup(t, base, s), unit)
+				ids[s], named = cgroupID(t, dir), append(named, dir)
+			}
+			ids["other"] = cgroupID(t, privtest.SubCgroup(t, privtest.SubCgroup(t, base, "other.slice"), "other.service"))
+			if err := os.Remove(named[len(named)-1]); err != nil { // gone
+				t.Fatal(err)
+			}
+			named = named[:len(named)-1]
+			td := newTestDaemon(t)
+			td.fake.adopted = true
+			td.fake.rules["pay"] = loader.Rule{Name: "pay", Scope: loader.Scope{CgroupID: ids[tc.adopted]}, Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.1/32")}, Limit: 1}
+			writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: pay, destination: 10.0.0.1, unit: "+unit+", concurrency: 1}\n")
+			td.start(t)
+			want := map[string]string{
+				"several": "pending: unit " + unit + ": several cgroups are named so: " + strings.Join(named, ", "),
+				"none":    "pending: unit " + unit + ": " + errNoUnit.Error(),
+			}
+			for s, id := range ids {
+				want[s] = fmt.Sprintf("cgroup %d", id)
+			}
+			if got := td.enforcedIn("pay"); got != want[tc.want] {
+				t.Errorf("rule %s; want %s", got, want[tc.want])
+			}
+		})
+	}
+}
+
+func cgroupID(t *testing.T, dir string) uint64 {
+	t.Helper()
+	id, err := cgroups.ID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// enforcedIn is the cgroup the kernel enforces a rule in, or why the
+// rule is pending.
+func (td *testDaemon) enforcedIn(name string) string {
+	if st := td.state()[name]; strings.HasPrefix(st, "pending: ") {
+		return st
+	}
+	r, _ := td.fake.rule(name)
+	return fmt.Sprintf("cgroup %d", r.Scope.CgroupID)
 }

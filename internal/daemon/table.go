@@ -128,7 +128,13 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 	}
 	rules := [][]policy.Rule{inForce, d.overrides.Set, more}
 	enforced, gen := d.scopes, d.scopesGen // scopes is replaced, never written in place
+	first := d.policy == nil
 	d.mu.Unlock()
+	if first && d.dp.Adopted() {
+		// No table yet: what is enforced now is what the previous
+		// daemon left in the kernel.
+		enforced = d.adoptedScopes(rules...)
+	}
 	uses := usesOf(rules...)
 	d.names.hold(uses)
 	d.names.resolve(ctx, uses, d.cfg.now())
