@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
@@ -18,7 +19,13 @@ func uninstallCommand() *cli.Command {
 			err := client(c).Uninstall(c.Context)
 			if control.IsNotRunning(err) {
 				// No daemon: remove what a stopped one left pinned.
-				if err := loader.Uninstall(c.String("bpffs")); err != nil {
+				err := loader.Uninstall(c.String("bpffs"))
+				if errors.Is(err, loader.ErrNotPinned) {
+					// A mistyped --bpffs, or a second uninstall: an
+					// operator told enforcement ended would be wrong.
+					return fmt.Errorf("%w; nothing removed, enforcement unchanged", err)
+				}
+				if err != nil {
 					return err
 				}
 				fmt.Fprintf(c.App.Writer, "removed the datapath pinned at %s\n", c.String("bpffs"))

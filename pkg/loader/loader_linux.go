@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -448,7 +449,11 @@ func (d *Datapath) Uninstall() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return Uninstall(d.cfg.PinDir)
+		// Uninstalled already, by this handle or another: done.
+		if err := Uninstall(d.cfg.PinDir); !errors.Is(err, ErrNotPinned) {
+			return err
+		}
+		return nil
 	}
 	errs := []error{d.detach(requestPrograms, false), d.detach(connPrograms, false), d.closeFDs()}
 	errs = append(errs, os.RemoveAll(d.cfg.PinDir))
@@ -457,19 +462,31 @@ func (d *Datapath) Uninstall() error {
 
 // Uninstall removes a pinned datapath without loading one: it unpins the
 // links, which detaches the programs, then the maps. It fails with ErrBusy
-// while a process has the datapath open.
+// while a process has the datapath open, and with ErrNotPinned, removing
+// nothing, when pinDir holds no pins: a mistyped directory, one already
+// uninstalled, or one off bpffs, which must never be removed whole.
 func Uninstall(pinDir string) error {
 	if pinDir == "" {
 		pinDir = DefaultPinDir
 	}
 	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
-		return nil
+		return fmt.Errorf("%w at %s: no such directory", ErrNotPinned, pinDir)
+	}
+	if ok, err := bpffs.Mounted(pinDir); err != nil {
+		return fmt.Errorf("pin dir: %w", err)
+	} else if !ok {
+		return fmt.Errorf("%w at %s: not a bpffs directory", ErrNotPinned, pinDir)
 	}
 	lock, err := lockDir(pinDir)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
+	if n, err := countPins(pinDir); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("%w at %s", ErrNotPinned, pinDir)
+	}
 	var errs []error
 	entries, err := os.ReadDir(filepath.Join(pinDir, "links"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -488,4 +505,20 @@ func Uninstall(pinDir string) error {
 		return err
 	}
 	return os.RemoveAll(pinDir)
+}
+
+// countPins counts the pinned objects under dir: a bpffs shows each as a
+// file. The layout's directories alone pin nothing.
+func countPins(dir string) (int, error) {
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			n++
+		}
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pin dir: %w", err)
+	}
+	return n, nil
 }

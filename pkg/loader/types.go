@@ -66,6 +66,8 @@ var (
 	ErrFull = errors.New("rule table full")
 	// ErrBusy means another process has the pinned datapath open.
 	ErrBusy = errors.New("datapath busy")
+	// ErrNotPinned means no datapath is pinned where one was looked for.
+	ErrNotPinned = errors.New("nothing pinned")
 )
 
 // Histogram is a latency distribution in power-of-two microsecond buckets.
