@@ -51,8 +51,8 @@ func TestLimitSet(t *testing.T) {
 		args: "--dest ::1 --adaptive",
 		want: "name: x\ndestination: ::1\nadaptive: {}\n",
 	}, {
-		name: "an adaptive flag alone makes the rule adaptive",
-		args: "--dest ::1 --max 50 --min 2 --initial 10 --multiple 3 --decrease-factor 0.8 --probe-every 20 --probe-factor 0.25 --samples request",
+		name: "adaptive, tuned",
+		args: "--dest ::1 --adaptive --max 50 --min 2 --initial 10 --multiple 3 --decrease-factor 0.8 --probe-every 20 --probe-factor 0.25 --samples request",
 		want: "name: x\ndestination: ::1\nadaptive: {minimum: 2, maximum: 50, initial: 10, multiple: 3, decreaseFactor: 0.8, probeEvery: 20, probeFactor: 0.25, samples: request}\n",
 	}, {
 		name: "shared",
@@ -120,15 +120,34 @@ func TestLimitSet(t *testing.T) {
 		},
 	}, {
 		name: "the adaptive options are checked together",
-		args: "--dest 10.0.0.1 --min 30 --samples fast",
+		args: "--dest 10.0.0.1 --adaptive --min 30 --samples fast",
 		errs: []string{
 			"rule x: adaptive: Initial 20 (default) must lie between Minimum 30 and Maximum 200 (default)",
 			`rule x: adaptive.samples "fast" is not connect or request`,
 		},
 	}, {
 		name: "empty samples",
-		args: "--dest 10.0.0.1 --samples=",
+		args: "--dest 10.0.0.1 --adaptive --samples=",
 		errs: []string{"rule x: --samples is empty; leave it out for request"},
+	}, {
+		// As --burst needs --per-second: limit set replaces a rule whole,
+		// so a tuning flag alone would make a new adaptive limit.
+		name: "a tuning flag without --adaptive",
+		args: "--dest 127.0.0.1 --port 1 --max 50",
+		errs: []string{"rule x: --max needs --adaptive"},
+	}, {
+		name: "tuning flags without --adaptive",
+		args: "--dest 127.0.0.1 --min 3 --initial 5 --samples=",
+		errs: []string{
+			"rule x: --samples is empty; leave it out for request",
+			"rule x: --min needs --adaptive",
+			"rule x: --initial needs --adaptive",
+			"rule x: --samples needs --adaptive",
+		},
+	}, {
+		name: "a tuning flag beside another limit",
+		args: "--dest 10.0.0.1 --min 3 --concurrency 2",
+		errs: []string{"rule x: --min needs --adaptive"},
 	}, {
 		name: "adaptive false is not overridden",
 		args: "--dest 10.0.0.1 --adaptive=false --concurrency 5 --min 5",
@@ -139,21 +158,21 @@ func TestLimitSet(t *testing.T) {
 		want: "name: x\ndestination: 10.0.0.1\nconcurrency: 5\n",
 	}, {
 		name: "probe-every 0 is the reference loop",
-		args: "--dest 10.0.0.1 --probe-every 0 --samples connect",
+		args: "--dest 10.0.0.1 --adaptive --probe-every 0 --samples connect",
 		want: "name: x\ndestination: 10.0.0.1\nadaptive: {probeEvery: 0, samples: connect}\n",
 	}, {
 		name: "the guards",
-		args: "--dest 10.0.0.1 --max-healthy 250ms --baseline 5ms",
+		args: "--dest 10.0.0.1 --adaptive --max-healthy 250ms --baseline 5ms",
 		want: "name: x\ndestination: 10.0.0.1\nadaptive: {maxHealthy: 250ms, baseline: 5ms}\n",
 	}, {
 		name: "a fixed baseline has no probes to tune",
-		args: "--dest 10.0.0.1 --baseline 5ms --probe-every 10",
+		args: "--dest 10.0.0.1 --adaptive --baseline 5ms --probe-every 10",
 		errs: []string{
 			"rule x: adaptive: ProbeEvery 10 with a fixed Baseline: probes learn a baseline, and this one is given",
 		},
 	}, {
 		name: "negative probe-every",
-		args: "--dest 10.0.0.1 --probe-every=-1",
+		args: "--dest 10.0.0.1 --adaptive --probe-every=-1",
 		errs: []string{
 			"rule x: --probe-every -1 must be at least 0 (0: no probes, the reference loop)",
 		},

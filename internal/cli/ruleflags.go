@@ -112,27 +112,34 @@ func ruleFlags() ruleFlagList {
 				if v {
 					limitOf[policy.Adaptive](b, "adaptive")
 				}
+			}).
+			// A tuning flag without --adaptive: the rule's limit is
+			// adaptive unless another flag gave it one.
+			standingIn(func(b *ruleBuilder) {
+				if b.limit == nil {
+					limitOf[policy.Adaptive](b, "adaptive")
+				}
 			}),
 		flagOf(&cli.IntFlag{Name: "min", Usage: "with --adaptive: floor (default 4)"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				adaptiveOf(b, flag).Minimum = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.IntFlag{Name: "max", Usage: "with --adaptive: ceiling (default 200)"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				adaptiveOf(b, flag).Maximum = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.IntFlag{Name: "initial", Usage: "with --adaptive: starting limit (default 20)"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				adaptiveOf(b, flag).Initial = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.Float64Flag{Name: "multiple", Usage: "with --adaptive: how many times the baseline latency counts as queueing (default 2.0)"}, (*cli.Context).Float64,
 			func(b *ruleBuilder, flag string, v float64) {
 				adaptiveOf(b, flag).Multiple = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.Float64Flag{Name: "decrease-factor", Usage: "with --adaptive: what the limit is multiplied by on queueing (default 0.9)"}, (*cli.Context).Float64,
 			func(b *ruleBuilder, flag string, v float64) {
 				adaptiveOf(b, flag).DecreaseFactor = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.IntFlag{Name: "probe-every", Usage: "with --adaptive: the period of drain probes, in rounds (default 100); 0 for none, the reference loop"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				a := adaptiveOf(b, flag)
@@ -144,23 +151,23 @@ func ruleFlags() ruleFlagList {
 				default:
 					a.ProbeEvery = v
 				}
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.Float64Flag{Name: "probe-factor", Usage: "with --adaptive: the limit during a probe, as a fraction (default 0.5)"}, (*cli.Context).Float64,
 			func(b *ruleBuilder, flag string, v float64) {
 				adaptiveOf(b, flag).ProbeFactor = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.DurationFlag{Name: "max-healthy", Usage: "with --adaptive: a round whose fastest connection takes longer decreases the limit, whatever the baseline (default: none)"}, (*cli.Context).Duration,
 			func(b *ruleBuilder, flag string, v time.Duration) {
 				adaptiveOf(b, flag).MaxHealthy = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.DurationFlag{Name: "baseline", Usage: "with --adaptive: a fixed baseline latency instead of a measured one, and no probes (default: measured)"}, (*cli.Context).Duration,
 			func(b *ruleBuilder, flag string, v time.Duration) {
 				adaptiveOf(b, flag).Baseline = nonZero(b, flag, v)
-			}),
+			}).needing("adaptive"),
 		flagOf(&cli.StringFlag{Name: "samples", Usage: "with --adaptive: request (default) or connect latency"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) {
 				adaptiveOf(b, flag).Samples = policy.Samples(nonEmpty(b, flag, v, "request"))
-			}),
+			}).needing("adaptive"),
 
 		flagOf(&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"}, (*cli.Context).Bool,
 			func(b *ruleBuilder, _ string, v bool) { b.rule.Shadow = v }),
@@ -217,7 +224,7 @@ func (l ruleFlagList) cliFlags() []cli.Flag {
 // rule builds the rule the flags given describe, and checks it: every
 // problem at once, those of the flags and those package policy finds.
 func (l ruleFlagList) rule(c *cli.Context, name string) (policy.Rule, error) {
-	b := &ruleBuilder{rule: policy.Rule{Name: name}, notAdaptive: c.IsSet("adaptive") && !c.Bool("adaptive")}
+	b := &ruleBuilder{rule: policy.Rule{Name: name}, adaptive: c.Bool("adaptive"), notAdaptive: c.IsSet("adaptive") && !c.Bool("adaptive")}
 	for _, f := range l {
 		if n := f.flag.Names()[0]; c.IsSet(n) {
 			f.set(b, c, n)
@@ -269,9 +276,9 @@ func (l ruleFlagList) needs(b *ruleBuilder, c *cli.Context) {
 type ruleBuilder struct {
 	rule     policy.Rule
 	problems []string
-	// notAdaptive is --adaptive=false, which the flags that tune an
-	// adaptive limit must not override.
-	notAdaptive bool
+	// adaptive is --adaptive; notAdaptive is --adaptive=false, which the
+	// flags that tune an adaptive limit must not override.
+	adaptive, notAdaptive bool
 
 	// limit returns the rule's one shape once a flag chose it; shape is
 	// its policy field and shapeOf the value the shape's flags fill in.
@@ -305,10 +312,15 @@ func limitOf[L policy.Limit](b *ruleBuilder, field string) *L {
 	return new(L)
 }
 
-// adaptiveOf is limitOf for a flag that tunes an adaptive limit.
+// adaptiveOf is limitOf for a flag that tunes an adaptive limit. Only
+// --adaptive makes the rule adaptive: a tuning flag alone is reported as
+// needing it, and not as a second limit beside another flag's.
 func adaptiveOf(b *ruleBuilder, flag string) *policy.Adaptive {
-	if b.notAdaptive {
+	switch {
+	case b.notAdaptive:
 		b.problem("%s tunes an adaptive limit, and --adaptive=false is given", flag)
+		return new(policy.Adaptive)
+	case !b.adaptive:
 		return new(policy.Adaptive)
 	}
 	return limitOf[policy.Adaptive](b, "adaptive")
