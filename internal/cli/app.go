@@ -28,6 +28,7 @@ func App() *cli.App {
 		Usage:                "bound the outbound connections of a Linux host's services",
 		Version:              Version,
 		EnableBashCompletion: true,
+		Action:               unknownCommand(cli.ShowAppHelp),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: control.DefaultSocket, Usage: "control socket of the daemon", EnvVars: []string{"EGRESSD_SOCKET"}},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long a request to the daemon may take"},
@@ -47,22 +48,47 @@ func App() *cli.App {
 	}
 }
 
+// exitUsage is the status of a command line egressd does not take: an
+// unknown command, a missing argument, a flag's bad value.
+const exitUsage = 2
+
 // Main runs the command line and returns the process's exit code.
 func Main(args []string) int {
 	app := App()
+	app.ErrWriter = os.Stderr
+	return run(app, args)
+}
+
+// run runs app on args as Main does, printing an error to app.ErrWriter.
+func run(app *cli.App, args []string) int {
 	app.ExitErrHandler = func(*cli.Context, error) {} // errors are printed once, below
 	if err := app.Run(nameLast(args)); err != nil {
 		var exit cli.ExitCoder
 		if errors.As(err, &exit) {
 			if msg := err.Error(); msg != "" {
-				fmt.Fprintln(os.Stderr, "egressd:", msg)
+				fmt.Fprintln(app.ErrWriter, "egressd:", msg)
 			}
 			return exit.ExitCode()
 		}
-		fmt.Fprintln(os.Stderr, "egressd:", err)
+		fmt.Fprintln(app.ErrWriter, "egressd:", err)
 		return 1
 	}
 	return 0
+}
+
+// unknownCommand is the action of egressd and of each command made of
+// subcommands: alone, it prints help; before a word that names none of
+// its commands, it is a usage error. urfave/cli's own action calls the
+// word a missing help topic and exits 3, egressd run's status after an
+// uninstall, which tells a supervisor not to restart it.
+func unknownCommand(help cli.ActionFunc) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if !c.Args().Present() {
+			return help(c)
+		}
+		words := append(strings.Fields(c.Command.HelpName)[1:], c.Args().First())
+		return cli.Exit(fmt.Sprintf("unknown command %q (see %s --help)", strings.Join(words, " "), c.Command.HelpName), exitUsage)
+	}
 }
 
 // jsonFlag is global and repeated on every command that prints, so that

@@ -127,3 +127,38 @@ func TestRunRefusesFlags(t *testing.T) {
 		}
 	}
 }
+
+// runCLI runs the command line as Main does, with its output kept.
+func runCLI(args ...string) (code int, stdout, stderr string) {
+	app := App()
+	var out, errOut bytes.Buffer
+	app.Writer, app.ErrWriter = &out, &errOut
+	code = run(app, append([]string{"egressd"}, args...))
+	return code, out.String(), errOut.String()
+}
+
+// TestUnknownCommand: a word that names no command is a usage error,
+// status 2, never 3: that is egressd run's status after an uninstall,
+// which supervisors take as "do not restart". A command alone still
+// prints its help.
+func TestUnknownCommand(t *testing.T) {
+	for _, tt := range []struct {
+		args    string
+		code    int
+		stderr  string
+		printed string
+	}{
+		{"bogus", exitUsage, `egressd: unknown command "bogus" (see egressd --help)` + "\n", ""},
+		{"--json bogus x", exitUsage, `egressd: unknown command "bogus" (see egressd --help)` + "\n", ""},
+		{"limit bogus", exitUsage, `egressd: unknown command "limit bogus" (see egressd limit --help)` + "\n", ""},
+		{"policy bogus --help", exitUsage, `egressd: unknown command "policy bogus" (see egressd policy --help)` + "\n", ""},
+		{"", 0, "", "COMMANDS:"},
+		{"limit", 0, "", "COMMANDS:"},
+	} {
+		code, out, errOut := runCLI(strings.Fields(tt.args)...)
+		if code != tt.code || errOut != tt.stderr || !strings.Contains(out, tt.printed) {
+			t.Errorf("egressd %s: status %d, stderr %q, stdout:\n%s\nwant status %d, stderr %q, stdout with %q",
+				tt.args, code, errOut, out, tt.code, tt.stderr, tt.printed)
+		}
+	}
+}

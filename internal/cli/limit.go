@@ -16,8 +16,9 @@ import (
 func limitCommand() *cli.Command {
 	set := ruleFlags()
 	return &cli.Command{
-		Name:  "limit",
-		Usage: "set, show and remove limits at run time",
+		Name:   "limit",
+		Usage:  "set, show and remove limits at run time",
+		Action: unknownCommand(cli.ShowSubcommandHelp),
 		Subcommands: []*cli.Command{
 			{
 				Name:      "set",
@@ -75,7 +76,7 @@ func limitCommand() *cli.Command {
 
 func oneArg(c *cli.Context, what string) (string, error) {
 	if c.NArg() != 1 {
-		return "", cli.Exit(fmt.Sprintf("%s: want one %s, got %d arguments", c.Command.FullName(), what, c.NArg()), 2)
+		return "", cli.Exit(fmt.Sprintf("%s: want one %s, got %d arguments", c.Command.FullName(), what, c.NArg()), exitUsage)
 	}
 	return c.Args().First(), nil
 }

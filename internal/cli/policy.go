@@ -14,8 +14,9 @@ import (
 
 func policyCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "policy",
-		Usage: "check a policy file, or make the daemon read its own again",
+		Name:   "policy",
+		Usage:  "check a policy file, or make the daemon read its own again",
+		Action: unknownCommand(cli.ShowSubcommandHelp),
 		Subcommands: []*cli.Command{
 			{
 				Name:      "check",

@@ -48,20 +48,20 @@ func runCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
-				return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
+				return cli.Exit(fmt.Sprintf("--log-level: %v", err), exitUsage)
 			}
 			mode, err := strconv.ParseUint(c.String("socket-mode"), 8, 32)
 			if err != nil || mode&^0o777 != 0 {
-				return cli.Exit(fmt.Sprintf("--socket-mode %q: want octal permission bits such as 0660", c.String("socket-mode")), 2)
+				return cli.Exit(fmt.Sprintf("--socket-mode %q: want octal permission bits such as 0660", c.String("socket-mode")), exitUsage)
 			}
 			if mode == 0 {
 				// The control server takes 0 for its default, 0660.
-				return cli.Exit(fmt.Sprintf("--socket-mode %q: no permission bits; for root and the daemon's uid alone, use 0600", c.String("socket-mode")), 2)
+				return cli.Exit(fmt.Sprintf("--socket-mode %q: no permission bits; for root and the daemon's uid alone, use 0600", c.String("socket-mode")), exitUsage)
 			}
 			if c.IsSet("max-rules") && c.Int("max-rules") == 0 {
 				// The daemon takes 0 for no flag, as a policy's maxRules: 0
 				// would be, were it not refused.
-				return cli.Exit("--max-rules 0 is not allowed; leave it out for the default", 2)
+				return cli.Exit("--max-rules 0 is not allowed; leave it out for the default", exitUsage)
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			d, err := daemon.New(daemon.Config{
@@ -81,7 +81,7 @@ func runCommand() *cli.Command {
 				Notify:       systemdNotifier{log},
 			})
 			if err != nil {
-				return cli.Exit(err.Error(), 2)
+				return cli.Exit(err.Error(), exitUsage)
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()

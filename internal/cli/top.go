@@ -23,7 +23,7 @@ func topCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			interval := c.Duration("interval")
 			if interval <= 0 {
-				return cli.Exit("--interval must be positive", 2)
+				return cli.Exit("--interval must be positive", exitUsage)
 			}
 			cl := client(c)
 			prev := map[string]control.Limit{}
