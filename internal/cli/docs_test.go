@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -175,7 +176,7 @@ func flagTable(b *bytes.Buffer, flags []cli.Flag) {
 				usage += " (environment: " + codeList(prefixAll("$", env)) + ")"
 			}
 		}
-		if r, isReq := f.(cli.RequiredFlag); isReq && r.IsRequired() {
+		if FlagRequired(f) {
 			usage = "**required**; " + usage
 		}
 		fmt.Fprintf(b, "| %s | %s | %s |\n", spell, cell(def), cell(usage))
@@ -219,4 +220,50 @@ func upperFirst(s string) string {
 // anchor is the GitHub heading anchor of a heading of plain words.
 func anchor(heading string) string {
 	return strings.ReplaceAll(strings.ToLower(heading), " ", "-")
+}
+
+// TestHelpSaysWhatDocsSay: each flag's line in --help gives its default
+// once, the one docs/cli.md gives (none for a zero value), and marks it
+// required when docs/cli.md does.
+func TestHelpSaysWhatDocsSay(t *testing.T) {
+	app := App()
+	var walk func(path []string, flags []cli.Flag, cmds []*cli.Command)
+	walk = func(path []string, flags []cli.Flag, cmds []*cli.Command) {
+		_, help, _ := runCLI(append(path, "--help")...)
+		for _, f := range flags {
+			line := helpLine(help, f.Names()[0])
+			if line == "" {
+				t.Errorf("egressd %s --help: no line for --%s", strings.Join(path, " "), f.Names()[0])
+				continue
+			}
+			want := 0
+			if d := FlagDefault(f.(cli.DocGenerationFlag)); d != "" {
+				want = 1
+				if !strings.Contains(line, d+`)`) && !strings.Contains(line, d+`")`) {
+					t.Errorf("%q does not give the default %s", line, d)
+				}
+			}
+			if n := strings.Count(line, "default"); n != want {
+				t.Errorf("%q says default %d times, want %d", line, n, want)
+			}
+			if strings.Contains(line, "required;") != FlagRequired(f) {
+				t.Errorf("%q: required is %v", line, FlagRequired(f))
+			}
+		}
+		for _, c := range cmds {
+			walk(append(slices.Clone(path), c.Name), c.Flags, c.Subcommands)
+		}
+	}
+	walk(nil, app.Flags, app.Commands)
+}
+
+// helpLine is the line of --help text that describes the flag name.
+func helpLine(help, name string) string {
+	for _, l := range strings.Split(help, "\n") {
+		l = strings.TrimSpace(l)
+		if rest, ok := strings.CutPrefix(l, "--"+name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, ",")) {
+			return l
+		}
+	}
+	return ""
 }

@@ -39,9 +39,9 @@ func doctorCommand() *cli.Command {
 		Flags: []cli.Flag{
 			jsonFlag,
 			&cli.StringFlag{Name: "bpffs", Value: loader.DefaultPinDir, Usage: "bpffs directory of the datapath's pins"},
-			&cli.StringFlag{Name: "cgroup", Usage: "cgroup v2 directory the daemon attaches to (default: the cgroup2 root, the whole host)"},
+			&cli.StringFlag{Name: "cgroup", DefaultText: "the cgroup2 root, the whole host", Usage: "cgroup v2 directory the daemon attaches to"},
 			&cli.StringFlag{Name: "policy", Value: daemon.DefaultPolicyFile, Usage: "policy file the daemon reads"},
-			&cli.StringFlag{Name: "unit", Usage: "systemd unit file to check (default: the installed egressd.service and its drop-ins)"},
+			&cli.StringFlag{Name: "unit", DefaultText: "the installed egressd.service and its drop-ins", Usage: "systemd unit file to check"},
 		},
 		Action: func(c *cli.Context) error {
 			r := runDoctor(c.Context, doctorConfig{

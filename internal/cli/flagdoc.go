@@ -2,9 +2,33 @@ package cli
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
+
+// A flag's line in --help says what docs/cli.md and the man pages say:
+// urfave/cli's own does not mark a required flag, and writes a zero
+// default ("(default: 0)") for a flag that has none.
+func init() {
+	plain := cli.FlagStringer
+	cli.FlagStringer = func(f cli.Flag) string {
+		line := plain(f) // names, a tab, the usage, its default
+		if d, ok := f.(cli.DocGenerationFlag); ok && FlagDefault(d) == "" && d.GetDefaultText() != "" {
+			line = strings.Replace(line, " (default: "+d.GetDefaultText()+")", "", 1)
+		}
+		if FlagRequired(f) {
+			line = strings.Replace(line, "\t", "\trequired; ", 1)
+		}
+		return line
+	}
+}
+
+// FlagRequired reports whether a command refuses to run without f.
+func FlagRequired(f cli.Flag) bool {
+	r, ok := f.(cli.RequiredFlag)
+	return ok && r.IsRequired()
+}
 
 // FlagValueName names a flag's value by its type, for docs/cli.md and the
 // man pages.

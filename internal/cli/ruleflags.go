@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/policy"
 )
 
@@ -64,7 +65,7 @@ func ruleFlags() ruleFlagList {
 				}
 				b.rule.Destination = d
 			}),
-		flagOf(&cli.UintFlag{Name: "port", Usage: "destination port (default: any)"}, (*cli.Context).Uint,
+		flagOf(&cli.UintFlag{Name: "port", DefaultText: "any", Usage: "destination port"}, (*cli.Context).Uint,
 			func(b *ruleBuilder, flag string, v uint) {
 				if v < 1 || v > math.MaxUint16 {
 					b.problem("%s %d is outside 1..65535; leave it out for any port", flag, v)
@@ -72,7 +73,7 @@ func ruleFlags() ruleFlagList {
 				}
 				b.rule.Port = uint16(v)
 			}),
-		flagOf(&cli.StringFlag{Name: "scope", Usage: "cgroup path inside the cgroup2 hierarchy (default: the whole host)"}, (*cli.Context).String,
+		flagOf(&cli.StringFlag{Name: "scope", DefaultText: "the whole host", Usage: "cgroup path inside the cgroup2 hierarchy"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) {
 				b.rule.Scope.Cgroup = nonEmpty(b, flag, v, "the whole host")
 			}),
@@ -89,7 +90,7 @@ func ruleFlags() ruleFlagList {
 		flagOf(&cli.IntFlag{Name: "per-second", Usage: "new connections per second"}, (*cli.Context).Int,
 			func(b *ruleBuilder, _ string, v int) { limitOf[policy.PerSecond](b, "perSecond").Permits = v }).
 			standingIn(func(b *ruleBuilder) { limitOf[policy.PerSecond](b, "perSecond").Permits = 1 }),
-		flagOf(&cli.IntFlag{Name: "burst", Usage: "with --per-second: bucket size (default: one second's permits)"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "burst", DefaultText: "one second's permits", Usage: "with --per-second: bucket size"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				limitOf[policy.PerSecond](b, "perSecond").Burst = nonZero(b, flag, v)
 			}).needing("per-second"),
@@ -102,7 +103,7 @@ func ruleFlags() ruleFlagList {
 			func(b *ruleBuilder, _ string, v time.Duration) { limitOf[policy.PerWindow](b, "perWindow").Window = v }).
 			needing("per-window").
 			standingIn(func(b *ruleBuilder) { limitOf[policy.PerWindow](b, "perWindow").Window = time.Hour }),
-		flagOf(&cli.IntFlag{Name: "segments", Usage: "with --per-window: segments of the window (default 8)"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "segments", DefaultText: fmt.Sprint(kernelrule.DefaultSegments), Usage: "with --per-window: segments of the window"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				limitOf[policy.PerWindow](b, "perWindow").Segments = nonZero(b, flag, v)
 			}).needing("per-window", "window"),
@@ -120,27 +121,27 @@ func ruleFlags() ruleFlagList {
 					limitOf[policy.Adaptive](b, "adaptive")
 				}
 			}),
-		flagOf(&cli.IntFlag{Name: "min", Usage: "with --adaptive: floor (default 4)"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "min", DefaultText: fmt.Sprint(adaptive.DefaultMinimum), Usage: "with --adaptive: floor"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				adaptiveOf(b, flag).Minimum = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.IntFlag{Name: "max", Usage: "with --adaptive: ceiling (default 200)"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "max", DefaultText: fmt.Sprint(adaptive.DefaultMaximum), Usage: "with --adaptive: ceiling"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				adaptiveOf(b, flag).Maximum = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.IntFlag{Name: "initial", Usage: "with --adaptive: starting limit (default 20)"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "initial", DefaultText: fmt.Sprint(adaptive.DefaultInitial), Usage: "with --adaptive: starting limit"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				adaptiveOf(b, flag).Initial = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.Float64Flag{Name: "multiple", Usage: "with --adaptive: how many times the baseline latency counts as queueing (default 2.0)"}, (*cli.Context).Float64,
+		flagOf(&cli.Float64Flag{Name: "multiple", DefaultText: fmt.Sprint(adaptive.DefaultMultiple), Usage: "with --adaptive: how many times the baseline latency counts as queueing"}, (*cli.Context).Float64,
 			func(b *ruleBuilder, flag string, v float64) {
 				adaptiveOf(b, flag).Multiple = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.Float64Flag{Name: "decrease-factor", Usage: "with --adaptive: what the limit is multiplied by on queueing (default 0.9)"}, (*cli.Context).Float64,
+		flagOf(&cli.Float64Flag{Name: "decrease-factor", DefaultText: fmt.Sprint(adaptive.DefaultDecreaseFactor), Usage: "with --adaptive: what the limit is multiplied by on queueing"}, (*cli.Context).Float64,
 			func(b *ruleBuilder, flag string, v float64) {
 				adaptiveOf(b, flag).DecreaseFactor = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.IntFlag{Name: "probe-every", Usage: "with --adaptive: the period of drain probes, in rounds (default 100); 0 for none, the reference loop"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "probe-every", DefaultText: fmt.Sprint(adaptive.DefaultProbeEvery), Usage: "with --adaptive: the period of drain probes, in rounds; 0 for none, the reference loop"}, (*cli.Context).Int,
 			func(b *ruleBuilder, flag string, v int) {
 				a := adaptiveOf(b, flag)
 				switch {
@@ -152,26 +153,26 @@ func ruleFlags() ruleFlagList {
 					a.ProbeEvery = v
 				}
 			}).needing("adaptive"),
-		flagOf(&cli.Float64Flag{Name: "probe-factor", Usage: "with --adaptive: the limit during a probe, as a fraction (default 0.5)"}, (*cli.Context).Float64,
+		flagOf(&cli.Float64Flag{Name: "probe-factor", DefaultText: fmt.Sprint(adaptive.DefaultProbeFactor), Usage: "with --adaptive: the limit during a probe, as a fraction"}, (*cli.Context).Float64,
 			func(b *ruleBuilder, flag string, v float64) {
 				adaptiveOf(b, flag).ProbeFactor = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.DurationFlag{Name: "max-healthy", Usage: "with --adaptive: a round whose fastest connection takes longer decreases the limit, whatever the baseline (default: none)"}, (*cli.Context).Duration,
+		flagOf(&cli.DurationFlag{Name: "max-healthy", DefaultText: "none", Usage: "with --adaptive: a round whose fastest connection takes longer decreases the limit, whatever the baseline"}, (*cli.Context).Duration,
 			func(b *ruleBuilder, flag string, v time.Duration) {
 				adaptiveOf(b, flag).MaxHealthy = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.DurationFlag{Name: "baseline", Usage: "with --adaptive: a fixed baseline latency instead of a measured one, and no probes (default: measured)"}, (*cli.Context).Duration,
+		flagOf(&cli.DurationFlag{Name: "baseline", DefaultText: "measured", Usage: "with --adaptive: a fixed baseline latency instead of a measured one, and no probes"}, (*cli.Context).Duration,
 			func(b *ruleBuilder, flag string, v time.Duration) {
 				adaptiveOf(b, flag).Baseline = nonZero(b, flag, v)
 			}).needing("adaptive"),
-		flagOf(&cli.StringFlag{Name: "samples", Usage: "with --adaptive: request (default) or connect latency"}, (*cli.Context).String,
+		flagOf(&cli.StringFlag{Name: "samples", DefaultText: "request", Usage: "with --adaptive: request or connect latency"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) {
 				adaptiveOf(b, flag).Samples = policy.Samples(nonEmpty(b, flag, v, "request"))
 			}).needing("adaptive"),
 
 		flagOf(&cli.BoolFlag{Name: "shadow", Usage: "count what would be refused, refuse nothing"}, (*cli.Context).Bool,
 			func(b *ruleBuilder, _ string, v bool) { b.rule.Shadow = v }),
-		flagOf(&cli.StringFlag{Name: "errno", Usage: "errno a refused connect() returns (default EPERM)"}, (*cli.Context).String,
+		flagOf(&cli.StringFlag{Name: "errno", DefaultText: "EPERM", Usage: "errno a refused connect() returns"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) { b.rule.Errno = nonEmpty(b, flag, v, "EPERM") }),
 
 		flagOf(&cli.StringFlag{Name: "shared-redis", Usage: "share the limit with every host naming the same --shared-key: URL of the Redis server keeping it"}, (*cli.Context).String,
@@ -190,17 +191,17 @@ func ruleFlags() ruleFlagList {
 			func(b *ruleBuilder, _ string, v string) { b.rule.Shared.Key = v }).
 			needing("shared-redis").
 			standingIn(func(b *ruleBuilder) { b.rule.Shared.Key = standInKey }),
-		flagOf(&cli.StringFlag{Name: "shared-failure-mode", Usage: "with --shared-redis: throw (keep the last share, default), allow (the whole limit) or deny while Redis is unreachable"}, (*cli.Context).String,
+		flagOf(&cli.StringFlag{Name: "shared-failure-mode", DefaultText: "throw", Usage: "with --shared-redis: throw (keep the last share), allow (the whole limit) or deny while Redis is unreachable"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) { b.rule.Shared.FailureMode = nonEmpty(b, flag, v, "throw") }).
 			needing("shared-redis"),
-		flagOf(&cli.StringFlag{Name: "shared-durability", Usage: "with --shared-redis: ephemeral (Redis may lose the budget: a budget it has no record of is frozen for a lease, default) or persistent (an AOF keeps it)"}, (*cli.Context).String,
+		flagOf(&cli.StringFlag{Name: "shared-durability", DefaultText: "ephemeral", Usage: "with --shared-redis: ephemeral (Redis may lose the budget: a budget it has no record of is frozen for a lease) or persistent (an AOF keeps it)"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) {
 				b.rule.Shared.Durability = nonEmpty(b, flag, v, "ephemeral")
 			}).needing("shared-redis"),
-		flagOf(&cli.DurationFlag{Name: "shared-lease", Usage: "with --shared-redis: how long this host's slots outlive its daemon's last renewal (default 10s)"}, (*cli.Context).Duration,
+		flagOf(&cli.DurationFlag{Name: "shared-lease", DefaultText: policy.DefaultLease.String(), Usage: "with --shared-redis: how long this host's slots outlive its daemon's last renewal"}, (*cli.Context).Duration,
 			func(b *ruleBuilder, flag string, v time.Duration) { b.rule.Shared.Lease = nonZero(b, flag, v) }).
 			needing("shared-redis"),
-		flagOf(&cli.IntFlag{Name: "shared-replicas", Usage: "with --shared-redis: Redis replicas that must confirm a grant before it is used (default 0; at least 1 with Sentinel)"}, (*cli.Context).Int,
+		flagOf(&cli.IntFlag{Name: "shared-replicas", DefaultText: "none", Usage: "with --shared-redis: Redis replicas that must confirm a grant before it is used; at least 1 with Sentinel"}, (*cli.Context).Int,
 			func(b *ruleBuilder, _ string, v int) { b.rule.Shared.Replicas = v }).needing("shared-redis"),
 	}
 }

@@ -34,15 +34,15 @@ func runCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "policy", Value: daemon.DefaultPolicyFile, Usage: "policy file"},
 			&cli.StringFlag{Name: "socket", Value: control.DefaultSocket, Usage: "control socket to serve"},
-			&cli.StringFlag{Name: "cgroup", Usage: "cgroup v2 directory to attach to (default: the cgroup2 root, the whole host)"},
+			&cli.StringFlag{Name: "cgroup", DefaultText: "the cgroup2 root, the whole host", Usage: "cgroup v2 directory to attach to"},
 			&cli.StringFlag{Name: "bpffs", Value: loader.DefaultPinDir, Usage: "bpffs directory for the datapath's pins"},
 			&cli.StringFlag{Name: "metrics", Value: daemon.DefaultMetricsAddr, Usage: "address for /metrics; empty turns it off"},
 			&cli.StringFlag{Name: "state-dir", Value: daemon.DefaultStateDir, Usage: "where limits set at run time, and the addresses host names last resolved to, are kept"},
-			&cli.IntFlag{Name: "max-rules", Usage: "rule slots in the kernel's tables, up to 1048576 (default: the policy's maxRules, else what its rules need and a quarter more, in steps of 4096)"},
+			&cli.IntFlag{Name: "max-rules", DefaultText: "the policy's maxRules, else what its rules need and a quarter more, in steps of 4096", Usage: "rule slots in the kernel's tables, up to 1048576"},
 			&cli.StringFlag{Name: "socket-group", Usage: "group allowed to change limits through the socket"},
 			&cli.StringFlag{Name: "socket-mode", Value: "0660", Usage: "socket permissions; 0666 lets every local service's SDK ask about its own refusals (read-only)"},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "remove the datapath when the daemon stops (fail-open)"},
-			&cli.StringFlag{Name: "host-id", Usage: "this host's name to the hosts sharing a budget in Redis; unique among them (default: the host name)"},
+			&cli.StringFlag{Name: "host-id", DefaultText: "the host name", Usage: "this host's name to the hosts sharing a budget in Redis; unique among them"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 		},
 		Action: func(c *cli.Context) error {

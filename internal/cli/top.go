@@ -17,7 +17,7 @@ func topCommand() *cli.Command {
 		Usage: "a live table of every rule: limit, live, in flight, admitted and refused per second, baseline",
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "refresh period"},
-			&cli.IntFlag{Name: "count", Usage: "stop after this many refreshes (default: until interrupted)"},
+			&cli.IntFlag{Name: "count", DefaultText: "until interrupted", Usage: "stop after this many refreshes"},
 			jsonFlag,
 		},
 		Action: func(c *cli.Context) error {

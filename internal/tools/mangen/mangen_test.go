@@ -102,3 +102,13 @@ func TestEscape(t *testing.T) {
 		}
 	}
 }
+
+// TestRequiredFlag: a page marks a flag its command requires, as
+// docs/cli.md and --help do.
+func TestRequiredFlag(t *testing.T) {
+	for _, p := range pages(egressdcli.App(), "2025-01-01", "test") {
+		if p.name == "egressd-limit-set" && !strings.Contains(string(p.text), "\\fB\\-\\-dest\\fR \\fIVALUE\\fR\nrequired; ") {
+			t.Errorf("egressd-limit-set(1) does not mark --dest required:\n%s", p.text)
+		}
+	}
+}

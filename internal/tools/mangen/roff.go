@@ -175,6 +175,9 @@ func options(b *bytes.Buffer, flags []cli.Flag) {
 			continue
 		}
 		usage := doc.GetUsage()
+		if egressdcli.FlagRequired(f) {
+			usage = "required; " + usage
+		}
 		if d := egressdcli.FlagDefault(doc); d != "" {
 			usage += " (default: " + d + ")"
 		}
