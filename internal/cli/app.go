@@ -62,7 +62,7 @@ func Main(args []string) int {
 // run runs app on args as Main does, printing an error to app.ErrWriter.
 func run(app *cli.App, args []string) int {
 	app.ExitErrHandler = func(*cli.Context, error) {} // errors are printed once, below
-	if err := app.Run(nameLast(args)); err != nil {
+	if err := app.Run(nameLast(helpAsFlag(app, args))); err != nil {
 		var exit cli.ExitCoder
 		if errors.As(err, &exit) {
 			if msg := err.Error(); msg != "" {
@@ -139,4 +139,44 @@ func nameLast(args []string) []string {
 		}
 	}
 	return args
+}
+
+// helpAsFlag makes "help limit set" (or "limit help set") be "limit set
+// --help", as docs/cli.md promises: urfave/cli's help command shows the
+// help of its first word alone, and a command's without its subcommands.
+func helpAsFlag(app *cli.App, args []string) []string {
+	if len(args) > 0 && args[len(args)-1] == "--generate-bash-completion" {
+		return args
+	}
+	flags, cmds := app.Flags, app.Commands
+	for i := 1; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--":
+			return args
+		case strings.HasPrefix(a, "-"):
+			if !strings.Contains(a, "=") && takesValue(flags, strings.TrimLeft(a, "-")) {
+				i++
+			}
+		case a == "help" || a == "h":
+			return append(append(slices.Clone(args[:i]), args[i+1:]...), "--help")
+		default:
+			k := slices.IndexFunc(cmds, func(c *cli.Command) bool { return c.HasName(a) })
+			if k < 0 || len(cmds[k].Subcommands) == 0 {
+				return args // an unknown command, or one whose words are arguments
+			}
+			flags, cmds = cmds[k].Flags, cmds[k].Subcommands
+		}
+	}
+	return args
+}
+
+// takesValue reports whether the flag called name, among flags, takes
+// the next argument as its value.
+func takesValue(flags []cli.Flag, name string) bool {
+	for _, f := range flags {
+		if d, ok := f.(cli.DocGenerationFlag); ok && slices.Contains(f.Names(), name) {
+			return d.TakesValue()
+		}
+	}
+	return false
 }

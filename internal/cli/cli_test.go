@@ -162,3 +162,50 @@ func TestUnknownCommand(t *testing.T) {
 		}
 	}
 }
+
+func TestHelpAsFlag(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"egressd help", "egressd --help"},
+		{"egressd help limit", "egressd limit --help"},
+		{"egressd help policy check", "egressd policy check --help"},
+		{"egressd h limit set", "egressd limit set --help"},
+		{"egressd limit help set", "egressd limit set --help"},
+		{"egressd --socket help --json help limit", "egressd --socket help --json limit --help"},
+		{"egressd --socket=/s help limit", "egressd --socket=/s limit --help"},
+		{"egressd limit set help --dest x", "egressd limit set help --dest x"},
+		{"egressd limit get help", "egressd limit get help"},
+		{"egressd bogus help", "egressd bogus help"},
+		{"egressd -- help", "egressd -- help"},
+		{"egressd help limit --generate-bash-completion", "egressd help limit --generate-bash-completion"},
+	} {
+		if got := strings.Join(helpAsFlag(App(), strings.Fields(c.in)), " "); got != c.want {
+			t.Errorf("helpAsFlag(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestHelpCommand: `egressd help CMD [SUB]` prints what `egressd CMD [SUB]
+// --help` does, as docs/cli.md says: a command's subcommands among it.
+func TestHelpCommand(t *testing.T) {
+	var walk func(path []string, cmds []*cli.Command)
+	walk = func(path []string, cmds []*cli.Command) {
+		for _, c := range cmds {
+			p := append(slices.Clone(path), c.Name)
+			code, got, _ := runCLI(append([]string{"help"}, p...)...)
+			_, want, _ := runCLI(append(p, "--help")...)
+			if code != 0 || got != want {
+				t.Errorf("egressd help %s: status %d, printed:\n%s\nwant what --help prints:\n%s", strings.Join(p, " "), code, got, want)
+			}
+			if len(c.Subcommands) > 0 && !strings.Contains(got, "COMMANDS:") {
+				t.Errorf("egressd help %s does not list its commands:\n%s", strings.Join(p, " "), got)
+			}
+			walk(p, c.Subcommands)
+		}
+	}
+	walk(nil, App().Commands)
+	for _, args := range []string{"help bogus", "limit help bogus"} {
+		if code, _, errOut := runCLI(strings.Fields(args)...); code != exitUsage || !strings.Contains(errOut, "unknown command") {
+			t.Errorf("egressd %s: status %d, %q; want an unknown command, status %d", args, code, errOut, exitUsage)
+		}
+	}
+}
