@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -86,6 +87,64 @@ func TestTopCountStopsAfterLastRefresh(t *testing.T) {
 	}
 	if elapsed > time.Second {
 		t.Errorf("top --count 1 --interval 1m took %v: it waits an interval after its last refresh", elapsed.Round(time.Millisecond))
+	}
+}
+
+// TestTopText: top marks a pending rule (no limit, rather than 0) and a
+// shadow one, as limit ls does, and writes no clear-screen codes where its
+// output is not a terminal.
+func TestTopText(t *testing.T) {
+	sock := fakeDaemon(t, []control.Limit{
+		{Name: "web", Shape: "concurrency", Limit: 2, Live: 1},
+		{Name: "later", Shape: "concurrency", Pending: "unit web.service is not running"},
+		{Name: "trial", Shape: "per_second", Limit: 5, Shadow: true},
+	})
+	code, out, errOut := runCLI("--socket", sock, "top", "--count", "2", "--interval", "10ms")
+	if code != 0 {
+		t.Fatalf("top: status %d: %s", code, errOut)
+	}
+	if strings.Contains(out, "\033") {
+		t.Errorf("top into a buffer wrote escape codes: %q", out)
+	}
+	if n := strings.Count(out, "egressd top — "); n != 2 {
+		t.Errorf("top --count 2 printed %d tables:\n%s", n, out)
+	}
+	want := map[string]string{ // a row's LIMIT and STATE
+		"web":   "2 installed",
+		"later": "- pending: unit web.service is not running",
+		"trial": "5 shadow",
+	}
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || want[f[0]] == "" {
+			continue
+		}
+		rows++
+		if got := f[2] + " " + strings.Join(f[min(9, len(f)):], " "); got != want[f[0]] {
+			t.Errorf("%s: LIMIT and STATE %q, want %q\n%s", f[0], got, want[f[0]], line)
+		}
+	}
+	if rows != 2*len(want) {
+		t.Errorf("%d rows, want %d:\n%s", rows, 2*len(want), out)
+	}
+}
+
+// TestIsTerminal: top redraws in place on a terminal (a pty here), and
+// only there.
+func TestIsTerminal(t *testing.T) {
+	pty, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pty to test with: %v", err)
+	}
+	t.Cleanup(func() { pty.Close() })
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	if !isTerminal(pty) || isTerminal(w) || isTerminal(&bytes.Buffer{}) {
+		t.Errorf("isTerminal: pty %v, pipe %v, buffer %v; want true, false, false", isTerminal(pty), isTerminal(w), isTerminal(&bytes.Buffer{}))
 	}
 }
 

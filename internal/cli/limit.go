@@ -198,21 +198,27 @@ func printLimits(w io.Writer, ls []control.Limit) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSHAPE\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED\tREFUSED\tSOURCE\tSTATE")
 	for _, l := range ls {
-		state := "installed"
-		if l.Pending != "" {
-			state = "pending: " + l.Pending
-		} else if l.Shadow {
-			state = "shadow"
-		} else if l.Shared != nil && l.Shared.Waiting {
-			state = "shared, waiting for Redis"
-		} else if l.Shared != nil && !l.Shared.Reachable {
-			state = "shared, Redis unreachable: " + l.Shared.FailureMode
-		} else if l.Shared != nil {
-			state = "shared"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, l.Shape, l.Limit, l.Live, l.InFlight, l.Admitted, l.Refused, l.Source, state)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, l.Shape, l.Limit, l.Live, l.InFlight, l.Admitted, l.Refused, l.Source, limitState(l))
 	}
 	tw.Flush()
+}
+
+// limitState is a rule's STATE in limit ls and top: whether it is in the
+// kernel, and refusing.
+func limitState(l control.Limit) string {
+	switch {
+	case l.Pending != "":
+		return "pending: " + l.Pending
+	case l.Shadow:
+		return "shadow"
+	case l.Shared != nil && l.Shared.Waiting:
+		return "shared, waiting for Redis"
+	case l.Shared != nil && !l.Shared.Reachable:
+		return "shared, Redis unreachable: " + l.Shared.FailureMode
+	case l.Shared != nil:
+		return "shared"
+	}
+	return "installed"
 }
 
 func indentLines(s, prefix string) string {

@@ -3,10 +3,13 @@ package cli
 import (
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/pkg/control"
 )
@@ -14,7 +17,9 @@ import (
 func topCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "top",
-		Usage: "a live table of every rule: limit, live, in flight, admitted and refused per second, baseline",
+		Usage: "a live table of every rule: limit, live, in flight, admitted and refused per second, baseline, probes and state",
+		Description: "STATE says, as in limit ls, whether a rule is installed, pending (not in the kernel, with why; its limit shows as -), " +
+			"in shadow or shared. On a terminal the table is redrawn in place; into a file or a pipe each table follows the last.",
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "refresh period"},
 			&cli.IntFlag{Name: "count", DefaultText: "until interrupted", Usage: "stop after this many refreshes"},
@@ -37,7 +42,8 @@ func topCommand() *cli.Command {
 					return err
 				}
 				now := time.Now()
-				if !wantJSON(c) {
+				if !wantJSON(c) && isTerminal(c.App.Writer) {
+					// Into a file or a pipe, the tables follow one another.
 					fmt.Fprint(c.App.Writer, "\033[H\033[2J") // clear the screen
 				}
 				rows := topRows(ls, prev, now.Sub(prevAt), !prevAt.IsZero())
@@ -81,10 +87,14 @@ func topRows(ls []control.Limit, prev map[string]control.Limit, elapsed time.Dur
 
 func printTop(w io.Writer, rows []topRow, now time.Time) {
 	fmt.Fprintf(w, "egressd top — %s\n\n", now.Format(time.TimeOnly))
+	// Numbers align right; STATE, the last cell of a line, left.
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "NAME\tSHAPE\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED/S\tREFUSED/S\tBASELINE\tPROBE\t")
+	fmt.Fprintln(tw, "NAME\tSHAPE\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED/S\tREFUSED/S\tBASELINE\tPROBE\t  STATE")
 	for _, r := range rows {
-		baseline, probe := "-", "-"
+		limit, baseline, probe := strconv.FormatUint(uint64(r.Limit.Limit), 10), "-", "-"
+		if r.Pending != "" {
+			limit = "-" // not in the kernel: no limit at all, rather than 0
+		}
 		if r.BaselineSeconds > 0 {
 			baseline = seconds(r.BaselineSeconds) + " " + r.BaselineSource
 		}
@@ -94,7 +104,17 @@ func printTop(w io.Writer, rows []topRow, now time.Time) {
 		case r.Probes > 0:
 			probe = fmt.Sprintf("%d, last %s ago", r.Probes, ago(now, r.LastProbe).Round(100*time.Millisecond))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t%s\t\n", r.Name, r.Shape, r.Limit.Limit, r.Live, r.InFlight, r.AdmittedPerSecond, r.RefusedPerSecond, baseline, probe)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%.1f\t%.1f\t%s\t%s\t  %s\n", r.Name, r.Shape, limit, r.Live, r.InFlight, r.AdmittedPerSecond, r.RefusedPerSecond, baseline, probe, limitState(r.Limit))
 	}
 	tw.Flush()
+}
+
+// isTerminal reports whether w is a terminal, where top redraws in place.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
