@@ -268,3 +268,16 @@ func TestHelpCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionFlag: --version and -v print what the version command does.
+func TestVersionFlag(t *testing.T) {
+	_, want, _ := runCLI("version")
+	if !strings.HasPrefix(want, "egressd "+Version+" (go") {
+		t.Fatalf("egressd version printed %q", want)
+	}
+	for _, flag := range []string{"--version", "-v"} {
+		if code, got, _ := runCLI(flag); code != 0 || got != want {
+			t.Errorf("egressd %s: status %d, printed %q; want %q", flag, code, got, want)
+		}
+	}
+}
