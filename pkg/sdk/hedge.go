@@ -482,10 +482,11 @@ func (l *latencies) delay(q float64, cur time.Duration) (time.Duration, bool) {
 // derived from it are children of a real cancelCtx. A hedgeContext nobody
 // waited on and nobody cancelled is used again for the next call with the
 // very same caller's context - same values, same deadline - which is what
-// makes a hedged call allocate nothing. A callback that keeps its context
-// after it returns may therefore see it cancelled later, when an attempt of
-// another call with the same context loses a race: an attempt's context is
-// only good until the attempt returns.
+// makes a hedged call allocate nothing. One somebody waited on is released
+// when its attempt returns (see release), and never used again. A callback
+// that keeps its context after it returns may therefore see it cancelled
+// then, or later, when an attempt of another call with the same context
+// loses a race: an attempt's context is only good until the attempt returns.
 type hedgeContext struct {
 	parent context.Context
 	// comparable: parent can be compared with == without panicking, which
@@ -570,6 +571,17 @@ func (c *hedgeContext) materialize() context.Context {
 	}
 	c.inner.Store(&innerContext{ctx, cancel})
 	return ctx
+}
+
+// release is called when c's attempt has returned. A context.WithCancel
+// that something waited on stays registered on the caller's context until
+// cancelled, and the caller's may live as long as the process: cancelling
+// it lets it go. c is not reused once it has one (see reusable), so no other
+// attempt sees it cancelled.
+func (c *hedgeContext) release() {
+	if in := c.inner.Load(); in != nil {
+		in.cancel()
+	}
 }
 
 func (c *hedgeContext) cancel() {

@@ -778,6 +778,57 @@ func TestHedgeContext(t *testing.T) {
 	}
 }
 
+// A first attempt's context that the callback waited on is cancelled once
+// the attempt returns. It is a child of the caller's context, which may live
+// as long as the process (a server's base context): left alone, it stays
+// registered there, one per call.
+func TestHedgedCallReleasesItsContext(t *testing.T) {
+	parent := &childCounter{Context: t.Context()}
+	p := Defaults()
+	p.Hedge = NewHedge(HedgeOptions{Delay: time.Hour})
+	var last context.Context
+	for range 100 {
+		_, err := RunHedged(parent, p, func(ctx context.Context) (int, error) {
+			last = ctx
+			select { // as net/http and grpc do
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			default:
+				return 1, nil
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := parent.live.Load(); n != 0 {
+		t.Errorf("100 calls left %d children on the caller's context", n)
+	}
+	if !errors.Is(last.Err(), context.Canceled) {
+		t.Errorf("the last attempt's context after the call: %v, want cancelled", last.Err())
+	}
+}
+
+// childCounter counts the contexts derived from it that are still waiting
+// on it.
+type childCounter struct {
+	context.Context
+	live atomic.Int64
+}
+
+// Value hides the embedded context's cancelCtx, so that children register
+// through AfterFunc, where they are counted, rather than in its map.
+func (c *childCounter) Value(any) any { return nil }
+
+func (c *childCounter) AfterFunc(f func()) func() bool {
+	c.live.Add(1)
+	stop := context.AfterFunc(c.Context, f)
+	return func() bool {
+		c.live.Add(-1)
+		return stop()
+	}
+}
+
 type uncomparableCtx struct {
 	context.Context
 	_ []int

@@ -91,11 +91,13 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 		s.cache = hc
 	}
 	actx, cancel, byTimeout := attemptContext(ctx, p, clk, start, c.deadline, c.deadlineIsCtx)
+	var hctx *hedgeContext // when cancel is nil: hc is the next holder's once the slot is released
 	if cancel == nil {
 		if !hc.hctx.reusable(ctx) {
 			hc.hctx = newHedgeContext(ctx)
 		}
-		actx = hc.hctx
+		hctx = hc.hctx
+		actx = hctx
 	}
 	hc.ctx, hc.fn, hc.p, hc.n = ctx, fn, p, n
 	hc.start, hc.deadline, hc.deadlineIsCtx = start, c.deadline, c.deadlineIsCtx
@@ -110,6 +112,8 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	returned = true
 	if cancel != nil {
 		cancel()
+	} else {
+		hctx.release()
 	}
 	took = clk.Since(start)
 	end = start.Add(took)
@@ -127,10 +131,12 @@ func (hc *hedgedCall[T]) unwind(s *slot, active uint64, returned *bool) {
 	if *returned {
 		return
 	}
-	cancel := hc.cancel // hc is the next holder's once abandon returns
+	cancel, hctx := hc.cancel, hc.hctx // hc is the next holder's once abandon returns
 	hc.abandon(s, active, hc.p.clockOrReal().Now())
 	if cancel != nil {
 		cancel()
+	} else {
+		hctx.release()
 	}
 }
 
