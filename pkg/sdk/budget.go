@@ -20,7 +20,8 @@ const budgetUnit = 1_000_000
 // Criticality) may not spend the last half of the bucket, which is kept for
 // work somebody is waiting for. Hedges (see Hedge) spend it like retries,
 // and never take the last half either: as in gRPC's retry throttling, no
-// hedge is sent once the tokens are down to half.
+// hedge is sent once the tokens are down to half. A hedge this process
+// refused gets its token back, as a refused retry spends none.
 //
 // A RetryBudget is safe for concurrent use; share one per dependency.
 type RetryBudget struct {
@@ -46,13 +47,21 @@ func NewRetryBudget(ratio float64, capacity int) *RetryBudget {
 }
 
 // Deposit credits the budget for one call that came to verdict.OK.
-func (b *RetryBudget) Deposit() {
+func (b *RetryBudget) Deposit() { b.add(b.deposit) }
+
+// refund gives back a token taken for a retry or hedge that never reached
+// the dependency. It stops at capacity: deposits may have filled the bucket
+// since.
+func (b *RetryBudget) refund() { b.add(budgetUnit) }
+
+// add credits units, up to capacity.
+func (b *RetryBudget) add(units int64) {
 	for {
 		t := b.tokens.Load()
 		if t >= b.capacity {
 			return
 		}
-		if b.tokens.CompareAndSwap(t, min(t+b.deposit, b.capacity)) {
+		if b.tokens.CompareAndSwap(t, min(t+units, b.capacity)) {
 			return
 		}
 	}

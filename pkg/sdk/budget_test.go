@@ -14,6 +14,7 @@ func TestRetryBudget(t *testing.T) {
 		return op{"spend " + c.String(), func(b *RetryBudget) bool { return b.TrySpend(c) }, want}
 	}
 	deposit := op{"deposit", func(b *RetryBudget) bool { b.Deposit(); return true }, true}
+	refund := op{"refund", func(b *RetryBudget) bool { b.refund(); return true }, true}
 	tests := []struct {
 		name       string
 		ratio      float64
@@ -28,6 +29,8 @@ func TestRetryBudget(t *testing.T) {
 		{"sheddable plus keeps the last half", 0.1, 10, []op{spend(SheddablePlus, true), spend(SheddablePlus, true), spend(SheddablePlus, true), spend(SheddablePlus, true), spend(SheddablePlus, true), spend(SheddablePlus, false)}, 5},
 		{"ten successes fund one retry", 0.1, 1, []op{spend(Critical, true), deposit, deposit, deposit, deposit, deposit, deposit, deposit, deposit, deposit, spend(Critical, false), deposit, spend(Critical, true)}, 0},
 		{"deposits stop at capacity", 0.5, 2, []op{deposit, deposit, deposit}, 2},
+		{"a refund gives a token back", 0.1, 3, []op{spend(Critical, true), spend(Critical, true), refund}, 2},
+		{"refunds stop at capacity", 0.1, 3, []op{deposit, spend(Critical, true), refund, refund}, 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

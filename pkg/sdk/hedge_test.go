@@ -345,6 +345,7 @@ func TestHedgeRefusedThenSuppressed(t *testing.T) {
 	t.Cleanup(func() { testHookHedgeDone = nil })
 	rig := newHedgeRig(t, HedgeOptions{MaxHedges: 2})
 	rig.p.Budget = NewRetryBudget(0.1, 10)
+	rig.p.Budget.TrySpend(Critical) // below capacity, so that a refund shows
 	var admitted []NextAttempt
 	rig.p.Admit = func(_ context.Context, next NextAttempt) verdict.Verdict {
 		admitted = append(admitted, next) // attempts are admitted one at a time here
@@ -377,7 +378,9 @@ func TestHedgeRefusedThenSuppressed(t *testing.T) {
 	if len(admitted) != 2 || admitted[1] != (NextAttempt{Number: 2, Hedge: true, Criticality: Critical}) {
 		t.Errorf("Admit saw %+v, want the first attempt and hedge number 2", admitted)
 	}
-	// The refused hedge reached nothing, but it was sent: it spent its token.
+	// The refused hedge never left the process: the token it took when
+	// sent is given back, as a retry after a refusal spends none. 9 tokens
+	// and the OK call's deposit.
 	if got := rig.p.Budget.Tokens(); got < 9.09 || got > 9.11 {
 		t.Errorf("budget holds %v tokens, want 9.1", got)
 	}

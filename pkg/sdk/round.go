@@ -321,6 +321,11 @@ func (r *round[T]) runHedge(a *roundAttempt[T], hctx context.Context) {
 	defer r.unwindHedge(a, &returned)
 	attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true}, a.start, r.deadline, r.deadlineIsCtx, &o)
 	returned = true
+	if o.v.SelfImposed() && r.p.Budget != nil {
+		// Refused in this process, it cost the dependency nothing: the
+		// token hedgeLocked took to send it goes back.
+		r.p.Budget.refund()
+	}
 	end := r.clk.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
