@@ -20,9 +20,23 @@ import (
 // asked again next time: a missing daemon fails at connect() on a local
 // socket, about what the refused connect() that led here cost, and such
 // questions come no faster than the policy lets attempts fail.
+//
+// A daemon that takes the question and does not answer (stopped, deadlocked)
+// is the exception: waiting for it costs the attempt its deadline, or with
+// none the call never returns. A question gets askTimeout, whatever the
+// client's Timeout and the caller's deadline: the daemon answers from
+// memory over a local socket, in tens of microseconds and a few
+// milliseconds at worst (a new connection), so 250ms is a hundred times
+// that and still a quarter of a throttled retry's first backoff (1s in
+// Defaults). One that was not answered in time stops the
+// questions, to any destination, for unansweredFor, so that a refusal storm
+// does not wait on each refusal; those refusals stay Permanent, as they
+// would after the wait.
 const (
 	attributedFor   = 100 * time.Millisecond
 	unattributedFor = time.Second
+	askTimeout      = 250 * time.Millisecond
+	unansweredFor   = time.Second
 )
 
 // DaemonAttributor asks the local egressd, through c (nil: the default
@@ -59,6 +73,7 @@ type daemonAttributor struct {
 	clock  clock
 	mu     sync.Mutex
 	cache  map[netip.AddrPort]attribution
+	quiet  time.Time // until then the daemon is not asked: it did not answer
 }
 
 func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimitedError, bool) {
@@ -69,10 +84,21 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 	now := a.clock.Now()
 	a.mu.Lock()
 	cached, hit := a.cache[dest]
+	quiet := now.Before(a.quiet)
 	a.mu.Unlock()
 	if !hit || now.After(cached.until) {
-		ans, qerr := a.client.Attribute(ctx, askingProcess, dest)
+		if quiet {
+			return nil, false
+		}
+		qctx, cancel := a.clock.WithDeadline(ctx, now.Add(askTimeout))
+		ans, qerr := a.client.Attribute(qctx, askingProcess, dest)
+		cancel()
 		if qerr != nil {
+			if ctx.Err() == nil && errors.Is(qerr, context.DeadlineExceeded) { // the daemon's silence, not the caller's end
+				a.mu.Lock()
+				a.quiet = a.clock.Now().Add(unansweredFor)
+				a.mu.Unlock()
+			}
 			return nil, false
 		}
 		now = a.clock.Now() // the question took time; the hint counts from its answer

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -98,5 +99,56 @@ func TestDaemonAttributorHintCountsDown(t *testing.T) {
 		if !ok || rl.RetryAfter != step.want || asked.Load() != step.asked {
 			t.Errorf("at %v: %v, %v, daemon asked %d times; want retry after %v, asked %d", clk.Now().Sub(t0), rl, ok, asked.Load(), step.want, step.asked)
 		}
+	}
+}
+
+// silentDaemon accepts connections on sock and reads what it is sent, but
+// never answers: a daemon stopped under a debugger, or deadlocked. It counts
+// the connections.
+func silentDaemon(t *testing.T, sock string) *atomic.Int32 {
+	t.Helper()
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	accepted := new(atomic.Int32)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go io.Copy(io.Discard, c) // until the asker hangs up
+		}
+	}()
+	return accepted
+}
+
+// A daemon that takes the question and never answers costs a refused
+// connect a short wait of the question's own, not the caller's deadline (or,
+// with none, forever), and the refusals that come soon after do not wait
+// for it again. Unanswered, the refusal stays Permanent.
+func TestDaemonAttributorBoundsASilentDaemon(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	accepted := silentDaemon(t, sock)
+	attr := DaemonAttributor(&control.Client{Socket: sock})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+
+	start := time.Now()
+	if rl, ok := attr(ctx, refusedDialTo(443)); ok {
+		t.Fatalf("attributed to %v without an answer", rl)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the first refusal waited %v for the daemon", took)
+	}
+	start = time.Now()
+	if rl, ok := attr(ctx, refusedDialTo(444)); ok {
+		t.Fatalf("attributed to %v without an answer", rl)
+	}
+	if took := time.Since(start); took > 50*time.Millisecond || accepted.Load() > 1 {
+		t.Errorf("the next refusal waited %v, daemon asked %d times; want no wait, asked once", took, accepted.Load())
 	}
 }
