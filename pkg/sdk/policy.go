@@ -320,6 +320,9 @@ func (c *callState) after(ctx context.Context, o *settled, first verdict.Verdict
 		return 0, stop, err, true
 	}
 	if serr := c.clk.Sleep(ctx, delay); serr != nil {
+		if p.Budget != nil && !o.v.SelfImposed() {
+			p.Budget.refund() // next took it for a retry that will not happen
+		}
 		stop, err = stopped(stopFor(serr), c.made, c.lastErr, nil)
 		return delay, stop, err, true
 	}
@@ -347,7 +350,8 @@ func (p *Policy) next(ctx context.Context, v verdict.Verdict, made, n, maxAttemp
 	if !deadline.IsZero() && !end.Add(delay).Before(deadline) {
 		return StopDeadline, 0
 	}
-	// Spend last: a token is taken only for a retry that will happen.
+	// Spend last: a token is taken only for a retry that will happen (and
+	// given back if the caller's context ends before it does; see after).
 	if p.Budget != nil && !v.SelfImposed() && !p.Budget.TrySpend(CriticalityFrom(ctx)) {
 		return StopBudget, 0
 	}

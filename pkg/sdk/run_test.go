@@ -446,6 +446,7 @@ func TestRunCancelled(t *testing.T) {
 			clk := newFakeClock()
 			p := testPolicy(clk)
 			p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
+			p.Budget = NewRetryBudget(0.1, 10)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
 			if tt.onSleep != nil {
@@ -464,6 +465,10 @@ func TestRunCancelled(t *testing.T) {
 			}
 			if calls != tt.wantCall {
 				t.Errorf("callback called %d times, want %d", calls, tt.wantCall)
+			}
+			// No retry was made: a token taken for one is given back.
+			if got := p.Budget.Tokens(); got != 10 {
+				t.Errorf("budget holds %v tokens, want all 10", got)
 			}
 		})
 	}
