@@ -25,17 +25,17 @@ import (
 // is the exception: waiting for it costs the attempt its deadline, or with
 // none the call never returns. A question gets askTimeout, whatever the
 // client's Timeout and the caller's deadline: the daemon answers from
-// memory over a local socket, in tens of microseconds and a few
-// milliseconds at worst (a new connection), so 250ms is a hundred times
-// that and still a quarter of a throttled retry's first backoff (1s in
-// Defaults). One that was not answered in time stops the
+// memory over a local socket, in tens of microseconds, but names the rule
+// under the datapath's table lock, which a reload of 100,000 rules holds
+// for about a second (docs/bench.md); a refusal then must still be told
+// throttled, so 2s. One that was not answered in time stops the
 // questions, to any destination, for unansweredFor, so that a refusal storm
 // does not wait on each refusal; those refusals stay Permanent, as they
 // would after the wait.
 const (
 	attributedFor   = 100 * time.Millisecond
 	unattributedFor = time.Second
-	askTimeout      = 250 * time.Millisecond
+	askTimeout      = 2 * time.Second
 	unansweredFor   = time.Second
 )
 

@@ -134,21 +134,19 @@ func TestDaemonAttributorBoundsASilentDaemon(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "s")
 	accepted := silentDaemon(t, sock)
 	attr := DaemonAttributor(&control.Client{Socket: sock})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 
-	start := time.Now()
 	if rl, ok := attr(ctx, refusedDialTo(443)); ok {
 		t.Fatalf("attributed to %v without an answer", rl)
 	}
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("the first refusal waited %v for the daemon", took)
+	if ctx.Err() != nil {
+		t.Errorf("the first refusal waited for the caller's deadline: %v", ctx.Err())
 	}
-	start = time.Now()
 	if rl, ok := attr(ctx, refusedDialTo(444)); ok {
 		t.Fatalf("attributed to %v without an answer", rl)
 	}
-	if took := time.Since(start); took > 50*time.Millisecond || accepted.Load() > 1 {
-		t.Errorf("the next refusal waited %v, daemon asked %d times; want no wait, asked once", took, accepted.Load())
+	if n := accepted.Load(); n > 1 {
+		t.Errorf("the next refusal asked the daemon again: asked %d times, want once", n)
 	}
 }
