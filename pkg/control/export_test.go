@@ -6,6 +6,6 @@ import "time"
 // before Serve.
 func SetBodyTimeout(s *Server, d time.Duration) { s.bodyTimeout = d }
 
-// SetStreamWriteTimeout shortens how long one write to a stream of s may
-// take; call it before Serve.
-func SetStreamWriteTimeout(s *Server, d time.Duration) { s.streamWriteTimeout = d }
+// SetWriteTimeout shortens how long one write of a response of s, to a
+// stream or not, may wait for the peer; call it before Serve.
+func SetWriteTimeout(s *Server, d time.Duration) { s.writeTimeout, s.hs.WriteTimeout = d, d }

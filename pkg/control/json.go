@@ -138,9 +138,9 @@ func NewStreamWriter(w http.ResponseWriter) (*StreamWriter, error) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	s := &StreamWriter{w: w, rc: http.NewResponseController(w), timeout: streamWriteTimeout}
+	s := &StreamWriter{w: w, rc: http.NewResponseController(w), timeout: writeTimeout}
 	if rw, ok := w.(*responseWriter); ok {
-		s.timeout = rw.streamWriteTimeout
+		s.timeout = rw.writeTimeout
 	}
 	if err := s.rc.Flush(); err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
@@ -167,9 +167,10 @@ func (s *StreamWriter) Keepalive() error {
 	return s.write([]byte{'\n'})
 }
 
-// streamWriteTimeout bounds one write to a stream: a peer that stops
-// reading would otherwise hold its handler, and a stop, for ever.
-const streamWriteTimeout = 10 * time.Second
+// writeTimeout bounds one write of a response, to a stream or not: a
+// peer that stops reading would otherwise hold its handler, and a stop,
+// for ever.
+const writeTimeout = 10 * time.Second
 
 // write writes b and flushes it.
 func (s *StreamWriter) write(b []byte) error {

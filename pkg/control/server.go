@@ -71,8 +71,9 @@ type Server struct {
 
 	// bodyTimeout bounds the reading of a request's body.
 	bodyTimeout time.Duration
-	// streamWriteTimeout bounds one write to a stream.
-	streamWriteTimeout time.Duration
+	// writeTimeout bounds one write of a response: a StreamWriter's, or
+	// a chunk of at most writeChunk bytes of any other.
+	writeTimeout time.Duration
 }
 
 const (
@@ -82,6 +83,11 @@ const (
 	// the response included, have before they fail: a peer that stops
 	// reading would otherwise hold up a Shutdown.
 	streamEndGrace = time.Second
+	// writeChunk is how much of a response other than a stream is written
+	// under one write deadline (writeTimeout): a peer that reads, however
+	// slowly, is not cut off from a large answer, while one that stops
+	// reading is.
+	writeChunk = 64 << 10
 )
 
 var methods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
@@ -135,8 +141,8 @@ func NewServer(cfg Config) (*Server, error) {
 		policy: policy,
 		log:    cfg.Logger,
 
-		bodyTimeout:        bodyTimeout,
-		streamWriteTimeout: streamWriteTimeout,
+		bodyTimeout:  bodyTimeout,
+		writeTimeout: writeTimeout,
 	}
 	if s.socket == "" {
 		s.socket = DefaultSocket
@@ -152,7 +158,11 @@ func NewServer(cfg Config) (*Server, error) {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-		// No WriteTimeout: streams are long-lived by design.
+		// Set as each request is read, so that what net/http writes
+		// itself has a deadline too. The handlers' writes, a stream's
+		// among them, push it on as they go (responseWriter.Write,
+		// StreamWriter), so it bounds a write, not a response.
+		WriteTimeout: writeTimeout,
 	}
 	s.hs.RegisterOnShutdown(s.stopStreams)
 	return s, nil
@@ -222,10 +232,16 @@ var browserHeaders = []string{"Origin", "Referer", "Sec-Fetch-Site"}
 // ServeHTTP routes a request. The peer comes from the request's context
 // (set from the connection by Serve, or by WithPeer in tests).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rw := &responseWriter{ResponseWriter: w, streamWriteTimeout: s.streamWriteTimeout}
+	rw := &responseWriter{ResponseWriter: w, writeTimeout: s.writeTimeout}
 	name, err := s.serve(rw, r)
 	if err != nil {
 		s.fail(rw, r, name, err)
+	}
+	if !rw.stream {
+		// What net/http writes once the handler is done (the header
+		// alone, or the end of the body) has a write's time too, however
+		// long the handler took.
+		rw.extendWrite()
 	}
 	if s.log.Enabled(r.Context(), slog.LevelDebug) {
 		p, _ := PeerFrom(r.Context())
@@ -269,6 +285,7 @@ func (s *Server) serve(w *responseWriter, r *http.Request) (string, error) {
 	}
 	ctx := context.WithValue(r.Context(), accessKey{}, access)
 	if route.Stream {
+		w.stream = true
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
@@ -277,8 +294,9 @@ func (s *Server) serve(w *responseWriter, r *http.Request) (string, error) {
 		end := context.AfterFunc(ctx, w.endWrites)
 		defer func() {
 			if end() {
-				// The connection may serve further requests.
-				w.SetWriteDeadline(time.Time{})
+				// What net/http writes after the handler, the end of the
+				// stream, has a write's time too.
+				w.SetWriteDeadline(time.Now().Add(s.writeTimeout))
 			}
 		}()
 	}
@@ -349,13 +367,19 @@ func (s *Server) fail(w *responseWriter, r *http.Request, name string, err error
 
 // responseWriter notes whether the response has started (and its status,
 // for the log). Unwrap and FlushError keep http.ResponseController working.
-// A stream's writes end (endWrites) when its context does.
+// A stream's writes end (endWrites) when its context does; any other
+// response is written writeChunk bytes at a time, each with writeTimeout
+// to go.
 type responseWriter struct {
 	http.ResponseWriter
 	wrote  bool
 	status int
-	// streamWriteTimeout is the server's, for a StreamWriter on w.
-	streamWriteTimeout time.Duration
+	// writeTimeout is the server's, for a StreamWriter on w and for the
+	// chunks of any other response.
+	writeTimeout time.Duration
+	// stream is set for a Stream route: its StreamWriter sets the
+	// deadline of each write.
+	stream bool
 
 	mu    sync.Mutex
 	ended bool
@@ -394,7 +418,27 @@ func (w *responseWriter) Write(b []byte) (int, error) {
 	if !w.wrote {
 		w.wrote, w.status = true, http.StatusOK
 	}
-	return w.ResponseWriter.Write(b)
+	if w.stream {
+		return w.ResponseWriter.Write(b)
+	}
+	var n int
+	for {
+		w.extendWrite()
+		m, err := w.ResponseWriter.Write(b[:min(len(b), writeChunk)])
+		n, b = n+m, b[m:]
+		if err != nil || len(b) == 0 {
+			return n, err
+		}
+	}
+}
+
+// extendWrite gives the next write of a response other than a stream
+// writeTimeout: a peer that stops reading fails it, and the handler (or
+// net/http, after it) returns instead of waiting for ever.
+func (w *responseWriter) extendWrite() {
+	// Not every ResponseWriter has deadlines (httptest's has not); those
+	// that have not do not wait on a peer either.
+	http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.writeTimeout))
 }
 
 func (w *responseWriter) FlushError() error {

@@ -3,6 +3,7 @@ package control_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -343,24 +344,138 @@ func TestStreamWriteTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control.SetStreamWriteTimeout(srv, 200*time.Millisecond)
+	control.SetWriteTimeout(srv, 200*time.Millisecond)
 	serve(t, srv)
 
+	get(t, sock, "/v1/events?follow=1&big=1")
+	// Never read: the socket's buffers fill and the handler's write blocks.
+	awaitWriteTimeout(t, tr.streamDone)
+}
+
+// get sends a GET of path on a connection of its own, which it returns
+// unread. The test ends with the connection closed.
+func get(t *testing.T, sock, path string) net.Conn {
+	t.Helper()
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if _, err := io.WriteString(c, "GET /v1/events?follow=1&big=1 HTTP/1.1\r\nHost: egressd\r\n\r\n"); err != nil {
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: egressd\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	// Never read: the socket's buffers fill and the handler's write blocks.
+	return c
+}
+
+// awaitWriteTimeout waits for a handler writing to a peer that does not
+// read to return, failed by its write's deadline.
+func awaitWriteTimeout(t *testing.T, done <-chan error) {
+	t.Helper()
 	select {
-	case err := <-tr.streamDone:
+	case err := <-done:
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Errorf("stream handler returned %v, want its write's deadline exceeded", err)
+			t.Errorf("handler returned %v, want its write's deadline exceeded", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the stream's handler still writes to a peer that stopped reading 5 s ago")
+		t.Fatal("the handler still writes to a peer that has not read for 5 s")
+	}
+}
+
+// bigAnswer serves route "big": a JSON answer of about n bytes, as `limit
+// ls` is for a daemon with many rules. done receives what each call of the
+// handler returned.
+func bigAnswer(t *testing.T, n int, timeout time.Duration) (sock string, srv *control.Server, done chan error) {
+	t.Helper()
+	done = make(chan error, 1)
+	sock = filepath.Join(sockDir(t), "egressd.sock")
+	srv, err := control.NewServer(control.Config{Socket: sock, Logger: quiet, Routes: map[string]control.Route{
+		"big": {Method: http.MethodGet, Handler: func(w http.ResponseWriter, r *http.Request) (err error) {
+			defer func() { done <- err }()
+			return control.WriteJSON(w, http.StatusOK, strings.Repeat("x", n))
+		}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	control.SetWriteTimeout(srv, timeout)
+	serve(t, srv)
+	return sock, srv, done
+}
+
+// A peer that asks for a large answer and never reads it fails the
+// answer's write once the write timeout has passed: the handler returns
+// and the connection is closed, where they would otherwise hold a
+// goroutine, the encoded answer and a stop for ever.
+func TestUnreadAnswerTimesOut(t *testing.T) {
+	sock, srv, done := bigAnswer(t, 8<<20, 200*time.Millisecond)
+	c := get(t, sock, "/v1/big")
+	// Never read: the socket's buffers fill and the handler's write blocks.
+	awaitWriteTimeout(t, done)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Errorf("reading what was sent: %v, want the connection closed after it", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// A peer that reads a large answer slowly, taking many times the write
+// timeout over the whole of it but never stalling for as long, gets all
+// of it: the timeout bounds a stall, not the answer's size.
+func TestSlowReaderGetsWholeAnswer(t *testing.T) {
+	const n, timeout = 2 << 20, 200 * time.Millisecond
+	sock, _, done := bigAnswer(t, n, timeout)
+	c := get(t, sock, "/v1/big")
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReaderSize(&slowReader{r: c, every: 10 * time.Millisecond}, 16<<10), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || len(got) != n {
+		t.Errorf("answer of %d bytes (%v), want %d", len(got), err, n)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("handler: %v", err)
+	}
+	if took := time.Since(start); took < 4*timeout {
+		t.Errorf("read in %v, too fast to show a slow reader served", took)
+	}
+}
+
+// slowReader reads at most 16 KiB at a time, each read after a pause.
+type slowReader struct {
+	r     io.Reader
+	every time.Duration
+}
+
+func (s *slowReader) Read(b []byte) (int, error) {
+	time.Sleep(s.every)
+	return s.r.Read(b[:min(len(b), 16<<10)])
+}
+
+// A handler that takes longer than the write timeout still has its
+// answer sent, the header alone included, which net/http writes after
+// the handler returns: the timeout bounds a write, not the request.
+func TestSlowHandlerAnswered(t *testing.T) {
+	sock := filepath.Join(sockDir(t), "egressd.sock")
+	srv, err := control.NewServer(control.Config{Socket: sock, Logger: quiet, Routes: map[string]control.Route{
+		"slow": {Method: http.MethodGet, Handler: func(w http.ResponseWriter, r *http.Request) error {
+			time.Sleep(300 * time.Millisecond)
+			w.WriteHeader(http.StatusNoContent)
+			return nil
+		}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	control.SetWriteTimeout(srv, 100*time.Millisecond)
+	serve(t, srv)
+	resp, err := http.ReadResponse(bufio.NewReader(get(t, sock, "/v1/slow")), nil)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("answer of a handler slower than the write timeout: %v, %v", resp, err)
 	}
 }
