@@ -313,18 +313,20 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	// A reader learns about its own connections only, as with
 	// attribution.
 	shown := func(loader.Refusal) bool { return true }
+	var who follower
 	if readOnly(r) {
 		peer, known := control.PeerFrom(r.Context())
 		if !known {
 			return control.Errorf(control.CodeForbidden, "the asking process is not known")
 		}
 		shown = func(e loader.Refusal) bool { return e.PID == uint32(peer.PID) }
+		who = follower{reader: true, uid: peer.UID}
 	}
 	var live <-chan loader.Refusal
 	if follow {
-		ch, cancel, ok := d.events.follow()
-		if !ok {
-			return control.Errorf(control.CodeUnavailable, "%d clients follow events already, the most egressd serves; try again when one stops", maxFollowers)
+		ch, cancel, err := d.events.follow(who)
+		if err != nil {
+			return control.Errorf(control.CodeUnavailable, "%v", err)
 		}
 		defer cancel()
 		live = ch

@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -23,14 +25,21 @@ var (
 	readerPeer = control.Peer{PID: 4242, UID: 1234, GID: 1234}
 )
 
-// serveAs answers a GET of route for peer, through the control server's
-// access checks, and returns the status and body.
-func (td *testDaemon) serveAs(t *testing.T, peer control.Peer, route string) (int, string) {
+// server is a control server of td's routes, to call through ServeHTTP.
+func (td *testDaemon) server(t *testing.T) *control.Server {
 	t.Helper()
 	srv, err := control.NewServer(control.Config{Routes: td.routes(), Logger: td.log})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return srv
+}
+
+// serveAs answers a GET of route for peer, through the control server's
+// access checks, and returns the status and body.
+func (td *testDaemon) serveAs(t *testing.T, peer control.Peer, route string) (int, string) {
+	t.Helper()
+	srv := td.server(t)
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", control.Prefix+route, nil)
 	srv.ServeHTTP(rec, req.WithContext(control.WithPeer(req.Context(), peer)))
@@ -64,16 +73,22 @@ func TestLimitsHideRedisPasswordsFromReaders(t *testing.T) {
 }
 
 // streamRecorder is a ResponseWriter whose body may be read while a
-// handler streams to it.
+// handler streams to it; status, if not nil, is sent the status.
 type streamRecorder struct {
 	header http.Header
+	status chan int
 	mu     sync.Mutex
 	body   strings.Builder
 }
 
 func (w *streamRecorder) Header() http.Header { return w.header }
-func (w *streamRecorder) WriteHeader(int)     {}
 func (w *streamRecorder) Flush()              {}
+
+func (w *streamRecorder) WriteHeader(code int) {
+	if w.status != nil {
+		w.status <- code
+	}
+}
 
 func (w *streamRecorder) Write(b []byte) (int, error) {
 	w.mu.Lock()
@@ -97,10 +112,7 @@ func TestEventsShowReadersTheirOwn(t *testing.T) {
 	}
 	refuse(readerPeer.PID, "mine")
 	refuse(7, "theirs")
-	srv, err := control.NewServer(control.Config{Routes: td.routes(), Logger: td.log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := td.server(t)
 	follow := func(peer control.Peer) (w *streamRecorder, stop func()) {
 		ctx, cancel := context.WithCancel(control.WithPeer(context.Background(), peer))
 		req := httptest.NewRequestWithContext(ctx, "GET", control.Prefix+control.RouteEvents+"?follow=true", nil)
@@ -142,6 +154,75 @@ func TestEventsShowReadersTheirOwn(t *testing.T) {
 		}
 		if !slices.Equal(rules, tt.want) {
 			t.Errorf("%s was shown %q, want %q", tt.name, rules, tt.want)
+		}
+	}
+}
+
+// followAs asks srv to follow events for peer and returns the status it
+// was answered with. A stream it was given ends with the test.
+func followAs(t *testing.T, srv *control.Server, peer control.Peer) int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(control.WithPeer(context.Background(), peer))
+	req := httptest.NewRequestWithContext(ctx, "GET", control.Prefix+control.RouteEvents+"?follow=true", nil)
+	w := &streamRecorder{header: http.Header{}, status: make(chan int, 1)}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.ServeHTTP(w, req) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return <-w.status
+}
+
+// TestEventsFollowSlotsKeptForWriters: peers that may only read (the
+// socket widened to 0666 for services' SDKs) cannot take every follow
+// slot, however many they are and under whichever uids: root's `events
+// --follow` still streams.
+func TestEventsFollowSlotsKeptForWriters(t *testing.T) {
+	tests := []struct {
+		name string
+		uid  func(i int) uint32
+	}{
+		{"one uid", func(int) uint32 { return readerPeer.UID }},
+		{"a uid each", func(i int) uint32 { return readerPeer.UID + uint32(i) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			srv := td.server(t)
+			for i := range maxFollowers {
+				p := readerPeer
+				p.UID, p.GID = tt.uid(i), tt.uid(i)
+				followAs(t, srv, p)
+			}
+			if code := followAs(t, srv, writerPeer); code != http.StatusOK {
+				t.Errorf("root follows events after %d readers tried: status %d", maxFollowers, code)
+			}
+		})
+	}
+}
+
+// TestAdmitFollower: who may follow events beside those who do; a refusal
+// says which bound was reached.
+func TestAdmitFollower(t *testing.T) {
+	writer := follower{}
+	reader := follower{reader: true, uid: 1234}
+	other := follower{reader: true, uid: 1235}
+	tests := []struct {
+		name      string
+		following []follower
+		who       follower
+		want      string // the refusal; "" for admitted
+	}{
+		{"writer, readers in every readers' place", slices.Repeat([]follower{other}, readerFollowers), writer, ""},
+		{"writer, every place taken", slices.Repeat([]follower{writer}, maxFollowers), writer, "64 clients follow events already, the most egressd serves; try again when one stops"},
+		{"reader, its uid below its bound", slices.Repeat([]follower{reader}, uidFollowers-1), reader, ""},
+		{"reader, its uid at its bound", slices.Repeat([]follower{reader}, uidFollowers), reader, "uid 1234 follows events 8 times already, the most egressd serves one uid without write access; try again when one stops"},
+		{"reader, another uid at its bound", slices.Repeat([]follower{other}, uidFollowers), reader, ""},
+		{"reader, readers in every readers' place", slices.Repeat([]follower{other}, readerFollowers), reader, "48 clients without write access follow events already, the most egressd serves them (the other 16 places are kept for writers); try again when one stops"},
+		{"reader, writers in the readers' places", slices.Repeat([]follower{writer}, readerFollowers), reader, ""},
+		{"reader, writers in every place", slices.Repeat([]follower{writer}, maxFollowers), reader, "64 clients follow events already, the most egressd serves; try again when one stops"},
+	}
+	for _, tt := range tests {
+		if got := fmt.Sprint(admitFollower(tt.following, tt.who)); got != cmp.Or(tt.want, "<nil>") {
+			t.Errorf("%s: %s, want %s", tt.name, got, cmp.Or(tt.want, "admitted"))
 		}
 	}
 }

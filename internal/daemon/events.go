@@ -3,7 +3,10 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,6 +31,15 @@ const (
 	// maxFollowers bounds `egressd events --follow` streams at once, each
 	// a goroutine, a connection and a buffer of events.
 	maxFollowers = 64
+	// readerFollowers is how many of them peers that may only read may
+	// hold between them: with the socket open to every local service,
+	// they could otherwise take every slot and keep them (a stream that
+	// waits costs its peer nothing), and root's `events --follow` would be
+	// refused. The rest are kept for writers.
+	readerFollowers = 48
+	// uidFollowers is how many of them one uid that may only read may
+	// hold, so that one service cannot take the other services' slots.
+	uidFollowers = 8
 	// followKeepalive is how often a follower waiting for refusals is
 	// sent an empty line: a failed write is how one that left is found.
 	followKeepalive = 10 * time.Second
@@ -39,12 +51,18 @@ type eventLog struct {
 	ring      []loader.Refusal
 	next      int
 	full      bool
-	followers map[chan loader.Refusal]struct{}
+	followers map[chan loader.Refusal]follower
 	closed    bool
 }
 
+// follower is who follows events: a writer, or a uid that may only read.
+type follower struct {
+	reader bool
+	uid    uint32 // a reader's
+}
+
 func newEventLog() *eventLog {
-	return &eventLog{ring: make([]loader.Refusal, eventsKept), followers: map[chan loader.Refusal]struct{}{}}
+	return &eventLog{ring: make([]loader.Refusal, eventsKept), followers: map[chan loader.Refusal]follower{}}
 }
 
 func (l *eventLog) add(r loader.Refusal) {
@@ -71,19 +89,19 @@ func (l *eventLog) recent() []loader.Refusal {
 	return append(append([]loader.Refusal(nil), l.ring[l.next:]...), l.ring[:l.next]...)
 }
 
-// follow subscribes to new refusals until cancel is called; with
-// maxFollowers subscribed already, it refuses (ok is false).
-func (l *eventLog) follow() (_ <-chan loader.Refusal, cancel func(), ok bool) {
+// follow subscribes who to new refusals until cancel is called, or says
+// why it may not (admitFollower).
+func (l *eventLog) follow(who follower) (_ <-chan loader.Refusal, cancel func(), err error) {
 	ch := make(chan loader.Refusal, 256)
 	l.mu.Lock()
-	switch {
-	case l.closed:
+	if l.closed {
 		close(ch)
-	case len(l.followers) >= maxFollowers:
-		l.mu.Unlock()
-		return nil, nil, false
-	default:
-		l.followers[ch] = struct{}{}
+	} else {
+		if err := admitFollower(slices.Collect(maps.Values(l.followers)), who); err != nil {
+			l.mu.Unlock()
+			return nil, nil, err
+		}
+		l.followers[ch] = who
 	}
 	l.mu.Unlock()
 	return ch, func() {
@@ -93,7 +111,32 @@ func (l *eventLog) follow() (_ <-chan loader.Refusal, cancel func(), ok bool) {
 			delete(l.followers, ch)
 			close(ch)
 		}
-	}, true
+	}, nil
+}
+
+// admitFollower says why who may not follow events beside following, or
+// returns nil: at most maxFollowers in all, of whom readerFollowers may
+// only read, uidFollowers of them under one uid.
+func admitFollower(following []follower, who follower) error {
+	var readers, uid int
+	for _, f := range following {
+		if f.reader {
+			readers++
+			if f.uid == who.uid {
+				uid++
+			}
+		}
+	}
+	const again = "try again when one stops"
+	switch {
+	case who.reader && uid >= uidFollowers:
+		return fmt.Errorf("uid %d follows events %d times already, the most egressd serves one uid without write access; %s", who.uid, uid, again)
+	case who.reader && readers >= readerFollowers:
+		return fmt.Errorf("%d clients without write access follow events already, the most egressd serves them (the other %d places are kept for writers); %s", readers, maxFollowers-readerFollowers, again)
+	case len(following) >= maxFollowers:
+		return fmt.Errorf("%d clients follow events already, the most egressd serves; %s", len(following), again)
+	}
+	return nil
 }
 
 func (l *eventLog) close() {
