@@ -339,7 +339,7 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		if !shown(e) {
 			continue
 		}
-		if err := sw.Send(refusalView(e)); err != nil {
+		if err := sw.Send(d.refusalView(e)); err != nil {
 			return err
 		}
 	}
@@ -363,21 +363,30 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 			if !shown(e) {
 				continue
 			}
-			if err := sw.Send(refusalView(e)); err != nil {
+			if err := sw.Send(d.refusalView(e)); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-func refusalView(e loader.Refusal) control.Refusal {
+// refusalView shows a refusal with its rule's shape as the policy gives
+// it, as limit ls does: the kernel enforces an adaptive rule as a
+// concurrency limit and a shared rate as granted permits.
+func (d *Daemon) refusalView(e loader.Refusal) control.Refusal {
+	shape := e.Shape.String()
+	d.mu.Lock()
+	if en, ok := d.entries[e.Rule]; ok {
+		shape = shapeName(en)
+	}
+	d.mu.Unlock()
 	return control.Refusal{
 		Time:              e.Time,
 		PID:               e.PID,
 		Cgroup:            e.Cgroup,
 		Rule:              e.Rule,
 		Dest:              e.Dest.String(),
-		Shape:             e.Shape.String(),
+		Shape:             shape,
 		Shadow:            e.Shadow,
 		RetryAfterSeconds: e.RetryAfter.Seconds(),
 		Count:             e.Count,

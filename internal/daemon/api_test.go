@@ -294,3 +294,29 @@ func TestLimitViewsWhileLimitMoves(t *testing.T) {
 		t.Fatal("the limit never moved")
 	}
 }
+
+// TestEventsShowPolicyShape: a refusal shows its rule's shape as the
+// policy gives it, not the kernel's (an adaptive rule's is
+// "concurrency", a shared rate's "granted").
+func TestEventsShowPolicyShape(t *testing.T) {
+	td := newTestDaemon(t)
+	td.apply(t, "rules:\n  - {name: ad, destination: 10.0.0.1, adaptive: {}}\n")
+	td.events.add(loader.Refusal{Time: time.Now(), PID: 7, Rule: "ad", Dest: netip.MustParseAddrPort("10.0.0.1:80"), Shape: loader.ShapeConcurrency, Shadow: true})
+	td.events.add(loader.Refusal{Time: time.Now(), PID: 7, Rule: "gone", Dest: netip.MustParseAddrPort("10.0.0.2:80"), Shape: loader.ShapePerWindow})
+	ctx := control.WithPeer(context.Background(), writerPeer)
+	req := httptest.NewRequestWithContext(ctx, "GET", control.Prefix+control.RouteEvents, nil)
+	w := &streamRecorder{header: http.Header{}}
+	td.server(t).ServeHTTP(w, req)
+	var shapes []string
+	for line := range strings.Lines(w.String()) {
+		var r control.Refusal
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		shapes = append(shapes, r.Rule+" "+r.Shape)
+	}
+	// A rule no longer in the table keeps the kernel's shape.
+	if want := []string{"ad adaptive", "gone per_window"}; !slices.Equal(shapes, want) {
+		t.Errorf("events show %q, want %q", shapes, want)
+	}
+}

@@ -180,8 +180,11 @@ type Refusal struct {
 	Cgroup uint64    `json:"cgroup"`
 	Rule   string    `json:"rule"`
 	Dest   string    `json:"dest"`
-	Shape  string    `json:"shape"`
-	Shadow bool      `json:"shadow"`
+	// Shape is the rule's, as Limit's: adaptive for an adaptive rule (the
+	// kernel's concurrency), per_second for a shared rate; the kernel's
+	// for a rule removed since.
+	Shape  string `json:"shape"`
+	Shadow bool   `json:"shadow"`
 	// RetryAfterSeconds is when a permit is expected back; 0 when the
 	// shape gives no hint (concurrency).
 	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`
