@@ -105,7 +105,7 @@ type shareLoop struct {
 	errors, lost, unconfirmed uint64
 	// answered says a call to Redis has come back, with or without an
 	// error: before, the share knows neither that Redis answers nor that
-	// it does not.
+	// it does not. A share that inherits the budget inherits it too.
 	answered bool
 }
 

@@ -80,6 +80,7 @@ func (g *grantShare) inherit(old share) {
 	defer g.mu.Unlock()
 	g.grants.Inherit(o.grants)
 	g.kernel = o.kernel
+	g.answered = o.answered
 }
 
 func (g *grantShare) adopt(kr loader.Rule, st loader.Stats) {

@@ -60,6 +60,7 @@ func (s *slotShare) inherit(old share) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.slots.Inherit(o.slots)
+	s.answered = o.answered
 }
 
 func (s *slotShare) adopt(kr loader.Rule, st loader.Stats) {

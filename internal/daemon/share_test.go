@@ -170,4 +170,14 @@ func TestShareWaitsForFirstAnswer(t *testing.T) {
 	if got := e.share.view().control(loader.Stats{}); !got.Reachable || got.Waiting {
 		t.Fatalf("after Redis answered: reachable %v, waiting %v (%s); want true, false", got.Reachable, got.Waiting, got.Error)
 	}
+	// A change of the rule on the same budget carries the share over, and
+	// what it knew of Redis with it: it does not wait again.
+	rds.Pause()
+	td.apply(t, sharedPool(rds, 12, t.Name()))
+	next := td.entries["pool"].share
+	next.end(false)
+	rds.Resume()
+	if got := next.view().control(loader.Stats{}); !got.Reachable || got.Waiting {
+		t.Fatalf("after the rule changed: reachable %v, waiting %v; want true, false", got.Reachable, got.Waiting)
+	}
 }
