@@ -5,6 +5,7 @@ import (
 	"image/png"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -143,5 +144,45 @@ func TestJain(t *testing.T) {
 	}
 	if got := jain(one, 0); got != 0.25 {
 		t.Errorf("one host: %v, want 0.25", got)
+	}
+}
+
+// A missed comparison with a peer names the bound rows that miss it too,
+// and the verdict counts the misses a bound row shares.
+func TestVerdictNamesBoundsThatMissToo(t *testing.T) {
+	sc := &Scenario{Name: "closed c=20", Servers: 20, Phase: time.Minute}
+	row := func(name string, kind Kind, goodput float64, p99ms int) *Result {
+		return &Result{Scenario: sc, Controller: name, Kind: kind, Goodput: goodput, P99: time.Duration(p99ms) * time.Millisecond,
+			Median: [3]float64{30, 15, 30}, P95: [3]float64{34, 18, 34}, Follow: Transit{OK: true, Rounds: 3},
+			Trace: &Trace{Limit: Steps{Points: []point{{limit: 20}}}}}
+	}
+	group := []*Result{
+		row("egressd", Egressd, 0.99, 34),
+		row("gradient2", Peer, 0.995, 28),
+		row("diag: pinned", Diagnostic, 1.0, 34),
+		row("ref: oracle", Reference, 1.0, 28),
+	}
+	group[2].Goodput, group[3].Goodput = 0.99, 0.99
+	for _, open := range []bool{false, true} {
+		sc.Open = open
+		want := []string{
+			"MISSED (2 of 2 by a bound row too)",
+			"p99 34.0ms not below gradient2's 28.0ms; missed by diag: pinned and ref: oracle too\n",
+			"goodput 99.0% not above gradient2's 99.5%; missed by diag: pinned and ref: oracle too\n",
+		}
+		if open { // the oracle's goodput bounds nothing in an open loop
+			want[2] = "goodput 99.0% not above gradient2's 99.5%; missed by diag: pinned too\n"
+		}
+		got := verdict(group[0], group)
+		for _, w := range want {
+			if !strings.Contains(got+"\n", w) {
+				t.Errorf("open %v: verdict lacks %q:\n%s", open, w, got)
+			}
+		}
+	}
+	group[2].Goodput, group[3].Goodput = 1, 1
+	if got := verdict(group[0], group); !strings.Contains(got+"\n", "MISSED (1 of 2 by a bound row too)") ||
+		!strings.Contains(got+"\n", "goodput 99.0% not above gradient2's 99.5%\n") {
+		t.Errorf("a miss no bound row shares is named alone:\n%s", got)
 	}
 }
