@@ -62,6 +62,10 @@ func Main(args []string) int {
 // run runs app on args as Main does, printing an error to app.ErrWriter.
 func run(app *cli.App, args []string) int {
 	app.ExitErrHandler = func(*cli.Context, error) {} // errors are printed once, below
+	app.OnUsageError = usageError(app.Flags)
+	for _, c := range app.Commands {
+		onUsageError(c, app.Flags)
+	}
 	if err := app.Run(nameLast(helpAsFlag(app, args))); err != nil {
 		var exit cli.ExitCoder
 		if errors.As(err, &exit) {
@@ -88,6 +92,44 @@ func unknownCommand(help cli.ActionFunc) cli.ActionFunc {
 		}
 		words := append(strings.Fields(c.Command.HelpName)[1:], c.Args().First())
 		return cli.Exit(fmt.Sprintf("unknown command %q (see %s --help)", strings.Join(words, " "), c.Command.HelpName), exitUsage)
+	}
+}
+
+// usageError makes a flag urfave/cli cannot parse a usage error, exit 2,
+// said in one line: by default it exits 1, the status of a failed check or
+// request, after printing the whole help. A global flag given after the
+// command gets a hint, as docs/cli.md says they go before it.
+func usageError(global []cli.Flag) cli.OnUsageErrorFunc {
+	return func(c *cli.Context, err error, _ bool) error {
+		msg := err.Error()
+		// The flag package names flags with one dash; egressd's are --name.
+		for _, p := range []string{"not defined: -", "for flag -"} {
+			msg = strings.Replace(msg, p, p+"-", 1)
+		}
+		help := c.Command.HelpName
+		cmd, ok := commandName(c)
+		if !ok { // the app's own flags
+			return cli.Exit(fmt.Sprintf("%s (see %s --help)", msg, c.App.Name), exitUsage)
+		}
+		if undefined, ok := strings.CutPrefix(msg, "flag provided but not defined: --"); ok &&
+			slices.ContainsFunc(global, func(f cli.Flag) bool { return slices.Contains(f.Names(), undefined) }) {
+			return cli.Exit(fmt.Sprintf("%s: --%s is a global option: put it before the command (%s --%s … %s)",
+				cmd, undefined, c.App.Name, undefined, cmd), exitUsage)
+		}
+		return cli.Exit(fmt.Sprintf("%s: %s (see %s --help)", cmd, msg, help), exitUsage)
+	}
+}
+
+// commandName is c's command as typed after "egressd" ("limit set"), and
+// false for egressd itself. urfave/cli's FullName is the last word alone.
+func commandName(c *cli.Context) (string, bool) {
+	return strings.CutPrefix(c.Command.HelpName, c.App.Name+" ")
+}
+
+func onUsageError(c *cli.Command, global []cli.Flag) {
+	c.OnUsageError = usageError(global)
+	for _, s := range c.Subcommands {
+		onUsageError(s, global)
 	}
 }
 

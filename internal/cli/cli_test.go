@@ -222,6 +222,29 @@ func TestUnknownCommand(t *testing.T) {
 	}
 }
 
+// TestBadFlag: a flag egressd does not take, or a value it cannot parse,
+// is a usage error (status 2, one line naming the command), not status 1
+// after the whole help; a global option after the command says where it
+// goes.
+func TestBadFlag(t *testing.T) {
+	for _, tt := range []struct{ args, stderr string }{
+		{"--bogus", "egressd: flag provided but not defined: --bogus (see egressd --help)\n"},
+		{"--timeout abc status", `egressd: invalid value "abc" for flag --timeout: parse error (see egressd --help)` + "\n"},
+		{"limit ls --bogus", "egressd: limit ls: flag provided but not defined: --bogus (see egressd limit ls --help)\n"},
+		{"limit set x --dest 10.0.0.1 --concurrency abc",
+			`egressd: limit set: invalid value "abc" for flag --concurrency: parse error (see egressd limit set --help)` + "\n"},
+		{"status --timeout 5s", "egressd: status: --timeout is a global option: put it before the command (egressd --timeout … status)\n"},
+		{"limit rm x y", "egressd: limit rm: want one NAME, got 2 arguments\n"},
+		{"limit rm --socket /s x", "egressd: limit rm: --socket is a global option: put it before the command (egressd --socket … limit rm)\n"},
+	} {
+		code, out, errOut := runCLI(strings.Fields(tt.args)...)
+		if code != exitUsage || errOut != tt.stderr || out != "" {
+			t.Errorf("egressd %s: status %d, stderr %q, stdout %q; want status %d, stderr %q, no stdout",
+				tt.args, code, errOut, out, exitUsage, tt.stderr)
+		}
+	}
+}
+
 func TestHelpAsFlag(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
 		{"egressd help", "egressd --help"},

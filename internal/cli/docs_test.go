@@ -96,7 +96,9 @@ func renderCLIDocs(app *cli.App) []byte {
 	b.WriteString("(`" + app.Name + " help limit set` is `" + app.Name + " limit set --help`);\n")
 	b.WriteString("`" + app.Name + " --version` (`-v`) prints the version. Flags go before a command's arguments,\n")
 	b.WriteString("except that `limit set NAME --flags…` is accepted as written.\n")
-	b.WriteString("Global options go before the command; `--json` may also follow it.\n\n")
+	b.WriteString("Global options go before the command; `--json` may also follow it.\n" +
+		"A command line egressd does not take (an unknown command or flag, a value it cannot parse, a missing argument)\n" +
+		"exits 2 with one line saying why.\n\n")
 
 	b.WriteString("## Global options\n\n")
 	flagTable(&b, app.Flags)

@@ -76,7 +76,8 @@ func limitCommand() *cli.Command {
 
 func oneArg(c *cli.Context, what string) (string, error) {
 	if c.NArg() != 1 {
-		return "", cli.Exit(fmt.Sprintf("%s: want one %s, got %d arguments", c.Command.FullName(), what, c.NArg()), exitUsage)
+		cmd, _ := commandName(c)
+		return "", cli.Exit(fmt.Sprintf("%s: want one %s, got %d arguments", cmd, what, c.NArg()), exitUsage)
 	}
 	return c.Args().First(), nil
 }
