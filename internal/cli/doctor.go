@@ -120,7 +120,7 @@ func runDoctor(ctx context.Context, cfg doctorConfig) doctorReport {
 	add(checkPolicy(cfg.Policy))
 	add(checkPinned(cfg.PinDir, cfg.Cgroup))
 	add(checkSocket(ctx, cfg.Client))
-	add(checkSystemd())
+	add(checkSystemd(cfg.Policy))
 	r.CanRun = !slices.ContainsFunc(r.Checks, func(c check) bool { return c.Status == statusFail })
 	return r
 }
@@ -756,12 +756,18 @@ func checkSocket(ctx context.Context, cl *control.Client) check {
 // do not know, with a warning, and the daemon runs less confined.
 const minSystemd = 247
 
-func checkSystemd() check {
+// checkSystemd's fix names the policy file doctor was given, the one the
+// daemon is to read.
+func checkSystemd(policy string) check {
 	c := check{Name: "systemd"}
+	if policy == "" {
+		policy = daemon.DefaultPolicyFile
+	}
+	runIt := "run `egressd run --policy " + policy + "` under this host's service manager"
 	out, err := exec.Command("systemctl", "--version").Output()
 	if err != nil {
 		c.Status, c.Detail = statusWarn, "no systemd (systemctl --version: "+err.Error()+")"
-		c.Fix = "run `egressd run --policy " + daemon.DefaultPolicyFile + "` under this host's service manager"
+		c.Fix = runIt
 		return c
 	}
 	version, _, _ := strings.Cut(string(out), "\n")
@@ -773,7 +779,7 @@ func checkSystemd() check {
 	case !running:
 		c.Status = statusWarn
 		c.Detail = version + " is installed but not running as the init system here (a container, or another init): the unit cannot be started"
-		c.Fix = "run `egressd run --policy " + daemon.DefaultPolicyFile + "` under this host's service manager"
+		c.Fix = runIt
 	case n < minSystemd:
 		c.Status = statusWarn
 		c.Detail = fmt.Sprintf("%s: older than %d, it ignores some of the unit's confinement", version, minSystemd)

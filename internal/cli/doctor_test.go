@@ -413,3 +413,15 @@ func TestDoctorChecksDocumented(t *testing.T) {
 	}
 	docstest.Mentions(t, filepath.Join("..", "..", "docs", "install.md"), names...)
 }
+
+// The systemd check's fix runs the daemon with the policy doctor was
+// given, not the default one.
+func TestSystemdFixNamesPolicy(t *testing.T) {
+	c := checkSystemd("/srv/egressd/fleet.yaml")
+	if c.Status == statusPass {
+		t.Skip("systemd is the init system here: the check passes and proposes no fix")
+	}
+	if want := "egressd run --policy /srv/egressd/fleet.yaml"; !strings.Contains(c.Fix, want) {
+		t.Errorf("fix %q, want it to say %q", c.Fix, want)
+	}
+}
