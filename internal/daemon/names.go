@@ -52,6 +52,14 @@ type names struct {
 	// written.
 	saveMu sync.Mutex
 	saved  []byte
+	// unsaved is set while the last save failed (a full disk): the refresh
+	// loop tries again, for addresses that move seldom would otherwise
+	// stay unsaved until they next move.
+	unsaved atomic.Bool
+	// unread is set when restore could not read the last run's file
+	// (missing or corrupt): a name with no addresses may then have had
+	// some, which adopted may give it.
+	unread bool
 }
 
 // hostEntry is what a host name resolved to, until when.
@@ -136,13 +144,14 @@ func (n *names) resolveBackground(ctx context.Context, uses []nameUse, now time.
 }
 
 // takeMoved reports whether a background lookup moved a name since the
-// last call, and then saves the addresses.
+// last call, and then saves the addresses; it also saves them again if
+// the last save failed.
 func (n *names) takeMoved() bool {
-	if !n.moved.Swap(false) {
-		return false
+	moved := n.moved.Swap(false)
+	if moved || n.unsaved.Load() {
+		n.save()
 	}
-	n.save()
-	return true
+	return moved
 }
 
 func (n *names) wait() { n.background.Wait() }
@@ -177,6 +186,10 @@ func (n *names) lookup(ctx context.Context, u nameUse, now time.Time) (changed b
 	addrs, ttl, err := n.resolver.Lookup(ctx, u.host)
 	var partial *dns.PartialError
 	switch {
+	case ctx.Err() != nil:
+		// Cut short by the caller (a client's timeout, the daemon
+		// stopping): no answer, not a failed one to wait out.
+		return false
 	case errors.As(err, &partial):
 		for _, a := range h.addrs {
 			if partial.Unanswered(a) {
@@ -230,6 +243,54 @@ func (n *names) release(uses []nameUse) {
 	}
 }
 
+// adoptNames gives each host name of rules that has no addresses, when
+// the last run's were not read, those the previous daemon's kernel rule
+// of the same name and port enforces: with the saved file lost and DNS
+// down, the rule would otherwise go pending at the restart and its limit
+// be lifted. A file that was read and lacks the name says the name is new
+// to the rule, whose kernel rule then holds another destination's. Only
+// for the first table of a daemon that adopted a pinned datapath.
+func (d *Daemon) adoptNames(rules ...[]policy.Rule) {
+	if !d.names.unread {
+		return
+	}
+	for _, rs := range rules {
+		for _, r := range rs {
+			host, ok := r.Destination.Host()
+			if !ok || len(d.names.addrs(host)) > 0 {
+				continue
+			}
+			kr, err := d.dp.Rule(r.Name)
+			if err != nil || kr.Port != r.Port {
+				continue
+			}
+			var addrs []netip.Addr
+			for _, p := range kr.Dests {
+				if p.IsSingleIP() {
+					addrs = append(addrs, p.Addr().Unmap())
+				}
+			}
+			if len(addrs) > 0 && d.names.adopt(host, addrs) {
+				d.log.Warn("host name not resolved and no saved addresses: keeping those its pinned rule enforces until it resolves", "rule", r.Name, "host", host, "addresses", len(addrs))
+			}
+		}
+	}
+}
+
+// adopt gives host addrs if it has none, reporting whether it did. When
+// the name is looked up again stays as it was.
+func (n *names) adopt(host string, addrs []netip.Addr) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h := n.hosts[host]
+	if len(h.addrs) > 0 {
+		return false
+	}
+	h.addrs = addrs
+	n.hosts[host] = h
+	return true
+}
+
 // keep forgets the names no rule in uses has, and no change holds.
 func (n *names) keep(uses []nameUse) {
 	in := map[string]bool{}
@@ -263,7 +324,8 @@ func (n *names) restore() {
 	path := namesPath(n.dir)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		n.log.Info("no saved host addresses: a host name that does not resolve now stays pending", "file", path)
+		n.log.Info("no saved host addresses: a host name that does not resolve now stays pending unless a pinned rule has its addresses", "file", path)
+		n.unread = true
 		return
 	}
 	var f savedNames
@@ -276,7 +338,8 @@ func (n *names) restore() {
 		}
 	}
 	if err != nil {
-		n.log.Warn("saved host addresses not read: a host name that does not resolve now stays pending", "file", path, "err", err)
+		n.log.Warn("saved host addresses not read: a host name that does not resolve now stays pending unless a pinned rule has its addresses", "file", path, "err", err)
+		n.unread = true
 		return
 	}
 	n.mu.Lock()
@@ -314,8 +377,13 @@ func (n *names) save() {
 		err = writeAtomic(n.dir, namesPath(n.dir), b)
 	}
 	if err != nil {
-		n.log.Warn("saving host addresses", "err", err)
+		if !n.unsaved.Swap(true) {
+			n.log.Warn("saving host addresses; trying again each refresh", "err", err)
+		}
 		return
+	}
+	if n.unsaved.Swap(false) {
+		n.log.Info("host addresses saved")
 	}
 	n.saved = b
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/dns"
+	"github.com/egressd/egressd/pkg/loader"
 	"golang.org/x/net/dns/dnsmessage"
 )
 
@@ -48,41 +50,97 @@ func TestHostRuleFollowsTTL(t *testing.T) {
 	}
 }
 
-// silentDNS points td's lookups at a DNS server that reads each question
-// and never answers, each waiting timeout; asked receives a value a
-// question. Once pc is closed, later questions fail at once.
-func (td *testDaemon) silentDNS(t *testing.T, timeout time.Duration) (pc net.PacketConn, asked <-chan struct{}) {
+// silentServer is a DNS server that reads each question and answers none
+// until fail, which answers SERVFAIL to each question asked and every one
+// after, until silence: a lookup waiting on it fails when the test says.
+// asked receives a value a question.
+type silentServer struct {
+	asked         <-chan struct{}
+	fail, silence func()
+}
+
+// silentDNS points td's lookups at a silentServer, each question waiting
+// timeout before the resolver gives up on it.
+func (td *testDaemon) silentDNS(t *testing.T, timeout time.Duration) silentServer {
 	t.Helper()
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })
+	type question struct {
+		id   uint16
+		q    dnsmessage.Question
+		from net.Addr
+	}
+	var (
+		mu      sync.Mutex
+		failing bool
+		waiting []question
+	)
+	servfail := func(q question) {
+		m := dnsmessage.Message{Header: dnsmessage.Header{ID: q.id, Response: true, RCode: dnsmessage.RCodeServerFailure}, Questions: []dnsmessage.Question{q.q}}
+		if b, err := m.Pack(); err == nil {
+			pc.WriteTo(b, q.from)
+		}
+	}
 	ch := make(chan struct{}, 64)
 	go func() {
 		buf := make([]byte, 512)
 		for {
-			if _, _, err := pc.ReadFrom(buf); err != nil {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
 				return
 			}
-			ch <- struct{}{}
+			var p dnsmessage.Parser
+			h, err := p.Start(buf[:n])
+			if err != nil {
+				continue
+			}
+			q, err := p.Question()
+			if err != nil {
+				continue
+			}
+			mu.Lock()
+			if failing {
+				servfail(question{h.ID, q, from})
+			} else {
+				waiting = append(waiting, question{h.ID, q, from})
+			}
+			mu.Unlock()
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: timeout, MinTTL: time.Second, MaxTTL: time.Second}
 	td.names = newNames(td.cfg.Resolver, td.cfg.StateDir, td.log)
-	return pc, ch
+	return silentServer{asked: ch, fail: func() {
+		mu.Lock()
+		defer mu.Unlock()
+		failing = true
+		for _, q := range waiting {
+			servfail(q)
+		}
+		waiting = nil
+	}, silence: func() {
+		mu.Lock()
+		defer mu.Unlock()
+		failing = false
+	}}
 }
 
 // TestLookupOutsideTheLock: while a DNS server takes its time answering,
 // the rule table is not locked: the API and the metrics go on.
 func TestLookupOutsideTheLock(t *testing.T) {
 	td := newTestDaemon(t)
-	pc, asked := td.silentDNS(t, 2*time.Second)
+	srv := td.silentDNS(t, time.Minute)
 	done := make(chan error, 1)
 	go func() {
 		done <- td.install(context.Background(), parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n"))
 	}()
-	<-asked
+	<-srv.asked
 	if !td.mu.TryLock() {
 		t.Fatal("the rule table is locked while a host name is looked up")
 	}
@@ -90,7 +148,7 @@ func TestLookupOutsideTheLock(t *testing.T) {
 	if _, err := td.handleStatus(nil, struct{}{}); err != nil {
 		t.Errorf("status while a lookup waits: %v", err)
 	}
-	pc.Close() // the lookup fails
+	srv.fail()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -105,28 +163,25 @@ func TestLookupOutsideTheLock(t *testing.T) {
 // the first still waits for its answer.
 func TestLookupsAtOnce(t *testing.T) {
 	td := newTestDaemon(t)
-	pc, asked := td.silentDNS(t, time.Minute)
+	srv := td.silentDNS(t, time.Minute)
 	var b strings.Builder
 	b.WriteString("rules:\n")
 	const names = 4
 	for i := range names {
 		fmt.Fprintf(&b, "  - {name: r%d, destination: svc%d.test, concurrency: 1}\n", i, i)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- td.install(ctx, parse(t, b.String())) }()
+	go func() { done <- td.install(context.Background(), parse(t, b.String())) }()
 	// An A and an AAAA question a name. A bound for a hang only: one
 	// name at a time would ask the second after the minute.
 	for i := range 2 * names {
 		select {
-		case <-asked:
+		case <-srv.asked:
 		case <-time.After(20 * time.Second):
 			t.Fatalf("%d questions reached the DNS server, want %d: the names are looked up one after another", i, 2*names)
 		}
 	}
-	cancel()
-	pc.Close()
+	srv.fail()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +193,7 @@ func TestLookupsAtOnce(t *testing.T) {
 // the other's rule is then installed, not planned pending.
 func TestLookupsSurviveAnotherChange(t *testing.T) {
 	td := newTestDaemon(t)
-	_, asked := td.silentDNS(t, time.Minute)
+	srv := td.silentDNS(t, time.Minute)
 	writeFile(t, td.hosts, "10.0.0.9 fast.test\n")
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: 10.0.0.1, concurrency: 3}\n")
 	if _, err := td.reloadPolicy(context.Background()); err != nil {
@@ -147,14 +202,12 @@ func TestLookupsSurviveAnotherChange(t *testing.T) {
 	// api moves to a host name the hosts file has; a new rule's host
 	// name waits on the DNS server.
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, concurrency: 1}\n")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := td.reloadAsync(ctx)
-	<-asked // fast.test is found, slow.test is being asked
+	done := td.reloadAsync(context.Background())
+	<-srv.asked // fast.test is found, slow.test is being asked
 	if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
 		t.Fatal(err)
 	}
-	cancel() // slow.test's lookup gives up
+	srv.fail()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -273,12 +326,7 @@ func TestStartDuringOutage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			td := newTestDaemon(t)
-			if tc.file != "" {
-				if err := os.MkdirAll(td.cfg.StateDir, 0o700); err != nil {
-					t.Fatal(err)
-				}
-				writeFile(t, namesPath(td.cfg.StateDir), tc.file)
-			}
+			td.saveNames(t, tc.file)
 			writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n  - {name: new, destination: new.test, port: 443, concurrency: 1}\n")
 			td.start(t)
 			want := map[string]string{"api": tc.want, "new": "pending: host new.test has no addresses yet"}
@@ -286,6 +334,125 @@ func TestStartDuringOutage(t *testing.T) {
 				t.Errorf("table %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// saveNames writes the saved host addresses as the last run left them:
+// file, or none for "".
+func (td *testDaemon) saveNames(t *testing.T, file string) {
+	t.Helper()
+	if file == "" {
+		return
+	}
+	if err := os.MkdirAll(td.cfg.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, namesPath(td.cfg.StateDir), file)
+}
+
+// TestRestartDuringOutageKeepsEnforced: a daemon restarted while no host
+// name resolves and with no saved addresses to read (the file lost,
+// unreadable, or never written on a full disk) keeps enforcing a host-name
+// rule with the addresses the previous daemon's kernel rule of that name
+// has, rather than lifting its limit. A file it reads that lacks the name
+// says the name is new to the rule, and a kernel rule for another port is
+// another destination: neither is taken. Once the name resolves, it moves.
+func TestRestartDuringOutageKeepsEnforced(t *testing.T) {
+	const pending = "pending: host api.test has no addresses yet"
+	for _, tc := range []struct {
+		name, file string
+		port       uint16
+		want       string
+	}{
+		{"no file", "", 0, "192.0.2.7/32,192.0.2.8/32 concurrency 4 (policy)"},
+		{"a corrupt file", `{"hosts": {"api.test": [`, 0, "192.0.2.7/32,192.0.2.8/32 concurrency 4 (policy)"},
+		{"a file without the name", `{"hosts": {"other.test": ["192.0.2.9"]}}`, 0, pending},
+		{"the kernel rule is for another port", "", 443, pending},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			td.saveNames(t, tc.file)
+			td.fake.adopted = true
+			td.fake.rules["api"] = loader.Rule{Name: "api", Port: tc.port, Dests: []netip.Prefix{netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("192.0.2.8/32")}, Limit: 4}
+			writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n")
+			td.start(t)
+			if got := td.state()["api"]; got != tc.want {
+				t.Fatalf("after the restart api is %q, want %q", got, tc.want)
+			}
+			// A change of another rule before the name resolves keeps it.
+			if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.1, concurrency: 1}\n").Rules[0]); err != nil {
+				t.Fatal(err)
+			}
+			if got := td.state()["api"]; got != tc.want {
+				t.Fatalf("after another change api is %q, want %q", got, tc.want)
+			}
+			td.setHosts(t, "192.0.2.10 api.test\n")
+			td.clock.Advance(time.Minute)
+			td.refreshAll(context.Background(), td.clock.Now(), false)
+			if got, want := td.state()["api"], "192.0.2.10/32 concurrency 4 (policy)"; got != want {
+				t.Errorf("once the name resolves api is %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestFailedSaveRetried: addresses that could not be saved (a full disk)
+// are saved by a later refresh, though no name moved since.
+func TestFailedSaveRetried(t *testing.T) {
+	td := newTestDaemon(t)
+	path := namesPath(td.cfg.StateDir)
+	// A directory where the file goes makes its rename fail.
+	if err := os.MkdirAll(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, td.hosts, "192.0.2.7 api.test\n")
+	td.apply(t, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n")
+	if fi, err := os.Stat(path); err != nil || !fi.IsDir() {
+		t.Fatalf("the save that must fail did not: %v, %v", fi, err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	td.refreshAll(context.Background(), td.clock.Now(), false)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("a refresh after the failed save: %v", err)
+	}
+	if got, want := string(b), `{"hosts":{"api.test":["192.0.2.7"]}}`; got != want {
+		t.Errorf("saved %s, want %s", got, want)
+	}
+}
+
+// TestSetAbandonedWhileLookingUp: a `limit set` whose caller gives up (its
+// timeout) while the rule's host name is still being looked up changes
+// nothing, neither the table nor the saved run-time limits, as the caller
+// was told; and the lookup it cut short is not kept as a failed one, so
+// the next set of the rule looks the name up again.
+func TestSetAbandonedWhileLookingUp(t *testing.T) {
+	td := newTestDaemon(t)
+	td.apply(t, "rules: []\n")
+	srv := td.silentDNS(t, time.Minute)
+	rule := parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n").Rules[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- td.setRule(ctx, rule) }()
+	<-srv.asked
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("set abandoned by its caller: %v, want %v", err, context.Canceled)
+	}
+	if got, ok := td.state()["slow"]; ok {
+		t.Errorf("the abandoned set is in the table: %q", got)
+	}
+	if o, err := loadOverrides(td.cfg.StateDir); err != nil || len(o.Set) != 0 {
+		t.Errorf("saved run-time limits after the abandoned set: %+v, %v", o.Set, err)
+	}
+	writeFile(t, td.hosts, "192.0.2.5 slow.test\n")
+	if err := td.setRule(context.Background(), rule); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := td.state()["slow"], "192.0.2.5/32 concurrency 1 (cli)"; got != want {
+		t.Errorf("set again: %q, want %q", got, want)
 	}
 }
 
@@ -405,21 +572,21 @@ func (td *testDaemon) refreshAll(ctx context.Context, now time.Time, units bool)
 // while that lookup goes on.
 func TestSlowNameHoldsBackNoOther(t *testing.T) {
 	td := newTestDaemon(t)
-	_, asked := td.silentDNS(t, time.Minute)
+	srv := td.silentDNS(t, time.Minute)
 	writeFile(t, td.hosts, "127.0.0.2 fast.test\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); td.names.wait() })
-	// slow.test's first lookup gives up: pending.
-	installCtx, giveUp := context.WithCancel(ctx)
+	// slow.test's first lookup fails: pending.
 	done := make(chan error, 1)
 	go func() {
-		done <- td.install(installCtx, parse(t, "rules:\n  - {name: fast, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, port: 443, concurrency: 3}\n"))
+		done <- td.install(ctx, parse(t, "rules:\n  - {name: fast, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, port: 443, concurrency: 3}\n"))
 	}()
-	<-asked
-	giveUp()
+	<-srv.asked
+	srv.fail()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	srv.silence()
 	writeFile(t, td.hosts, "127.0.0.3 fast.test\n")
 	td.clock.Advance(time.Second)
 	refreshed := make(chan struct{})

@@ -230,7 +230,7 @@ func TestSIGHUPReloadKeepsWatchdog(t *testing.T) {
 			td := newTestDaemon(t)
 			n := &watchdogNotifier{testNotifier: td.notify, pings: make(chan struct{}, 1)}
 			td.cfg.Notify = n
-			_, asked := td.silentDNS(t, time.Minute)
+			asked := td.silentDNS(t, time.Minute).asked
 			stop := td.start(t)
 			writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: api.test, concurrency: 1}\n")
 			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {

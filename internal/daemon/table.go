@@ -138,6 +138,9 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 	uses := usesOf(rules...)
 	d.names.hold(uses)
 	d.names.resolve(ctx, uses, d.cfg.now())
+	if first && d.dp.Adopted() {
+		d.adoptNames(rules...)
+	}
 	return found{scopes: scopes(d.cfg.Cgroup, enforced, rules...), gen: gen, uses: uses, more: more}
 }
 
@@ -150,8 +153,8 @@ type retired struct {
 }
 
 // change runs fn, a change of the table with f, what prepare found, under
-// the table's lock, lets go of f's host names, then ends the shares fn
-// retired. If the table took other scopes' cgroups since f was found (a
+// the table's lock, unless ctx ended, lets go of f's host names, then
+// ends the shares fn retired. If the table took other scopes' cgroups since f was found (a
 // reload or refresh ran meanwhile), f may hold a restarted unit's old
 // cgroup, so it is found again.
 func (d *Daemon) change(ctx context.Context, f found, fn func(found) ([]retired, error)) error {
@@ -161,6 +164,13 @@ func (d *Daemon) change(ctx context.Context, f found, fn func(found) ([]retired,
 		d.mu.Unlock()
 		f = d.prepare(ctx, f.more...)
 		d.mu.Lock()
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller gave up (its lookups were cut short and found
+		// nothing): a change it was told failed must not be made.
+		d.names.release(f.uses)
+		d.mu.Unlock()
+		return err
 	}
 	gone, err := fn(f)
 	d.names.release(f.uses)
@@ -545,7 +555,7 @@ func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
 		}
 		return d.applyLocked(d.policy, d.applied, f)
 	})
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		d.log.Error("refresh", "err", err)
 	}
 }

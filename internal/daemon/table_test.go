@@ -427,17 +427,15 @@ func (td *testDaemon) reloadAsync(ctx context.Context) <-chan error {
 // read last.
 func TestReloadsApplyInTurn(t *testing.T) {
 	td := newTestDaemon(t)
-	pc, asked := td.silentDNS(t, time.Minute)
+	srv := td.silentDNS(t, time.Minute)
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
 	if _, err := td.reloadPolicy(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	// The older file adds a rule whose host name the DNS server sits on.
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 1}\n  - {name: api, destination: api.test, concurrency: 1}\n")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	older := td.reloadAsync(ctx)
-	<-asked
+	older := td.reloadAsync(context.Background())
+	<-srv.asked
 	newer := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 2}\n"
 	writeFile(t, td.cfg.PolicyFile, newer)
 	second := td.reloadAsync(context.Background())
@@ -445,8 +443,7 @@ func TestReloadsApplyInTurn(t *testing.T) {
 	// machine so loaded that it takes longer, the test checks less, and
 	// still passes).
 	time.Sleep(200 * time.Millisecond)
-	cancel() // the lookup gives up
-	pc.Close()
+	srv.fail()
 	if err := errors.Join(<-older, <-second); err != nil {
 		t.Fatal(err)
 	}
