@@ -73,11 +73,14 @@ type share interface {
 	adopt(kr loader.Rule, st loader.Stats)
 	// start runs the share's loop, once; end stops it and waits for it.
 	// With release, the share goes back to Redis: the kernel rule is gone,
-	// or no longer enforces it. Without, the slots stay claimed until
+	// or no longer enforces it; but as many slots as live, the
+	// connections that rule held when it went (-1: not known, all), stay
+	// claimed until their leases run out, for those connections are still
+	// open and uncounted. Without release, the slots stay claimed until
 	// their leases run out, because the kernel keeps enforcing them
 	// (fail-static) and a restarted daemon takes them back.
 	start()
-	end(release bool)
+	end(release bool, live int)
 	view() shareView
 }
 
@@ -252,7 +255,7 @@ func (d *Daemon) endShares(release bool) {
 	}
 	d.mu.Unlock()
 	for _, s := range shares {
-		s.end(release)
+		s.end(release, 0) // with release, the datapath and its connections' counts go too
 	}
 }
 

@@ -97,7 +97,7 @@ func (g *grantShare) start() { g.run(g.tick) }
 
 // end stops the loop. A rate's permits are spent once claimed: nothing
 // goes back but what an idle tick already returned.
-func (g *grantShare) end(bool) { g.halt() }
+func (g *grantShare) end(bool, int) { g.halt() }
 
 // tick runs one tick: claim a batch ahead of demand and grant what came,
 // or take unspent permits back from the kernel and return them.

@@ -74,14 +74,21 @@ func (s *slotShare) adopt(kr loader.Rule, st loader.Stats) {
 
 func (s *slotShare) start() { s.run(s.tick) }
 
-func (s *slotShare) end(release bool) {
-	if !s.halt() || !release {
+func (s *slotShare) end(release bool, live int) {
+	if !s.halt() || !release || live < 0 {
 		return
 	}
+	s.mu.Lock()
+	keep := min(live, s.slots.View().Held)
+	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), shareCallTimeout)
 	defer cancel()
-	if _, err := s.store.Resize(ctx, shared.SlotsRequest{}); err != nil {
+	if _, err := s.store.Resize(ctx, shared.SlotsRequest{Want: keep}); err != nil {
 		s.env.log.Warn("shared budget: slots not handed back; they expire", "rule", s.rule, "err", err)
+		return
+	}
+	if keep > 0 {
+		s.env.log.Info("shared budget: slots of open connections kept until their lease runs out", "rule", s.rule, "slots", keep)
 	}
 }
 

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/egressd/egressd/internal/redistest"
@@ -51,7 +52,7 @@ func TestSlotShareFollowsDemand(t *testing.T) {
 	e := td.entries["pool"]
 	// The test ticks the share; its loop may have ticked once before end
 	// stopped it, so the install is read from what it wrote.
-	e.share.end(false)
+	e.share.end(false, 0)
 	if r, ok := td.fake.syncedRule("pool"); !ok || r.Limit != 0 {
 		t.Fatalf("a new share was installed with kernel limit %d (installed %v), want 0 until Redis confirms", r.Limit, ok)
 	}
@@ -102,7 +103,7 @@ func TestShareFollowsRuleChanges(t *testing.T) {
 	}
 	td.apply(t, sharedPool(rds, 10, key))
 	first := td.entries["pool"].share
-	first.end(false)
+	first.end(false, 0)
 	td.tick(t, "pool")
 	if n, k := slots(), td.kernelLimit(t, "pool"); n != 1 || k != 1 {
 		t.Fatalf("after a tick: %d slots in Redis, kernel limit %d; want the spare, 1 and 1", n, k)
@@ -127,6 +128,56 @@ func TestShareFollowsRuleChanges(t *testing.T) {
 	}
 }
 
+// TestShareKeepsSlotsOfOpenConnections: a shared rule renamed, moved to
+// another key or removed while its kernel rule holds open connections
+// hands back at once only the slots those connections do not use: the
+// rest stay claimed until their lease runs out, so that another host is
+// not given slots this host's connections still use.
+func TestShareKeepsSlotsOfOpenConnections(t *testing.T) {
+	for _, tc := range []struct{ name, next string }{
+		{"renamed", "pool2"},
+		{"moved to another key", "other-key"},
+		{"removed", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rds := redistest.Start(t)
+			rdb := rds.Client(t)
+			td := newTestDaemon(t)
+			key := t.Name()
+			td.apply(t, sharedPool(rds, 10, key))
+			td.entries["pool"].share.end(false, 0) // the test ticks
+			td.tick(t, "pool")
+			// 5 refused: the share grows to 1 live + 5.
+			for _, refused := range []uint64{5, 10} {
+				td.fake.set("pool", loader.Stats{Live: 1, Refused: refused})
+				td.clock.Advance(shareTick)
+				td.tick(t, "pool")
+			}
+			if got := td.kernelLimit(t, "pool"); got != 6 {
+				t.Fatalf("kernel limit %d, want 6", got)
+			}
+			td.fake.set("pool", loader.Stats{Live: 4, Refused: 10})
+			switch tc.next {
+			case "pool2":
+				td.apply(t, strings.Replace(sharedPool(rds, 10, key), "name: pool", "name: pool2", 1))
+			case "other-key":
+				td.apply(t, sharedPool(rds, 10, key+"-other"))
+			default:
+				td.apply(t, "rules: []\n")
+			}
+			var old int64
+			for _, m := range rdb.ZRange(context.Background(), key, 0, -1).Val() {
+				if strings.HasPrefix(m, "test-host:pool:") {
+					old++
+				}
+			}
+			if old != 4 {
+				t.Errorf("the old rule's slots in Redis: %d, want its 4 open connections'", old)
+			}
+		})
+	}
+}
+
 // TestGrantShareClaimsAndReturns: a rate share claims a batch ahead of
 // demand, grants it to the kernel, and when idle takes the unspent back
 // from the kernel and returns it to Redis, but one.
@@ -134,7 +185,7 @@ func TestGrantShareClaimsAndReturns(t *testing.T) {
 	rds := redistest.Start(t)
 	td := newTestDaemon(t)
 	td.apply(t, fmt.Sprintf("rules:\n  - name: rate\n    destination: 127.0.0.8\n    perSecond: {permits: 100}\n    shared: {redis: %q, key: %q}\n", rds.URL(), t.Name()))
-	td.entries["rate"].share.end(false)
+	td.entries["rate"].share.end(false, 0)
 	td.tick(t, "rate")
 	r, _ := td.fake.rule("rate")
 	if r.Shape != loader.ShapeGranted || r.Granted != 10 {
@@ -161,7 +212,7 @@ func TestShareWaitsForFirstAnswer(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, sharedPool(rds, 10, t.Name()))
 	e := td.entries["pool"]
-	e.share.end(false)
+	e.share.end(false, 0)
 	if got := e.share.view().control(loader.Stats{}); got.Reachable || !got.Waiting {
 		t.Fatalf("before Redis answered: reachable %v, waiting %v; want false, true", got.Reachable, got.Waiting)
 	}
@@ -175,7 +226,7 @@ func TestShareWaitsForFirstAnswer(t *testing.T) {
 	rds.Pause()
 	td.apply(t, sharedPool(rds, 12, t.Name()))
 	next := td.entries["pool"].share
-	next.end(false)
+	next.end(false, 0)
 	rds.Resume()
 	if got := next.view().control(loader.Stats{}); !got.Reachable || got.Waiting {
 		t.Fatalf("after the rule changed: reachable %v, waiting %v; want true, false", got.Reachable, got.Waiting)

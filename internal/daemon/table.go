@@ -146,10 +146,12 @@ func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
 
 // retired is a share the table no longer has, to end once its lock is
 // released (its loop may be waiting for the lock); release hands its slots
-// back, unless the same budget is still the rule's.
+// back, unless the same budget is still the rule's, all but the live
+// connections its kernel rule held (see share.end).
 type retired struct {
 	share   share
 	release bool
+	live    int
 }
 
 // change runs fn, a change of the table with f, what prepare found, under
@@ -176,7 +178,7 @@ func (d *Daemon) change(ctx context.Context, f found, fn func(found) ([]retired,
 	d.names.release(f.uses)
 	d.mu.Unlock()
 	for _, r := range gone {
-		r.share.end(r.release)
+		r.share.end(r.release, r.live)
 	}
 	return err
 }
@@ -250,21 +252,30 @@ func (d *Daemon) planLocked(p *policy.Policy, o overrides, f found) (*tableChang
 // writeLocked writes c to the kernel in one Sync and takes it as the
 // table; if the kernel refuses, nothing changes. Call with d.mu held.
 func (d *Daemon) writeLocked(c *tableChange) ([]retired, error) {
-	if err := d.dp.Sync(c.kernel); err != nil {
-		return nil, err
-	}
-	d.logChanges(c.changes, c.merged, d.entries, c.next)
-	for _, cl := range c.partial {
-		d.log.Warn("destination left to another rule", "rule", cl.rule, "reason", cl.String())
-	}
+	// The shares this change retires, with what their kernel rules hold,
+	// read before the Sync removes those rules.
 	var gone []retired
 	for name, old := range d.entries {
 		if old.share == nil {
 			continue // most rules: no need to look up the new table
 		}
 		if n := c.next[name]; n == nil || n.share != old.share {
-			gone = append(gone, retired{old.share, n == nil || n.share == nil || !old.share.sameBudget(n.share)})
+			r := retired{share: old.share, release: n == nil || n.share == nil || !old.share.sameBudget(n.share)}
+			if r.release && old.pending == "" && !old.share.rate() {
+				r.live = -1
+				if live, err := d.dp.Live(name); err == nil {
+					r.live = int(live)
+				}
+			}
+			gone = append(gone, r)
 		}
+	}
+	if err := d.dp.Sync(c.kernel); err != nil {
+		return nil, err
+	}
+	d.logChanges(c.changes, c.merged, d.entries, c.next)
+	for _, cl := range c.partial {
+		d.log.Warn("destination left to another rule", "rule", cl.rule, "reason", cl.String())
 	}
 	for _, e := range c.next {
 		if e.share != nil {

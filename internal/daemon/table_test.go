@@ -354,7 +354,7 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 			td.mu.Lock()
 			dep, pool := td.entries["dep"], td.entries["pool"]
 			td.mu.Unlock()
-			pool.share.end(false) // its loop stopped: the kernel rule stays as it is
+			pool.share.end(false, 0) // its loop stopped: the kernel rule stays as it is
 			lowerLimit(t, dep.ctrl)
 			before, syncs, dir := td.state(), td.fake.syncs, td.cfg.StateDir
 

@@ -3,6 +3,7 @@ package shared
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -309,5 +310,127 @@ func TestLimiterCooldownWhileRedisHangs(t *testing.T) {
 		if _, err := l.Acquire(context.Background()); err != nil {
 			t.Errorf("Acquire after the cooldown, Redis back: %v", err)
 		}
+	}
+}
+
+// TestSlotsStateDropped: Redis dropping the keys of a budget that have an
+// expiry while sparing its epoch, which has none (evicted under a
+// maxmemory policy of volatile-*, deleted), has lost the budget's state as
+// a restart without persistence would: the budget begins anew, frozen,
+// whoever calls first - a holder that never held slots, a Limiter - and
+// though Redis is said to be persistent, so that the slots a holder's
+// kernel still uses are not handed out again. Keys that expired because
+// every holder left are no loss.
+func TestSlotsStateDropped(t *testing.T) {
+	const lease = 2 * time.Second
+	del := func(suffix string) func(*testing.T, *redistest.Server, string) {
+		return func(t *testing.T, s *redistest.Server, key string) {
+			if suffix != "" {
+				key = companion(key, suffix)
+			}
+			if n, err := s.Do("DEL", key); err != nil || n != int64(1) {
+				t.Fatalf("DEL %s = %v, %v; want 1", key, n, err)
+			}
+		}
+	}
+	tests := []struct {
+		name    string
+		drop    func(t *testing.T, s *redistest.Server, key string)
+		limiter bool // a Limiter calls first, not a holder
+		frozen  bool
+	}{
+		{"evicted under maxmemory, a holder first", evictBudget, false, true},
+		{"the set deleted, a Limiter first", del(""), true, true},
+		{"the counts deleted, a holder first", del(":held"), false, true},
+		{"the counts deleted, a Limiter first", del(":held"), true, true},
+		{"expired: every holder left", func(*testing.T, *redistest.Server, string) { time.Sleep(lease + 100*time.Millisecond) }, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := redistest.Start(t)
+			c := s.Client(t)
+			opts := func(h string) SlotsOptions {
+				return SlotsOptions{Key: t.Name(), Permits: 4, Holder: h, LeaseDuration: lease, Durability: Persistent}
+			}
+			a, err := NewSlots(c, opts("a"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fresh, err := NewSlots(c, opts("fresh"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := newLimiter(t, s, Options{Key: t.Name(), Concurrency: &ConcurrencyOptions{Permits: 4, LeaseDuration: lease, Holders: true, Durability: Persistent}})
+			epoch := step(t, a, SlotsRequest{Want: 3, Demand: 3}, 3, false).Epoch // a's kernel holds 3 connections
+
+			tt.drop(t, s, t.Name())
+			if tt.limiter {
+				_, err := l.Acquire(context.Background())
+				if refused := sdk.IsRateLimited(err); refused != tt.frozen || (!refused && err != nil) {
+					t.Fatalf("first Acquire = %v, want refused %v", err, tt.frozen)
+				}
+			} else {
+				want := 4
+				if tt.frozen {
+					want = 0
+				}
+				step(t, fresh, SlotsRequest{Want: 4, Demand: 4}, want, tt.frozen)
+			}
+			if !tt.frozen {
+				return
+			}
+			back := step(t, a, SlotsRequest{Want: 3, Demand: 3, Prior: 3, HadState: true}, 3, true)
+			if back.Epoch == epoch {
+				t.Errorf("epoch %d after Redis dropped the state, the same as before", back.Epoch)
+			}
+			step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 0, true)
+			if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
+				t.Errorf("Acquire while frozen = %v, want a refusal", err)
+			}
+		})
+	}
+}
+
+// evictBudget makes Redis evict key's budget under memory pressure: with
+// maxmemory just above what it uses and volatile-ttl, keys written with a
+// long expiry push out those nearest theirs, the budget's, until its set is
+// gone. The epoch, without an expiry, stays.
+func evictBudget(t *testing.T, s *redistest.Server, key string) {
+	t.Helper()
+	for _, kv := range [][2]string{{"maxmemory-policy", "volatile-ttl"}, {"maxmemory-samples", "64"}} {
+		if _, err := s.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := s.Do("INFO", "memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	for _, line := range strings.Split(info.(string), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			fmt.Sscan(v, &used)
+		}
+	}
+	if _, err := s.Do("CONFIG", "SET", "maxmemory", used+256<<10); err != nil {
+		t.Fatal(err)
+	}
+	filler := strings.Repeat("x", 4<<10)
+	for i := 0; ; i++ {
+		if n, err := s.Do("EXISTS", key); err != nil || n == int64(0) {
+			break
+		}
+		if i == 10000 {
+			t.Fatal("the budget's set was not evicted after 40 MB of other keys")
+		}
+		if _, err := s.Do("SET", fmt.Sprintf("filler:%d", i), filler, "EX", 3600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Do("CONFIG", "SET", "maxmemory", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Do("EXISTS", epochKey(key)); err != nil || n != int64(1) {
+		t.Fatalf("the epoch was evicted too (EXISTS %v, %v): the test shows nothing", n, err)
 	}
 }

@@ -128,7 +128,7 @@ func New(client redis.Scripter, opts Options) (*Limiter, error) {
 		}
 		l.conc = true
 		l.script, l.args = concurrencyLua, []any{p.Permits, us(l.lease), flag(p.Holders), flag(p.Durability == Persistent)}
-		l.keys = []string{opts.Key, epochKey(opts.Key)}
+		l.keys = budgetKeys(opts.Key)
 		l.available.Store(int64(p.Permits))
 		var b [8]byte
 		_, _ = crand.Read(b[:]) // never fails (crypto/rand)

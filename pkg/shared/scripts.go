@@ -130,36 +130,65 @@ if wait < 1 then wait = 1 end
 return {0, wait, 0, 0}
 `)
 
-// concurrencyLua: KEYS[1] a sorted set of lease id → expiry µs, KEYS[2]
-// the budget's epoch (see slotsLua); ARGV permits, lease µs, holders (1:
-// Slots holders share the key), persistent (1: Redis keeps its state),
-// lease id. Expired leases are dropped before counting. While the
-// budget's growth is frozen (holders of Slots taking back what their
-// kernels hold after Redis lost the state) nothing is admitted, and the
-// refusal says until when. With holders, a missing epoch is made as
-// slotsLua makes it for a caller that never held slots, frozen for a
-// lease unless Redis is persistent: left to the holders, a Limiter could
-// take the slots Redis forgot before any holder came back to freeze them.
-var concurrencyLua = redis.NewScript(clockLua + `
+// concurrencyLua: KEYS the budget's (see slotsLua: the set, the demands,
+// their expiries, the epoch, the counts, the holders above the level);
+// ARGV permits, lease µs, holders (1: Slots holders share the key),
+// persistent (1: Redis keeps its state), lease id. Expired leases are
+// dropped before counting. While the budget's growth is frozen (holders of
+// Slots taking back what their kernels hold after Redis lost the state)
+// nothing is admitted, and the refusal says until when. With holders, a
+// missing epoch is made as slotsLua makes it for a caller that never held
+// slots, frozen for a lease unless Redis is persistent, and a budget whose
+// keys Redis dropped (see holdersLost) begins anew frozen: left to the
+// holders, a Limiter could take the slots Redis forgot before any holder
+// came back to freeze them.
+var concurrencyLua = redis.NewScript(clockLua + lostLua + `
 local limit, dur = tonumber(ARGV[1]), tonumber(ARGV[2])
 local holders, persistent = ARGV[3] == '1', ARGV[4] == '1'
-local meta = redis.call('HMGET', KEYS[2], 'epoch', 'frozen')
+local SET, META = KEYS[1], KEYS[4]
+local meta = redis.call('HMGET', META, 'epoch', 'frozen', 'until')
 local frozen = tonumber(meta[2]) or 0
-if holders and not tonumber(meta[1]) then
-  frozen = 0
-  if not persistent then frozen = now + dur end
-  redis.call('HSET', KEYS[2], 'epoch', f(now), 'frozen', f(frozen))
+redis.call('ZREMRANGEBYSCORE', SET, '-inf', f(now))
+if holders then
+  local gone = tonumber(meta[1]) and holdersLost(tonumber(meta[3]) or 0)
+  if gone then redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6]) end
+  if gone or not tonumber(meta[1]) then
+    frozen = 0
+    if gone or not persistent then frozen = now + dur end
+    redis.call('HSET', META, 'epoch', f(now), 'frozen', f(frozen), 'until', 0)
+  end
 end
 if frozen > now then return {0, frozen - now, 0, 0} end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', f(now))
-local n = redis.call('ZCARD', KEYS[1])
+local n = redis.call('ZCARD', SET)
 if n < limit then
-  redis.call('ZADD', KEYS[1], f(now + dur), ARGV[5])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(dur / 1000) + 1)
+  redis.call('ZADD', SET, f(now + dur), ARGV[5])
+  redis.call('PEXPIRE', SET, math.ceil(dur / 1000) + 1)
   return {1, 0, limit - n - 1, 0}
 end
 return {0, 0, 0, 0}
 `)
+
+// lostLua: holdersLost(due) tells a budget whose keys Redis dropped before
+// they were due to expire (evicted under a maxmemory policy, deleted) from
+// one whose keys expired or were never made, so that the slots the
+// holders' kernels still use are not handed out again: the counts (KEYS[5])
+// gone though a recent Resize had them outlive due, a time past now; or
+// fewer slots in the set (KEYS[1]) than the holders whose leases have not
+// run out (KEYS[3]) hold by the counts. Call it after the set's expired
+// leases were dropped. slotsLua makes the same test on what it reads. The epoch has no expiry, so no maxmemory policy
+// that spares keys without one evicts it: without this check a budget that
+// lost its set would be taken for one that kept it.
+const lostLua = `
+local function holdersLost(due)
+  local total = redis.call('HGET', KEYS[5], ' total')
+  if not total then return due > now end
+  total = tonumber(total)
+  for _, g in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', f(now))) do
+    total = total - (tonumber(redis.call('HGET', KEYS[5], g)) or 0)
+  end
+  return redis.call('ZCARD', KEYS[1]) < total
+end
+`
 
 // renewLua: KEYS[1] the concurrency set; ARGV lease µs, lease id. Extends a
 // live lease and returns 1; an expired or released one is not recreated: 0.
@@ -206,30 +235,27 @@ var releaseLua = redis.NewScript(`return redis.call('ZREM', KEYS[1], ARGV[1])`)
 //
 // The epoch tells a Redis that lost the budget's state (a restart without
 // persistence, a failover to a replica without it) from one that kept it:
-// it is made at first use and has no expiry. Missing, it is made anew, and
-// growth is frozen for a lease on Redis's clock: holders' kernels may
-// still hold connections on slots Redis forgot, and each may take back
-// only its prior while the others come back. The freeze is skipped only
-// when Redis is said to be persistent and the caller never held slots:
-// then a missing epoch is the budget's first use.
+// it is made at first use and has no expiry, and 'until' in it is when the
+// counts are due to expire. Missing, or present though Redis dropped the
+// other keys (see holdersLost), it is made anew, and growth is frozen for
+// a lease on Redis's clock: holders' kernels may still hold connections on
+// slots Redis forgot, and each may take back only its prior while the
+// others come back. The freeze is skipped only when Redis is said to be
+// persistent, the epoch is missing and the caller never held slots: then
+// it is taken for the budget's first use.
 var slotsLua = redis.NewScript(clockLua + `
 local limit, dur, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local want, demand, holder = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local prior, had, persistent = tonumber(ARGV[7]), ARGV[8] == '1', ARGV[9] == '1'
 local SET, DEM, EXP, META, HELD, ABOVE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local meta = redis.call('HMGET', META, 'epoch', 'frozen')
-local epoch, frozen = tonumber(meta[1]), tonumber(meta[2]) or 0
-if not epoch then
-  epoch, frozen = now, 0
-  if had or not persistent then frozen = now + dur end
-  redis.call('HSET', META, 'epoch', f(epoch), 'frozen', f(frozen))
-end
-local freeze = frozen > now
+local meta = redis.call('HMGET', META, 'epoch', 'frozen', 'until')
+local epoch, frozen, due = tonumber(meta[1]), tonumber(meta[2]) or 0, tonumber(meta[3]) or 0
+-- Leases that ran out, Limiters' and holders': their slots leave the set.
+redis.call('ZREMRANGEBYSCORE', SET, '-inf', f(now))
 local cache = redis.call('HMGET', HELD, ' total', ' level', ' extra', ' others')
 local total, level, extra, lothers = tonumber(cache[1]) or 0, tonumber(cache[2]), tonumber(cache[3]), tonumber(cache[4])
 local dirty = level == nil
--- Holders whose lease ran out: their slots leave the set with it.
-redis.call('ZREMRANGEBYSCORE', SET, '-inf', f(now))
+-- Holders whose lease ran out.
 local gone = redis.call('ZRANGEBYSCORE', EXP, '-inf', f(now))
 if #gone > 0 then
   for _, g in ipairs(gone) do total = total - (tonumber(redis.call('HGET', HELD, g)) or 0) end
@@ -239,6 +265,19 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', EXP, '-inf', f(now))
   dirty = true
 end
+-- Keys Redis dropped before they were due (holdersLost's test, on what
+-- this script has read): the state is lost.
+if epoch and ((not tonumber(cache[1]) and due > now) or redis.call('ZCARD', SET) < total) then
+  redis.call('DEL', SET, DEM, EXP, HELD, ABOVE)
+  epoch, had, due = nil, true, 0
+  total, level, extra, lothers, dirty = 0, nil, nil, nil, true
+end
+if not epoch then
+  epoch, frozen = now, 0
+  if had or not persistent then frozen = now + dur end
+  redis.call('HSET', META, 'epoch', f(epoch), 'frozen', f(frozen))
+end
+local freeze = frozen > now
 local k = tonumber(redis.call('HGET', HELD, holder)) or 0
 local old = tonumber(redis.call('HGET', DEM, holder)) or 0
 if not dirty and math.min(old, level + 1) ~= math.min(demand, level + 1) then dirty = true end
@@ -304,6 +343,10 @@ local ttl = math.ceil(dur / 1000) + 1
 for _, key in ipairs({SET, DEM, EXP, HELD, ABOVE}) do
   if redis.call('EXISTS', key) == 1 and redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
+-- When the counts are due to expire, written once an eighth of a lease:
+-- the loss of keys is told within it, and a budget many holders renew
+-- writes the epoch's key seldom.
+if due < now + dur - dur / 8 then redis.call('HSET', META, 'until', exp) end
 local left = 0
 if freeze then left = frozen - now end
 return {k, fair, epoch, left}

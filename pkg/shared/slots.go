@@ -114,15 +114,22 @@ func NewSlots(client redis.Scripter, opts SlotsOptions) (*Slots, error) {
 		lease = DefaultLeaseDuration
 	}
 	return &Slots{
-		name: opts.Key,
-		keys: []string{opts.Key, companion(opts.Key, ":demand"), companion(opts.Key, ":demand-expiry"), epochKey(opts.Key),
-			companion(opts.Key, ":held"), companion(opts.Key, ":above")},
+		name:       opts.Key,
+		keys:       budgetKeys(opts.Key),
 		client:     client,
 		holder:     opts.Holder,
 		args:       []any{opts.Permits, lease.Microseconds(), opts.Holder + ":"},
 		persistent: flag(opts.Durability == Persistent),
 		wait:       wait,
 	}, nil
+}
+
+// budgetKeys names a concurrency budget's keys, as slotsLua and
+// concurrencyLua take them: the set, the demands, their expiries, the
+// epoch, the counts, the holders above the level.
+func budgetKeys(key string) []string {
+	return []string{key, companion(key, ":demand"), companion(key, ":demand-expiry"), epochKey(key),
+		companion(key, ":held"), companion(key, ":above")}
 }
 
 // epochKey names the key of a concurrency budget's epoch (see slotsLua).
