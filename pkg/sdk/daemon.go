@@ -24,7 +24,8 @@ import (
 // A daemon that takes the question and does not answer (stopped, deadlocked)
 // is the exception: waiting for it costs the attempt its deadline, or with
 // none the call never returns. A question gets askTimeout, whatever the
-// client's Timeout and the caller's deadline: the daemon answers from
+// client's Timeout, and the caller's deadline does not cut it short (the
+// caller stops waiting, the question goes on): the daemon answers from
 // memory over a local socket, in tens of microseconds, but names the rule
 // under the datapath's table lock, which a reload of 100,000 rules holds
 // for about a second (docs/bench.md); a refusal then must still be told
@@ -53,7 +54,7 @@ func DaemonAttributor(c *control.Client) Attributor {
 }
 
 func newDaemonAttributor(c *control.Client, clk clock) *daemonAttributor {
-	return &daemonAttributor{client: c, clock: clk, cache: map[netip.AddrPort]attribution{}}
+	return &daemonAttributor{client: c, clock: clk, cache: map[netip.AddrPort]attribution{}, asking: map[netip.AddrPort]*question{}}
 }
 
 // attribution is the daemon's answer about a destination.
@@ -61,6 +62,15 @@ type attribution struct {
 	rule    string    // "": not the daemon's refusal
 	retryAt time.Time // when the kernel expects a permit back; zero: no hint
 	until   time.Time // when to ask again
+}
+
+// question is one question to the daemon about a destination, which the
+// refusals to it that come meanwhile wait for rather than ask again: a
+// burst of refusals is one question, and one connection to the daemon.
+type question struct {
+	done     chan struct{}
+	answer   attribution
+	answered bool
 }
 
 // askingProcess is the pid that asks about the caller's own refusals: the
@@ -73,48 +83,40 @@ type daemonAttributor struct {
 	clock  clock
 	mu     sync.Mutex
 	cache  map[netip.AddrPort]attribution
+	asking map[netip.AddrPort]*question
 	quiet  time.Time // until then the daemon is not asked: it did not answer
 }
 
 func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimitedError, bool) {
 	dest, ok := refusedDial(err)
-	if !ok {
+	if !ok || ctx.Err() != nil {
 		return nil, false
 	}
 	now := a.clock.Now()
 	a.mu.Lock()
 	cached, hit := a.cache[dest]
-	quiet := now.Before(a.quiet)
-	a.mu.Unlock()
+	var q *question
 	if !hit || now.After(cached.until) {
-		if quiet {
+		if now.Before(a.quiet) {
+			a.mu.Unlock()
 			return nil, false
 		}
-		qctx, cancel := a.clock.WithDeadline(ctx, now.Add(askTimeout))
-		ans, qerr := a.client.Attribute(qctx, askingProcess, dest)
-		cancel()
-		if qerr != nil {
-			if ctx.Err() == nil && errors.Is(qerr, context.DeadlineExceeded) { // the daemon's silence, not the caller's end
-				a.mu.Lock()
-				a.quiet = a.clock.Now().Add(unansweredFor)
-				a.mu.Unlock()
-			}
+		q = a.ask(dest)
+	}
+	a.mu.Unlock()
+	if q != nil {
+		// The caller may give up first (its deadline shorter than the
+		// question's): the question goes on, and its answer, or the
+		// daemon's silence, serves the refusals after.
+		select {
+		case <-q.done:
+		case <-ctx.Done():
 			return nil, false
 		}
-		now = a.clock.Now() // the question took time; the hint counts from its answer
-		cached = attribution{until: now.Add(unattributedFor)}
-		if ans.Refused {
-			cached = attribution{rule: ans.Rule, until: now.Add(attributedFor)}
-			if ans.RetryAfterSeconds > 0 {
-				cached.retryAt = now.Add(time.Duration(ans.RetryAfterSeconds * float64(time.Second)))
-			}
+		if !q.answered {
+			return nil, false
 		}
-		a.mu.Lock()
-		if len(a.cache) > 1024 { // bounded: destinations come and go
-			clear(a.cache)
-		}
-		a.cache[dest] = cached
-		a.mu.Unlock()
+		cached, now = q.answer, a.clock.Now()
 	}
 	if cached.rule == "" {
 		return nil, false
@@ -127,6 +129,46 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 		retryAfter = max(cached.retryAt.Sub(now), time.Nanosecond)
 	}
 	return &RateLimitedError{Limiter: cached.rule, RetryAfter: retryAfter, Err: err}, true
+}
+
+// ask returns the question about dest in flight, or asks one, on a
+// context of its own bounded by askTimeout: what the caller's ends does
+// not end it. Call with a.mu held.
+func (a *daemonAttributor) ask(dest netip.AddrPort) *question {
+	if q := a.asking[dest]; q != nil {
+		return q
+	}
+	q := &question{done: make(chan struct{})}
+	a.asking[dest] = q
+	go func() {
+		defer close(q.done)
+		qctx, cancel := a.clock.WithDeadline(context.Background(), a.clock.Now().Add(askTimeout))
+		ans, err := a.client.Attribute(qctx, askingProcess, dest)
+		silent := errors.Is(qctx.Err(), context.DeadlineExceeded)
+		cancel()
+		now := a.clock.Now() // the question took time; the hint counts from its answer
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.asking, dest)
+		if err != nil {
+			if silent {
+				a.quiet = now.Add(unansweredFor)
+			}
+			return
+		}
+		q.answer, q.answered = attribution{until: now.Add(unattributedFor)}, true
+		if ans.Refused {
+			q.answer = attribution{rule: ans.Rule, until: now.Add(attributedFor)}
+			if ans.RetryAfterSeconds > 0 {
+				q.answer.retryAt = now.Add(time.Duration(ans.RetryAfterSeconds * float64(time.Second)))
+			}
+		}
+		if len(a.cache) > 1024 { // bounded: destinations come and go
+			clear(a.cache)
+		}
+		a.cache[dest] = q.answer
+	}()
+	return q
 }
 
 // refusedDial returns the destination of a dial that failed with EPERM.

@@ -150,3 +150,95 @@ func TestDaemonAttributorBoundsASilentDaemon(t *testing.T) {
 		t.Errorf("the next refusal asked the daemon again: asked %d times, want once", n)
 	}
 }
+
+// A silent daemon and callers whose deadlines are shorter than the
+// question's: the first caller gives up at its deadline, the question goes
+// on, and its silence quiets the questions after, so that later refusals
+// do not each wait out their deadline on the daemon.
+func TestDaemonAttributorSilentDaemonShortDeadlines(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	accepted := silentDaemon(t, sock)
+	clk := newFakeClock()
+	a := newDaemonAttributor(&control.Client{Socket: sock}, clk)
+	refuse := func(port int) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, ok := a.attribute(ctx, refusedDialTo(port))
+		return ok
+	}
+	if refuse(443) {
+		t.Fatal("attributed without an answer")
+	}
+	// The question's own deadline passes (it has its deadline once the
+	// daemon has its connection): the daemon is silent.
+	for deadline := time.Now().Add(10 * time.Second); accepted.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the question did not reach the daemon in 10 s")
+		}
+	}
+	clk.Advance(askTimeout)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		a.mu.Lock()
+		quiet := clk.Now().Before(a.quiet)
+		a.mu.Unlock()
+		if quiet {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the question outlived its deadline by 10 s")
+		}
+	}
+	start := time.Now()
+	for port := 444; port < 454; port++ {
+		if refuse(port) {
+			t.Fatal("attributed without an answer")
+		}
+	}
+	if n, took := accepted.Load(), time.Since(start); n != 1 || took >= 50*time.Millisecond {
+		t.Errorf("10 refusals while quiet: the daemon asked %d times in all, they took %v; want once, before them, and no wait", n, took)
+	}
+}
+
+// Refusals to one destination that come while its question is in flight
+// wait for that question: one connection to the daemon, one answer.
+func TestDaemonAttributorOneQuestionAtATime(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int32
+	release := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(refusedByDaemon))
+	})}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	a := newDaemonAttributor(&control.Client{Socket: sock}, newFakeClock())
+	const refusals = 8
+	results := make(chan bool, refusals)
+	for range refusals {
+		go func() {
+			_, ok := a.attribute(context.Background(), refusedDialTo(443))
+			results <- ok
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); asked.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no question reached the daemon in 10 s")
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // for any other question to arrive
+	close(release)
+	for range refusals {
+		if !<-results {
+			t.Error("a refusal was not attributed")
+		}
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("the daemon was asked %d times, want once", n)
+	}
+}
