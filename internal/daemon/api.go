@@ -420,7 +420,7 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 	if !ok {
 		return control.Attribution{}, nil
 	}
-	return control.Attribution{Refused: true, Rule: e.Rule, RetryAfterSeconds: e.RetryAfter.Seconds()}, nil
+	return control.Attribution{Refused: true, Rule: e.Rule, RetryAfterSeconds: e.RetryAfter.Seconds(), SecondsAgo: max(0, time.Since(e.Time).Seconds())}, nil
 }
 
 func (d *Daemon) handleUninstall(r *http.Request, _ struct{}) (struct{}, error) {

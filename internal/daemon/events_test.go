@@ -27,7 +27,7 @@ func TestRefusalAttribution(t *testing.T) {
 	pid := uint32(os.Getpid())
 	db := netip.MustParseAddrPort("10.0.0.1:5432")
 	web := netip.MustParseAddrPort("10.0.0.2:80")
-	td.fake.refuse(loader.Refusal{Time: time.Now(), PID: pid, Rule: "db", Dest: db, Shape: loader.ShapePerWindow, RetryAfter: 300 * time.Millisecond})
+	td.fake.refuse(loader.Refusal{Time: time.Now().Add(-time.Second), PID: pid, Rule: "db", Dest: db, Shape: loader.ShapePerWindow, RetryAfter: 300 * time.Millisecond})
 	td.fake.refuse(loader.Refusal{Time: time.Now(), PID: pid, Rule: "web", Dest: web, Shape: loader.ShapeConcurrency, Shadow: true})
 	c := td.client()
 	ctx := context.Background()
@@ -54,6 +54,11 @@ func TestRefusalAttribution(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got, err := c.Attribute(ctx, tt.pid, tt.dest)
+		// How long ago it was refused: a second, and the time since.
+		if ago := got.SecondsAgo; got.Refused && (ago < 1 || ago > 60) {
+			t.Errorf("%s: refused %v s ago, want a second and the time the test took", tt.name, ago)
+		}
+		got.SecondsAgo = 0
 		if err != nil || got != tt.want {
 			t.Errorf("%s: attribute = %+v, %v; want %+v", tt.name, got, err, tt.want)
 		}

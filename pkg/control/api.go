@@ -200,6 +200,9 @@ type Attribution struct {
 	Refused           bool    `json:"refused"`
 	Rule              string  `json:"rule,omitempty"`
 	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`
+	// SecondsAgo is how long before the answer the latest refusal was:
+	// an EPERM of a connect() begun after it is not the daemon's.
+	SecondsAgo float64 `json:"secondsAgo,omitempty"`
 }
 
 // Status reads the daemon's state.

@@ -43,6 +43,18 @@ func (e *StatusError) Unwrap() error { return e.Err }
 // Permanent.
 type Attributor func(ctx context.Context, err error) (*RateLimitedError, bool)
 
+// attemptStartKey keys, in the context an Attributor is given, when the
+// attempt whose error it is was made (only on that path: the value costs
+// an allocation).
+type attemptStartKey struct{}
+
+// attemptStarted returns when the attempt whose error an Attributor was
+// given was made, if the executor ran it.
+func attemptStarted(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(attemptStartKey{}).(time.Time)
+	return t, ok
+}
+
 // A Rule classifies the errors it recognises; ok is false for the rest.
 type Rule func(err error) (v verdict.Verdict, ok bool)
 
@@ -112,13 +124,15 @@ func (c *Classifier) WithAttributor(a Attributor) *Classifier {
 
 // Classify returns err's verdict.
 func (c *Classifier) Classify(ctx context.Context, err error) verdict.Verdict {
-	v, _ := c.classify(ctx, err, time.Now())
+	v, _ := c.classify(ctx, err, time.Now(), time.Time{})
 	return v
 }
 
 // classify returns err's verdict and the error to surface for it, which is
 // the attributed *RateLimitedError when the Attributor claimed an EPERM.
-func (c *Classifier) classify(ctx context.Context, err error, now time.Time) (verdict.Verdict, error) {
+// started is when the attempt was made (zero: not known), which the
+// Attributor may read with attemptStarted.
+func (c *Classifier) classify(ctx context.Context, err error, now, started time.Time) (verdict.Verdict, error) {
 	if err == nil {
 		return verdict.Verdict{}, nil
 	}
@@ -132,6 +146,9 @@ func (c *Classifier) classify(ctx context.Context, err error, now time.Time) (ve
 		return DefaultVerdict(err, now), err
 	}
 	if c.attribute != nil && errors.Is(err, syscall.EPERM) {
+		if !started.IsZero() {
+			ctx = context.WithValue(ctx, attemptStartKey{}, started)
+		}
 		if rl, ok := c.attribute(ctx, err); ok && rl != nil {
 			if rl.Err == nil {
 				cp := *rl

@@ -72,7 +72,7 @@ func TestClassifierPrecedence(t *testing.T) {
 
 func TestAttributedErrorKeepsCause(t *testing.T) {
 	cause := dialErr(syscall.EPERM)
-	v, err := DefaultClassifier().WithAttributor(attributeAll).classify(context.Background(), cause, t0)
+	v, err := DefaultClassifier().WithAttributor(attributeAll).classify(context.Background(), cause, t0, time.Time{})
 	rl, isRL := AsRateLimited(err)
 	if v != verdict.Refused(300*time.Millisecond) || !isRL || rl.Limiter != "payments" {
 		t.Fatalf("classify = %v, %v; want the attributed refusal", v, err)

@@ -59,15 +59,26 @@ func newDaemonAttributor(c *control.Client, clk clock) *daemonAttributor {
 
 // attribution is the daemon's answer about a destination.
 type attribution struct {
-	rule    string    // "": not the daemon's refusal
-	retryAt time.Time // when the kernel expects a permit back; zero: no hint
-	until   time.Time // when to ask again
+	rule      string    // "": not the daemon's refusal
+	refusedAt time.Time // when the latest refusal was (as late as the answer allows)
+	retryAt   time.Time // when the kernel expects a permit back; zero: no hint
+	until     time.Time // when to ask again
+}
+
+// vouches reports whether the refusal a cached "yes" names may be the one
+// of an attempt made at start (zero: not known): one made after it was
+// refused by something else, unless it was made within attributedFor of
+// it, which the cache lets pass so that a refusal storm's attempts do not
+// each ask the daemon.
+func (c attribution) vouches(start time.Time) bool {
+	return start.IsZero() || !start.After(c.refusedAt.Add(attributedFor))
 }
 
 // question is one question to the daemon about a destination, which the
 // refusals to it that come meanwhile wait for rather than ask again: a
 // burst of refusals is one question, and one connection to the daemon.
 type question struct {
+	sent     time.Time
 	done     chan struct{}
 	answer   attribution
 	answered bool
@@ -87,24 +98,31 @@ type daemonAttributor struct {
 	quiet  time.Time // until then the daemon is not asked: it did not answer
 }
 
+// attribute claims err, an EPERM from connect(), for the daemon when the
+// daemon refused this process's connect() to its destination after the
+// attempt was made (see vouches for a cached answer). A question in flight
+// when the refusal came may not have seen it: one more is asked then.
 func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimitedError, bool) {
 	dest, ok := refusedDial(err)
 	if !ok || ctx.Err() != nil {
 		return nil, false
 	}
-	now := a.clock.Now()
-	a.mu.Lock()
-	cached, hit := a.cache[dest]
-	var q *question
-	if !hit || now.After(cached.until) {
+	start, _ := attemptStarted(ctx)
+	entered := a.clock.Now()
+	for range 2 {
+		now := a.clock.Now()
+		a.mu.Lock()
+		cached, hit := a.cache[dest]
+		if hit && !now.After(cached.until) && (cached.rule == "" || cached.vouches(start)) {
+			a.mu.Unlock()
+			return cached.refusal(err, now)
+		}
 		if now.Before(a.quiet) {
 			a.mu.Unlock()
 			return nil, false
 		}
-		q = a.ask(dest)
-	}
-	a.mu.Unlock()
-	if q != nil {
+		q := a.ask(dest)
+		a.mu.Unlock()
 		// The caller may give up first (its deadline shorter than the
 		// question's): the question goes on, and its answer, or the
 		// daemon's silence, serves the refusals after.
@@ -113,22 +131,32 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 		case <-ctx.Done():
 			return nil, false
 		}
-		if !q.answered {
+		if !q.answered || q.answer.rule == "" {
 			return nil, false
 		}
-		cached, now = q.answer, a.clock.Now()
+		if start.IsZero() || !q.answer.refusedAt.Before(start) {
+			return q.answer.refusal(err, a.clock.Now())
+		}
+		if !q.sent.Before(entered) {
+			return nil, false // asked after this refusal: the daemon's is older than the attempt
+		}
 	}
-	if cached.rule == "" {
+	return nil, false
+}
+
+// refusal is err attributed to the rule of c, a "yes", at now.
+func (c attribution) refusal(err error, now time.Time) (*RateLimitedError, bool) {
+	if c.rule == "" {
 		return nil, false
 	}
 	var retryAfter time.Duration
-	if !cached.retryAt.IsZero() {
+	if !c.retryAt.IsZero() {
 		// The hint is the time left, not the time there was when asked:
 		// a floor of a nanosecond keeps "a permit is due now" from
 		// reading as "no hint".
-		retryAfter = max(cached.retryAt.Sub(now), time.Nanosecond)
+		retryAfter = max(c.retryAt.Sub(now), time.Nanosecond)
 	}
-	return &RateLimitedError{Limiter: cached.rule, RetryAfter: retryAfter, Err: err}, true
+	return &RateLimitedError{Limiter: c.rule, RetryAfter: retryAfter, Err: err}, true
 }
 
 // ask returns the question about dest in flight, or asks one, on a
@@ -138,7 +166,7 @@ func (a *daemonAttributor) ask(dest netip.AddrPort) *question {
 	if q := a.asking[dest]; q != nil {
 		return q
 	}
-	q := &question{done: make(chan struct{})}
+	q := &question{sent: a.clock.Now(), done: make(chan struct{})}
 	a.asking[dest] = q
 	go func() {
 		defer close(q.done)
@@ -158,7 +186,8 @@ func (a *daemonAttributor) ask(dest netip.AddrPort) *question {
 		}
 		q.answer, q.answered = attribution{until: now.Add(unattributedFor)}, true
 		if ans.Refused {
-			q.answer = attribution{rule: ans.Rule, until: now.Add(attributedFor)}
+			refusedAt := now.Add(-time.Duration(ans.SecondsAgo * float64(time.Second)))
+			q.answer = attribution{rule: ans.Rule, refusedAt: refusedAt, until: now.Add(attributedFor)}
 			if ans.RetryAfterSeconds > 0 {
 				q.answer.retryAt = now.Add(time.Duration(ans.RetryAfterSeconds * float64(time.Second)))
 			}

@@ -22,19 +22,7 @@ const refusedByDaemon = `{"refused":true,"rule":"payments","retryAfterSeconds":0
 // with refusedByDaemon, and counts them.
 func serveDaemon(t *testing.T, sock string) *atomic.Int32 {
 	t.Helper()
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	asked := new(atomic.Int32)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		asked.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.Write([]byte(refusedByDaemon))
-	})}
-	go srv.Serve(lis)
-	t.Cleanup(func() { srv.Close() })
-	return asked
+	return answeringDaemon(t, sock, func() string { return refusedByDaemon })
 }
 
 func refusedDialTo(port int) error {
@@ -240,5 +228,83 @@ func TestDaemonAttributorOneQuestionAtATime(t *testing.T) {
 	}
 	if n := asked.Load(); n != 1 {
 		t.Errorf("the daemon was asked %d times, want once", n)
+	}
+}
+
+// answeringDaemon answers attribution questions on sock with what answer
+// returns at the time, and counts them.
+func answeringDaemon(t *testing.T, sock string, answer func() string) *atomic.Int32 {
+	t.Helper()
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := new(atomic.Int32)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(answer()))
+	})}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	return asked
+}
+
+// An EPERM is the daemon's only if the daemon refused this process's
+// connect() to the destination after the attempt was made: one of an
+// attempt made after the latest refusal came from elsewhere (seccomp, a
+// firewall), though the daemon refused the destination a moment before.
+// A cached "yes" vouches for attempts made up to attributedFor after the
+// refusal it names; later ones ask again. Without the attempt's start (a
+// Classify outside the executor) any recent refusal counts.
+func TestDaemonAttributorRefusalAfterTheAttempt(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	asked := answeringDaemon(t, sock, func() string {
+		return `{"refused":true,"rule":"payments","secondsAgo":0.5}`
+	})
+	clk := newFakeClock()
+	a := newDaemonAttributor(&control.Client{Socket: sock}, clk)
+	startedAgo := func(d time.Duration) context.Context {
+		return context.WithValue(context.Background(), attemptStartKey{}, clk.Now().Add(-d))
+	}
+	for i, step := range []struct {
+		ctx     context.Context
+		advance time.Duration
+		want    bool
+		asked   int32
+	}{
+		// Each answer names a refusal 0.5 s before it.
+		{startedAgo(time.Second), 0, true, 1},
+		{startedAgo(400 * time.Millisecond), 0, true, 1},  // made within 100 ms of it: the cache vouches
+		{startedAgo(300 * time.Millisecond), 0, false, 2}, // made after: asked, and the daemon's refusal is older
+		{context.Background(), 0, true, 2},                // start not known: the cached refusal counts
+		{startedAgo(time.Second), 0, true, 2},
+		{startedAgo(300 * time.Millisecond), attributedFor + time.Millisecond, false, 3},
+		{startedAgo(600 * time.Millisecond), 0, true, 3},
+	} {
+		clk.Advance(step.advance)
+		_, ok := a.attribute(step.ctx, refusedDialTo(443))
+		if ok != step.want || asked.Load() != step.asked {
+			t.Errorf("step %d: attributed %v, daemon asked %d times; want %v, %d", i, ok, asked.Load(), step.want, step.asked)
+		}
+	}
+}
+
+// The executor tells the Attributor when the attempt was made.
+func TestAttributorToldAttemptStart(t *testing.T) {
+	var got time.Time
+	var told bool
+	p := &Policy{MaxAttempts: 1, Classifier: DefaultClassifier().WithAttributor(func(ctx context.Context, err error) (*RateLimitedError, bool) {
+		got, told = attemptStarted(ctx)
+		return nil, false
+	})}
+	before := time.Now()
+	var called time.Time
+	Run(context.Background(), p, func(context.Context) (struct{}, error) {
+		called = time.Now()
+		return struct{}{}, refusedDialTo(443)
+	})
+	if !told || got.Before(before) || got.After(called) {
+		t.Errorf("attempt start %v (told %v), want between %v and the call, %v", got, told, before, called)
 	}
 }

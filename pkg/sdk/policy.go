@@ -210,7 +210,7 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 			return zero, stop, err
 		}
 		var a outcome[T]
-		attempt(ctx, ctx, c.p, c.clk, fn, attemptInfo{n: c.made + 1}, c.now, c.deadline, c.deadlineIsCtx, &a)
+		attempt(ctx, ctx, c.p, c.clk, fn, attemptInfo{n: c.made + 1, start: c.now}, c.now, c.deadline, c.deadlineIsCtx, &a)
 		took := c.clk.Since(c.now)
 		end := c.now.Add(took)
 		c.made++
@@ -376,6 +376,7 @@ type settled struct {
 type attemptInfo struct {
 	n     int
 	hedge bool
+	start time.Time // when the attempt was made: what refused it came after
 }
 
 // attempt makes an attempt started at start, and classifies it into o.
@@ -429,7 +430,7 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		// Admit may wait, and the attempt end meanwhile (a hedge that
 		// lost, a timeout): fn would only be sent out to be cut short.
 		if err := actx.Err(); err != nil {
-			o.settled = settle(ctx, actx, byTimeout, p, clk, err)
+			o.settled = settle(ctx, actx, byTimeout, p, clk, err, info.start)
 			return
 		}
 	}
@@ -440,14 +441,14 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		return
 	}
 	// o.val stays zero: a call that fails returns none.
-	o.settled = settle(ctx, actx, byTimeout, p, clk, err)
+	o.settled = settle(ctx, actx, byTimeout, p, clk, err, info.start)
 	if o.v.Kind() == verdict.OK {
 		o.val = val // an error a rule calls OK keeps its value
 	}
 }
 
-// settle classifies an attempt that returned err.
-func settle(ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, err error) (o settled) {
+// settle classifies an attempt made at start that returned err.
+func settle(ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, err error, start time.Time) (o settled) {
 	o.err = err
 	// Outcomes the executor recognises itself, before any classifier rule.
 	if cerr := ctx.Err(); cerr != nil {
@@ -467,7 +468,7 @@ func settle(ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, err
 		}
 		return o
 	}
-	o.v, o.err = p.Classifier.classify(actx, o.err, clk.Now())
+	o.v, o.err = p.Classifier.classify(actx, o.err, clk.Now(), start)
 	return o
 }
 

@@ -108,7 +108,7 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	returned := false
 	defer hc.unwind(s, active, &returned)
 
-	runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n}, o)
+	runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n, start: start}, o)
 	returned = true
 	if cancel != nil {
 		cancel()
@@ -319,7 +319,7 @@ func (r *round[T]) runHedge(a *roundAttempt[T], hctx context.Context) {
 	var o outcome[T]
 	returned := false
 	defer r.unwindHedge(a, &returned)
-	attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true}, a.start, r.deadline, r.deadlineIsCtx, &o)
+	attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true, start: a.start}, a.start, r.deadline, r.deadlineIsCtx, &o)
 	returned = true
 	if o.v.SelfImposed() && r.p.Budget != nil {
 		// Refused in this process, it cost the dependency nothing: the
