@@ -21,6 +21,7 @@
 package daemon
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -201,6 +202,9 @@ type Daemon struct {
 	// reader reads the policy file; it keeps the rules it read last, so
 	// that a reload parses only what changed.
 	reader policy.Reader
+	// lastGood is the hash of the policy text kept as the last applied
+	// (see lastGoodPath), so that a reload of the same text writes nothing.
+	lastGood [sha256.Size]byte
 	// huge is where the heap grows while a large policy is read and
 	// installed; nil for a small one.
 	huge *hugeheap.Region

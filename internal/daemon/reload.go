@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/egressd/egressd/internal/hugeheap"
@@ -14,16 +17,74 @@ import (
 // The policy file: read at start, and again on a reload (SIGHUP or
 // `egressd policy reload`), which applies it whole or changes nothing.
 
-// loadPolicyFile reads the policy file. At start a missing default file
-// is an empty policy, so that a fresh install starts; on a reload it is a
-// mistake that must not remove every rule.
-func (d *Daemon) loadPolicyFile(atStart bool) (*policy.Policy, error) {
-	p, err := d.reader.Load(d.cfg.PolicyFile)
+// loadPolicyFile reads the policy file, and returns its text with what it
+// says. At start a missing default file is an empty policy, so that a
+// fresh install starts; on a reload it is a mistake that must not remove
+// every rule.
+func (d *Daemon) loadPolicyFile(atStart bool) (*policy.Policy, []byte, error) {
+	text, err := os.ReadFile(d.cfg.PolicyFile)
 	if errors.Is(err, os.ErrNotExist) && atStart && d.cfg.PolicyFile == DefaultPolicyFile {
 		d.log.Warn("no policy file; starting with no rules", "path", d.cfg.PolicyFile)
-		return &policy.Policy{}, nil
+		return &policy.Policy{}, nil, nil
 	}
-	return p, err
+	if err != nil {
+		return nil, nil, fmt.Errorf("read policy: %w", err)
+	}
+	p, err := d.reader.Parse(text)
+	if e, ok := errors.AsType[*policy.Error](err); ok {
+		e.File = d.cfg.PolicyFile
+	}
+	return p, text, err
+}
+
+// The text of the last policy applied from the file is kept in the state
+// directory: a start whose file is invalid (an edit a reload refused, and
+// then a crash or a reboot) runs it rather than not at all, which would
+// leave a rebooted host with no limits.
+func lastGoodPath(dir string) string { return filepath.Join(dir, "policy.last-good.yaml") }
+
+// saveLastGood keeps text, a policy just applied, unless it is what was
+// kept last. A failure is logged: the policy is in force all the same.
+func (d *Daemon) saveLastGood(text []byte) {
+	if text == nil {
+		return
+	}
+	sum := sha256.Sum256(text)
+	if sum == d.lastGood {
+		return
+	}
+	err := makeDir(d.cfg.StateDir)
+	if err == nil {
+		err = writeAtomic(d.cfg.StateDir, lastGoodPath(d.cfg.StateDir), text)
+	}
+	if err != nil {
+		d.log.Warn("keeping a copy of the policy applied", "err", err)
+		return
+	}
+	d.lastGood = sum
+}
+
+// loadLastGood reads the last policy applied, for a start whose policy
+// file is invalid (invalid, its error); it returns invalid, unchanged,
+// when there is none to run.
+func (d *Daemon) loadLastGood(invalid error) (*policy.Policy, error) {
+	path := lastGoodPath(d.cfg.StateDir)
+	text, err := os.ReadFile(path)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			d.log.Warn("the last policy applied could not be read", "path", path, "err", err)
+		}
+		return nil, invalid
+	}
+	p, err := d.reader.Parse(text)
+	if err != nil {
+		d.log.Warn("the last policy applied does not parse", "path", path, "err", err)
+		return nil, invalid
+	}
+	d.lastGood = sha256.Sum256(text)
+	d.log.Error("policy file invalid; running the last policy applied until a reload takes a valid one", "file", d.cfg.PolicyFile, "err", invalid, "running", path)
+	d.reload = control.Reload{Time: time.Now(), Error: fmt.Sprintf("%v (running the last policy applied, kept in %s)", invalid, path)}
+	return p, nil
 }
 
 // Policies from this size up grow the heap by about 50 times their size
@@ -55,7 +116,7 @@ func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 	d.huge.Advise()
 	defer d.huge.Withdraw()
 	t := time.Now()
-	p, err := d.loadPolicyFile(false)
+	p, text, err := d.loadPolicyFile(false)
 	if errors.Is(err, os.ErrNotExist) {
 		err = control.Errorf(control.CodeInvalid, "policy file: %v", err)
 	}
@@ -76,6 +137,7 @@ func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 		d.log.Error("policy reload refused; the old policy stays", "path", d.cfg.PolicyFile, "err", err)
 	} else {
 		d.log.Info("policy reloaded", "path", d.cfg.PolicyFile, "read", ms(read), "install", ms(install))
+		d.saveLastGood(text)
 	}
 	return r, err
 }

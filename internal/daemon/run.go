@@ -80,7 +80,11 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	early := d.openEarly()
 	var took startTimes
 	t := time.Now()
-	pol, err := d.loadPolicyFile(true)
+	pol, text, err := d.loadPolicyFile(true)
+	if errors.Is(err, policy.ErrInvalid) {
+		pol, err = d.loadLastGood(err)
+		text = nil // already kept
+	}
 	if err != nil {
 		return errors.Join(err, early.undo())
 	}
@@ -93,6 +97,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := d.installAtStart(ctx, pol); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
+	d.saveLastGood(text)
 	took.install = time.Since(t)
 	grown()
 	metricsLn, err := d.listenMetrics()

@@ -19,6 +19,7 @@ import (
 	"github.com/egressd/egressd/internal/hugeheap"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
 )
 
 // apply installs a policy's text as the table.
@@ -389,6 +390,52 @@ func TestRunBadPolicyStopsStart(t *testing.T) {
 	}
 	if _, err := (&control.Client{Socket: td.cfg.Socket, Timeout: time.Second}).Status(context.Background()); err == nil {
 		t.Error("the control socket still answers after a failed start")
+	}
+}
+
+// TestRunInvalidPolicyRunsLastGood: a start whose policy file is invalid
+// (an edit a reload refused, then a restart) runs the last policy applied
+// from the file, says so in status, and takes the file once a reload finds
+// it valid; with no policy applied before, it does not start.
+func TestRunInvalidPolicyRunsLastGood(t *testing.T) {
+	const good = "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
+	const bad = "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: -5}\n"
+	first := newTestDaemon(t)
+	writeFile(t, first.cfg.PolicyFile, good)
+	stop := first.start(t)
+	writeFile(t, first.cfg.PolicyFile, bad)
+	if _, err := first.reloadPolicy(context.Background()); !errors.Is(err, policy.ErrInvalid) {
+		t.Fatalf("reload of an invalid file: %v, want refused", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	td := newTestDaemon(t)
+	td.cfg.PolicyFile, td.cfg.StateDir = first.cfg.PolicyFile, first.cfg.StateDir
+	td.start(t)
+	if got, want := td.state()["db"], "10.0.0.1/32 concurrency 5 (policy)"; got != want {
+		t.Errorf("started on an invalid file: db %q, want the last good %q", got, want)
+	}
+	st, err := td.client().Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LastReload.OK || !strings.Contains(st.LastReload.Error, "running the last policy applied") {
+		t.Errorf("status says %+v, want the invalid file and the last policy running", st.LastReload)
+	}
+	writeFile(t, td.cfg.PolicyFile, strings.Replace(good, "5", "7", 1))
+	if _, err := td.reloadPolicy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := td.state()["db"], "10.0.0.1/32 concurrency 7 (policy)"; got != want {
+		t.Errorf("after a valid reload: db %q, want %q", got, want)
+	}
+
+	fresh := newTestDaemon(t)
+	writeFile(t, fresh.cfg.PolicyFile, bad)
+	if err := fresh.Run(context.Background()); !errors.Is(err, policy.ErrInvalid) {
+		t.Errorf("start on an invalid file with no policy applied before: %v, want it refused", err)
 	}
 }
 
