@@ -615,8 +615,11 @@ func TestDaemonRefusesBadInput(t *testing.T) {
 	if got := py.dial(t, port); got != "err 1" {
 		t.Errorf("connect over the limit after the bad inputs: %q, want err 1", got)
 	}
-	if ents, err := os.ReadDir(e.state); !errors.Is(err, os.ErrNotExist) && (err != nil || len(ents) != 0) {
-		t.Errorf("state dir after refused changes: %v %v, want nothing saved", ents, err)
+	// The start kept its policy as the last applied; nothing since.
+	if ents, err := os.ReadDir(e.state); err != nil || len(ents) != 1 || ents[0].Name() != "policy.last-good.yaml" {
+		t.Errorf("state dir after refused changes: %v %v, want only the policy the start applied", ents, err)
+	} else if kept, err := os.ReadFile(filepath.Join(e.state, ents[0].Name())); err != nil || string(kept) != policyRule("web", port, 1) {
+		t.Errorf("kept as the last policy applied: %q, %v; want the start's", kept, err)
 	}
 
 	// And a good reload after all that applies, keeping web's counts.
@@ -1256,6 +1259,11 @@ func TestDaemonAttributesRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got, err := c.Attribute(context.Background(), tt.pid, tt.dest)
+		// The refusal was just now: the time since is the test's.
+		if got.Refused && (got.SecondsAgo < 0 || got.SecondsAgo > 60) {
+			t.Errorf("Attribute(%d, %s): refused %v s ago, want the moment the test refused it", tt.pid, tt.dest, got.SecondsAgo)
+		}
+		got.SecondsAgo = 0
 		if err != nil || got != tt.want {
 			t.Errorf("Attribute(%d, %s) = %+v, %v; want %+v", tt.pid, tt.dest, got, err, tt.want)
 		}
