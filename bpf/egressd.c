@@ -166,7 +166,14 @@ struct rule {
 	 * space raises it as it claims a share of a budget kept elsewhere, and
 	 * lowers it no further than what is spent when it hands permits back. */
 	__u64 granted;
-	__u64 _line[2];
+	/* SHAPE_CONCURRENCY: a shared rule's share holds until until_ns (0:
+	 * for good); from then connect() is admitted against limit_after. User
+	 * space pushes until_ns on as Redis renews the share, so a daemon that
+	 * stopped (killed, paused) cannot leave its kernel spending slots that
+	 * Redis has since given to other hosts. */
+	__u64 until_ns;
+	__u32 limit_after;
+	__u32 _pad;
 };
 
 /* What user space needs, with the rule's keys, to rebuild its view of a
@@ -947,13 +954,18 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	int refuse = 0;
 
 	switch (r->shape) {
-	case SHAPE_CONCURRENCY:
-		if (__sync_fetch_and_add(&st->live, 1) >= (__s64)r->limit) {
+	case SHAPE_CONCURRENCY: {
+		__u32 limit = r->limit;
+
+		if (r->until_ns && now >= r->until_ns)
+			limit = r->limit_after;
+		if (__sync_fetch_and_add(&st->live, 1) >= (__s64)limit) {
 			refuse = 1;
 			if (!shadow)
 				__sync_fetch_and_add(&st->live, -1);
 		}
 		break;
+	}
 	case SHAPE_PER_SECOND:
 		wait = take_token(st, r, now);
 		refuse = wait != 0;

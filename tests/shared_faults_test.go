@@ -329,6 +329,41 @@ func TestSharedDaemonKilledOrPaused(t *testing.T) {
 	}
 }
 
+// TestSharedDaemonGoneLongerThanLease: a daemon killed and not restarted
+// for longer than the lease leaves its kernel enforcing its share only
+// until that lease could run out in Redis: from then its kernel admits no
+// new connection, while the other host takes the slots Redis let go, and
+// the clients never hold more than the budget. Restarted, it shares again.
+func TestSharedDaemonGoneLongerThanLease(t *testing.T) {
+	rds := redistest.Start(t)
+	w := newWorld(t, rds, 10)
+	a := w.addHost(`key: "egressd-test:gone", lease: 3s`, false)
+	b := w.addHost(`key: "egressd-test:gone", lease: 3s`, false)
+	w.thawed()
+	start := privtest.Monotonic()
+	w.busy(a, 20)
+	w.busy(b, 20)
+	time.Sleep(2 * time.Second) // each near its fair share
+	a.d.kill(t)
+	killed := privtest.Monotonic()
+	// a's kernel stops admitting at its last confirmed renewal + the
+	// lease - 1.1 s, within 1.9 s; its connections last 20 ms.
+	time.Sleep(7 * time.Second)
+	gone := privtest.Monotonic()
+	a.d = a.start(t)
+	eventually(t, "the restarted host holds slots again", func() bool { return a.share(t, "pool").Shared.Slots > 0 })
+	time.Sleep(time.Second)
+	w.stopAll()
+	w.check("a daemon gone longer than the lease", start, privtest.Monotonic())
+	after := killed + int64(3500*time.Millisecond)
+	if n := w.heldBy(a, after, gone); n != 0 {
+		t.Errorf("the killed daemon's clients held %d connections at once from 3.5 s after the kill: its kernel admitted past the lease", n)
+	}
+	if n := w.heldBy(b, killed+int64(4*time.Second), gone); n < w.budget-2 {
+		t.Errorf("the other host's clients held at most %d connections at once while the first was gone, want most of the %d Redis let go to it", n, w.budget)
+	}
+}
+
 // TestSharedCluster shares a budget through a Redis Cluster of three
 // primaries: the budget's keys share a hash slot, and the hosts split the
 // budget as with one server.

@@ -46,6 +46,8 @@ func (s *slotShare) shape(r *loader.Rule) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r.Limit = uint32(s.slots.Limit())
+	until, after := s.slots.Until()
+	r.Until, r.LimitAfter = until, uint32(after)
 }
 
 func (s *slotShare) sameBudget(other share) bool {

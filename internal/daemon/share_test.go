@@ -8,6 +8,7 @@ import (
 
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
 )
 
 // sharedPool is a policy with one shared concurrency rule "pool" of limit
@@ -59,6 +60,12 @@ func TestSlotShareFollowsDemand(t *testing.T) {
 	td.tick(t, "pool") // no connection yet: one spare slot
 	if got := td.kernelLimit(t, "pool"); got != 1 {
 		t.Errorf("after a first tick: kernel limit %d, want the spare, 1", got)
+	}
+	// The kernel holds it until the slots' lease could run out in Redis
+	// (the default lease, less the margin), and then admits nothing new
+	// (failure mode throw) unless a tick renews it.
+	if r, _ := td.fake.rule("pool"); !r.Until.Equal(td.clock.Now().Add(policy.DefaultLease-shareMargin)) || r.LimitAfter != 0 {
+		t.Errorf("after a first tick: kernel limit until %v, then %d; want the lease less the margin from now, then 0", r.Until.Sub(td.clock.Now()), r.LimitAfter)
 	}
 	// 6 refused: Redis hears the demand (its fair share was the demand
 	// of 1), then grants it.

@@ -107,6 +107,13 @@ type Rule struct {
 	// created; compare Stats.Spent. Raise it to grant more; lowering it
 	// takes back only what is not yet spent (see Datapath.Reclaim).
 	Granted uint64
+	// Until, when set, is when Limit stops holding (concurrency only):
+	// from then connect() is admitted against LimitAfter. A share of a
+	// budget kept elsewhere sets it to when its lease there could run
+	// out, and moves it on as it renews, so that a kernel whose user
+	// space stopped does not go on spending what was given away since.
+	Until      time.Time
+	LimitAfter uint32
 	// Shadow counts what would be refused and refuses nothing.
 	Shadow bool
 	// Errno is what a refused connect() returns; 0 means EPERM.
@@ -122,7 +129,8 @@ type Rule struct {
 // how (shadow, errno, tracking) is not compared.
 func (r Rule) SameLimit(o Rule) bool {
 	return r.Shape == o.Shape && r.Limit == o.Limit && r.Granted == o.Granted &&
-		r.Burst == o.Burst && r.Window == o.Window && r.Segments == o.Segments
+		r.Burst == o.Burst && r.Window == o.Window && r.Segments == o.Segments &&
+		r.Until.Equal(o.Until) && r.LimitAfter == o.LimitAfter
 }
 
 // MaxDests bounds the destinations of one rule.
@@ -206,6 +214,9 @@ func (r Rule) Validate() error {
 	}
 	if r.Granted != 0 && r.Shape != ShapeGranted {
 		add("only granted rules take granted permits")
+	}
+	if (!r.Until.IsZero() || r.LimitAfter != 0) && r.Shape != ShapeConcurrency {
+		add("only concurrency rules take a limit until a time")
 	}
 	switch r.Shape {
 	case ShapeConcurrency:

@@ -3,10 +3,12 @@
 package loader
 
 import (
+	"errors"
 	"io"
 	"net/netip"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/internal/privtest"
 )
@@ -114,4 +116,49 @@ func fillAndRefuse(t *testing.T, d *Datapath, target netip.AddrPort, rule string
 		c.Close()
 	}
 	waitLive(t, d, rule, 0)
+}
+
+// TestConcurrencyUntil: a concurrency rule's limit holds until its Until;
+// from then connect() is admitted against LimitAfter, with no write from
+// user space: what a share does when the daemon that renews it stops.
+// Moved on, the limit holds again; none, it holds for good.
+func TestConcurrencyUntil(t *testing.T) {
+	d, cg := open(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	privtest.Join(t, cg)
+	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	rule := Rule{Name: "share", Dests: local, Port: srv.Port(), Shape: ShapeConcurrency, Limit: 3, LimitAfter: 1}
+
+	rule.Until = time.Now().Add(time.Second)
+	put(t, d, rule)
+	var held []io.Closer
+	for range 3 {
+		held = append(held, dial(t, srv))
+	}
+	dialRefused(t, srv, syscall.EPERM)
+	held[0].Close()
+	held[1].Close()
+	waitLive(t, d, "share", 1)
+	time.Sleep(time.Until(rule.Until)) // past it: 1 live is all there may be
+	dialRefused(t, srv, syscall.EPERM)
+	if got, err := d.Rule("share"); err != nil || got.LimitAfter != 1 || got.Until.Sub(rule.Until).Abs() > time.Millisecond {
+		t.Errorf("read back: %+v, %v; want until %v, then 1", got, err, rule.Until)
+	}
+
+	rule.Until = time.Now().Add(time.Hour) // renewed
+	put(t, d, rule)
+	held = append(held[2:], dial(t, srv), dial(t, srv))
+	dialRefused(t, srv, syscall.EPERM)
+
+	rule.Until, rule.LimitAfter = time.Time{}, 0
+	rule.Limit = 4
+	put(t, d, rule)
+	held = append(held, dial(t, srv))
+	dialRefused(t, srv, syscall.EPERM)
+	for _, c := range held {
+		c.Close()
+	}
+	if err := d.Put(Rule{Name: "rate", Dests: local, Port: srv.Port() + 1, Shape: ShapePerSecond, Limit: 5, Until: time.Now()}); !errors.Is(err, ErrInvalidRule) {
+		t.Errorf("a per-second rule with an until: %v, want %v", err, ErrInvalidRule)
+	}
 }

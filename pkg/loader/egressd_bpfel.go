@@ -111,7 +111,9 @@ type egressdRule struct {
 	Epoch       uint32
 	SegmentNs   uint64
 	Granted     uint64
-	Line        [2]uint64
+	UntilNs     uint64
+	LimitAfter  uint32
+	Pad         uint32
 }
 
 type egressdRuleKey struct {

@@ -456,6 +456,17 @@ func (r *SampleReader) Read() (Sample, error) {
 // Close unblocks a pending Read.
 func (r *SampleReader) Close() error { return r.rd.rd.Close() }
 
+// wallToMonotonic converts a wall time to a bpf_ktime_get_ns() stamp, at
+// least 1 (0 means none): a time before boot is long past.
+func wallToMonotonic(t time.Time) uint64 {
+	var ts unix.Timespec
+	now := time.Now()
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 1
+	}
+	return uint64(max(1, ts.Nano()+int64(t.Sub(now))))
+}
+
 // monotonicToWall converts a bpf_ktime_get_ns() stamp to wall time.
 func monotonicToWall(ns uint64) time.Time {
 	var ts unix.Timespec

@@ -86,6 +86,10 @@ func ruleFromKernel(kr *egressdRule, meta *egressdRuleMeta) Rule {
 		Errno:    syscall.Errno(kr.RefuseErrno),
 	}
 	switch r.Shape {
+	case ShapeConcurrency:
+		if kr.UntilNs != 0 {
+			r.Until, r.LimitAfter = monotonicToWall(kr.UntilNs), kr.LimitAfter
+		}
 	case ShapePerSecond:
 		r.Burst = kr.Burst
 	case ShapePerWindow:
@@ -116,6 +120,10 @@ func encodeRule(r *Rule, gen, epoch uint32) egressdRule {
 		kr.Flags |= flagRequests
 	}
 	switch r.Shape {
+	case ShapeConcurrency:
+		if !r.Until.IsZero() {
+			kr.UntilNs, kr.LimitAfter = wallToMonotonic(r.Until), r.LimitAfter
+		}
 	case ShapePerSecond:
 		kr.Burst = r.Burst
 	case ShapePerWindow:

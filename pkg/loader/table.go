@@ -439,7 +439,7 @@ func metaOf(r *Rule) ruleMeta { return ruleMeta{name: r.Name, scope: r.Scope, po
 func sameRule(a, b *Rule) bool {
 	return a.Name == b.Name && a.Scope == b.Scope && a.Port == b.Port && a.Shape == b.Shape &&
 		a.Limit == b.Limit && a.Burst == b.Burst && a.Window == b.Window && a.Segments == b.Segments &&
-		a.Granted == b.Granted && a.Shadow == b.Shadow && a.Errno == b.Errno && a.Samples == b.Samples &&
+		a.Granted == b.Granted && a.Until.Equal(b.Until) && a.LimitAfter == b.LimitAfter && a.Shadow == b.Shadow && a.Errno == b.Errno && a.Samples == b.Samples &&
 		a.Requests == b.Requests && slices.Equal(a.Dests, b.Dests)
 }
 

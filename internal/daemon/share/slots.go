@@ -258,6 +258,25 @@ type SlotsView struct {
 // the failure mode last decided.
 func (s *Slots) Limit() int { return s.limit }
 
+// Until is until when the kernel may enforce Limit, and the limit after:
+// the slots' lease could run out in Redis, less Margin, from the last
+// Resize Redis confirmed, and then what the failure mode allows past the
+// lease (none, or under Allow the whole budget). Each confirmed Resize
+// moves it on; a daemon that stops (killed, paused) leaves its kernel to
+// fall back on its own, rather than go on spending slots Redis may have
+// given to other hosts since. Zero before Redis confirmed any slots (an
+// adopted share: its first tick confirms them, or drops them).
+func (s *Slots) Until() (time.Time, int) {
+	if s.confirmed.IsZero() {
+		return time.Time{}, 0
+	}
+	after := 0
+	if s.cfg.Mode == Allow {
+		after = s.cfg.Budget
+	}
+	return s.confirmed.Add(s.cfg.Lease - s.cfg.Margin), after
+}
+
 // View returns the share as it stands.
 func (s *Slots) View() SlotsView {
 	return SlotsView{Held: s.held, Fair: s.fair, Limit: s.limit, Epoch: s.epoch, FrozenUntil: s.frozenUntil, Outage: s.outage, Expired: s.expired}

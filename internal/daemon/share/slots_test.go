@@ -265,3 +265,42 @@ func TestSlotsNeverAboveConfirmed(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotsUntil: the kernel may enforce a share's limit until its slots'
+// lease could run out in Redis, less the margin, from the last Resize
+// Redis confirmed; then what the failure mode allows past the lease. An
+// unconfirmed renewal or a failed one does not move it on.
+func TestSlotsUntil(t *testing.T) {
+	const lease = 10 * time.Second
+	for _, tc := range []struct {
+		mode  Mode
+		after int
+	}{{Throw, 0}, {Deny, 0}, {Allow, 10}} {
+		s := NewSlots(SlotsConfig{Budget: 10, Lease: lease, Margin: time.Second, Idle: time.Second, Renew: time.Second, Mode: tc.mode}, t0)
+		if until, _ := s.Until(); !until.IsZero() {
+			t.Errorf("%v: until %v before Redis confirmed anything, want none", tc.mode, until)
+		}
+		tick := func(ms int, r SlotsReply, err error) {
+			p := s.Plan(SlotsObs{Limit: s.Limit(), Refused: 3}, at(ms))
+			req, _ := s.Request(p, 0, at(ms))
+			s.Reply(p, req, r, err, at(ms), at(ms+5))
+		}
+		for _, step := range []struct {
+			ms     int
+			reply  SlotsReply
+			err    error
+			wantMs int
+		}{
+			{0, SlotsReply{Held: 3, Fair: 10, Epoch: 1, Confirmed: true}, nil, 9000},
+			{1000, SlotsReply{Held: 3, Fair: 10, Epoch: 1, Confirmed: false}, nil, 9000},
+			{2000, SlotsReply{}, errDown, 9000},
+			{3000, SlotsReply{Held: 3, Fair: 10, Epoch: 1, Confirmed: true}, nil, 12000},
+		} {
+			tick(step.ms, step.reply, step.err)
+			until, after := s.Until()
+			if !until.Equal(at(step.wantMs)) || after != tc.after {
+				t.Errorf("%v at %d ms: until %v, then %d; want %v, then %d", tc.mode, step.ms, until.Sub(t0), after, at(step.wantMs).Sub(t0), tc.after)
+			}
+		}
+	}
+}
