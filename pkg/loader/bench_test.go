@@ -570,3 +570,21 @@ func kernelMemory(b *testing.B, d *Datapath) int {
 	}
 	return total
 }
+
+// BenchmarkLastRefusal is the cost of the question a refused caller's SDK
+// asks the daemon: the latest refusal of a process to a destination, out
+// of every CPU's log.
+func BenchmarkLastRefusal(b *testing.B) {
+	privtest.RequireRoot(b)
+	d, err := Open(&Config{Cgroup: privtest.Cgroup(b, "bench"), PinDir: privtest.PinDir(b), MaxRules: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Uninstall() })
+	dest := netip.MustParseAddrPort("127.0.0.1:443")
+	for b.Loop() {
+		if _, _, err := d.LastRefusal(uint32(os.Getpid()), dest); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

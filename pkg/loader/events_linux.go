@@ -3,11 +3,13 @@
 package loader
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -373,49 +375,63 @@ func stillSeq(mem *ebpf.Memory, off int, seq uint32) bool {
 	return *(*uint32)(unsafe.Pointer(&b[0])) == seq
 }
 
-// readLog reads every CPU's log of finished runs: slot i of CPU c is at
-// c*logSlots + i.
-func (d *Datapath) readLog() ([]egressdRefusalNote, error) {
-	notes := make([]egressdRefusalNote, logSlots*d.ncpu)
-	for cpu := range d.ncpu {
-		if err := d.readLogRange(cpu, 0, notes[cpu*logSlots:(cpu+1)*logSlots]); err != nil {
-			return nil, err
-		}
-	}
-	return notes, nil
-}
+// logPool holds one CPU's log of finished runs, as LastRefusal copies it:
+// a question each refused caller may ask must not allocate the log's size.
+var logPool = sync.Pool{New: func() any { return new([logSlots]egressdRefusalNote) }}
 
 // LastRefusal returns the latest refusal of process pid's connect() to
 // dest that the kernel still holds: the run in progress and the last 2048
 // finished runs of each CPU, a run being one process's refusals to one
 // destination in a row. The kernel notes a refusal before connect()
 // returns, so a caller asking after its EPERM finds it at once.
+//
+// Each CPU's log is copied whole and only the notes that match are checked
+// for a rewrite during the copy (their seq read again), newest first: the
+// check of every note was most of a question's cost.
 func (d *Datapath) LastRefusal(pid uint32, dest netip.AddrPort) (Refusal, bool, error) {
 	runs, err := d.refusalRuns()
 	if err != nil {
 		return Refusal{}, false, err
 	}
+	mem, err := d.maps().RefusalLog.Memory()
+	if err != nil {
+		return Refusal{}, false, fmt.Errorf("map refusal log: %w", err)
+	}
 	addr := dest.Addr().As16()
 	match := func(n *egressdRefusalNote) bool {
 		return n.Seq != 0 && n.Pid == pid && n.Port == dest.Port() && n.Addr == addr
 	}
-	log, err := d.readLog()
-	if err != nil {
-		return Refusal{}, false, err
+	type candidate struct {
+		note egressdRefusalNote
+		off  int // of the note in the log; -1 for a run in progress (checked already)
 	}
+	var found []candidate
 	for i := range runs {
-		log = append(log, runs[i].Cur)
-	}
-	var last *egressdRefusalNote
-	for i := range log {
-		if n := &log[i]; match(n) && (last == nil || n.TimeNs > last.TimeNs) {
-			last = n
+		if match(&runs[i].Cur) {
+			found = append(found, candidate{runs[i].Cur, -1})
 		}
 	}
-	if last == nil {
-		return Refusal{}, false, nil
+	log := logPool.Get().(*[logSlots]egressdRefusalNote)
+	defer logPool.Put(log)
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(&log[0])), noteSize*logSlots)
+	for cpu := range d.ncpu {
+		off := cpu * logSlots * noteSize
+		if _, err := mem.ReadAt(buf, int64(off)); err != nil {
+			return Refusal{}, false, fmt.Errorf("read refusal log: %w", err)
+		}
+		for j := range log {
+			if match(&log[j]) {
+				found = append(found, candidate{log[j], off + j*noteSize})
+			}
+		}
 	}
-	return d.refusal(last), true, nil
+	slices.SortFunc(found, func(a, b candidate) int { return cmp.Compare(b.note.TimeNs, a.note.TimeNs) })
+	for _, c := range found {
+		if c.off < 0 || stillSeq(mem, c.off+seqOff, c.note.Seq) {
+			return d.refusal(&c.note), true, nil
+		}
+	}
+	return Refusal{}, false, nil
 }
 
 // SampleReader reads latency samples of rules with Samples set.
