@@ -100,13 +100,32 @@ func loadOverrides(dir string) (overrides, error) {
 	}
 	var f overridesFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return overrides{}, fmt.Errorf("state %s: %w", overridesPath(dir), err)
+		return overrides{}, fmt.Errorf("state %s: %w: %w", overridesPath(dir), errUnreadable, err)
 	}
 	p, err := policy.Parse([]byte(f.Rules))
 	if err != nil {
-		return overrides{}, fmt.Errorf("state %s: %w", overridesPath(dir), err)
+		return overrides{}, fmt.Errorf("state %s: %w: %w", overridesPath(dir), errUnreadable, err)
 	}
 	return overrides{Set: p.Rules, Removed: f.Removed}, nil
+}
+
+// errUnreadable is a saved file that was read but does not parse (edited
+// by hand, written by a newer egressd, damaged).
+var errUnreadable = errors.New("unreadable")
+
+// setAsideOverrides moves the run-time limits' file that does not parse
+// (err) aside, so that the next `limit set` does not write over it, and
+// has the daemon start with the policy alone: not starting would leave a
+// rebooted host with no limits at all. Only a failed move stops the start.
+func (d *Daemon) setAsideOverrides(err error) error {
+	path := overridesPath(d.cfg.StateDir)
+	aside := path + ".unreadable"
+	if rerr := os.Rename(path, aside); rerr != nil {
+		return errors.Join(err, fmt.Errorf("setting it aside: %w", rerr))
+	}
+	d.log.Error("run-time limits not read; set aside, and the daemon starts with the policy alone", "err", err, "aside", aside)
+	d.startProblem(fmt.Sprintf("run-time limits not read (%v): set aside as %s", err, aside))
+	return nil
 }
 
 // save writes the overrides atomically and durably: a crash leaves the

@@ -83,8 +83,17 @@ func (d *Daemon) loadLastGood(invalid error) (*policy.Policy, error) {
 	}
 	d.lastGood = sha256.Sum256(text)
 	d.log.Error("policy file invalid; running the last policy applied until a reload takes a valid one", "file", d.cfg.PolicyFile, "err", invalid, "running", path)
-	d.reload = control.Reload{Time: time.Now(), Error: fmt.Sprintf("%v (running the last policy applied, kept in %s)", invalid, path)}
+	d.startProblem(fmt.Sprintf("%v (running the last policy applied, kept in %s)", invalid, path))
 	return p, nil
+}
+
+// startProblem adds what the start could not do as it should to the
+// status's last load, which a reload that succeeds clears.
+func (d *Daemon) startProblem(msg string) {
+	if d.reload.Error != "" {
+		msg = d.reload.Error + "; " + msg
+	}
+	d.reload = control.Reload{Time: time.Now(), Error: msg}
 }
 
 // Policies from this size up grow the heap by about 50 times their size

@@ -56,7 +56,11 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.huge.Advise()
 	grown := sync.OnceFunc(d.huge.Withdraw)
 	defer grown()
-	if d.overrides, err = loadOverrides(d.cfg.StateDir); err != nil {
+	d.overrides, err = loadOverrides(d.cfg.StateDir)
+	if errors.Is(err, errUnreadable) {
+		d.overrides, err = overrides{}, d.setAsideOverrides(err)
+	}
+	if err != nil {
 		return err
 	}
 	d.names.restore()

@@ -439,6 +439,40 @@ func TestRunInvalidPolicyRunsLastGood(t *testing.T) {
 	}
 }
 
+// TestRunUnreadableOverridesSetAside: run-time limits saved in a file that
+// does not parse (edited by hand, written by a newer egressd) are set
+// aside, not written over, and the daemon starts with the policy alone and
+// says so in status, rather than not start.
+func TestRunUnreadableOverridesSetAside(t *testing.T) {
+	td := newTestDaemon(t)
+	const garbled = `{"rules": "- {name: x`
+	if err := os.MkdirAll(td.cfg.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, overridesPath(td.cfg.StateDir), garbled)
+	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
+	td.start(t)
+	if got, want := td.state()["db"], "10.0.0.1/32 concurrency 5 (policy)"; got != want {
+		t.Errorf("db %q, want %q", got, want)
+	}
+	st, err := td.client().Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(st.LastReload.Error, "run-time limits not read") {
+		t.Errorf("status says %+v, want the run-time limits not read", st.LastReload)
+	}
+	if b, err := os.ReadFile(overridesPath(td.cfg.StateDir) + ".unreadable"); err != nil || string(b) != garbled {
+		t.Errorf("set aside: %q, %v; want the file as it was", b, err)
+	}
+	if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 1}\n").Rules[0]); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := loadOverrides(td.cfg.StateDir); err != nil || len(o.Set) != 1 {
+		t.Errorf("run-time limits after a limit set: %+v, %v", o, err)
+	}
+}
+
 // TestRunStopsDespiteStalledFollower: a follower of events that stops
 // reading, with the daemon's writes to it blocked, neither holds up a stop
 // nor makes it fail.
