@@ -68,16 +68,22 @@ func Listen(path string, opts *ListenOptions) (net.Listener, error) {
 		gid = int(g)
 	}
 
-	if err := clearStale(path); err != nil {
-		return nil, err
-	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
+	lock, err := lockSocket(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := clearStale(path); err != nil {
+		lock.Close()
+		return nil, err
+	}
 	tmp := filepath.Join(dir, "."+filepath.Base(path)+"."+randomSuffix())
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
+		lock.Close()
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	ln.SetUnlinkOnClose(false) // the temporary name goes below; path is ours to manage
@@ -98,9 +104,31 @@ func Listen(path string, opts *ListenOptions) (net.Listener, error) {
 	}
 	if err != nil {
 		ln.Close()
+		lock.Close()
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	return &listener{UnixListener: ln, path: path, file: fi}, nil
+	return &listener{UnixListener: ln, path: path, file: fi, lock: lock}, nil
+}
+
+// lockSocket takes the lock beside the socket at path (PATH.lock, kept:
+// removing it would let two daemons hold two files) for as long as the
+// listener lives. Two daemons that start at once and both find a stale
+// socket would otherwise both take it for stale, and the second remove
+// the first's new socket; the kernel drops the lock of a daemon that
+// dies, so a stale socket's lock is free.
+func lockSocket(path string) (*os.File, error) {
+	f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another egressd is listening on %s (it holds %s.lock)", path, path)
+		}
+		return nil, fmt.Errorf("listen %s: lock: %w", path, err)
+	}
+	return f, nil
 }
 
 // clearStale removes a dead socket at path and refuses to touch a live one
@@ -164,6 +192,7 @@ type listener struct {
 	*net.UnixListener
 	path string
 	file fs.FileInfo
+	lock *os.File // see lockSocket
 
 	once sync.Once
 	err  error
@@ -181,6 +210,7 @@ func (l *listener) Close() error {
 			os.Remove(l.path)
 		}
 		l.err = l.UnixListener.Close()
+		l.lock.Close()
 	})
 	return l.err
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,8 +75,8 @@ func TestListenDefaults(t *testing.T) {
 		t.Errorf("socket mode %v, want socket 0660", fi.Mode())
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
-	if len(entries) != 1 {
-		t.Errorf("socket directory holds %d entries, want only the socket (no temporary left)", len(entries))
+	if len(entries) != 2 || entries[0].Name() != "egressd.sock" || entries[1].Name() != "egressd.sock.lock" {
+		t.Errorf("socket directory holds %v, want only the socket and its lock (no temporary left)", entries)
 	}
 	dialOK(t, ln, path)
 	if err := ln.Close(); err != nil {
@@ -159,22 +160,57 @@ func TestListenLeavesNonSocketAlone(t *testing.T) {
 	}
 }
 
-// A daemon shutting down must not remove the socket of the daemon that
-// replaced it.
-func TestCloseLeavesSuccessorSocket(t *testing.T) {
+// While a daemon listens, another cannot, even with the first's socket
+// removed (an operator cleaning up): two daemons would fight over the
+// datapath. Once the first closes, another can.
+func TestSecondListenerRefused(t *testing.T) {
 	path := filepath.Join(sockDir(t), "egressd.sock")
 	old, err := control.Listen(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(path); err != nil { // e.g. an operator cleaning up
+	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	successor := listen(t, path, nil)
+	if ln, err := control.Listen(path, nil); err == nil || !strings.Contains(err.Error(), "another egressd is listening") {
+		if ln != nil {
+			ln.Close()
+		}
+		t.Fatalf("a second Listen while the first listens: %v, want it refused", err)
+	}
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
+	successor := listen(t, path, nil)
 	dialOK(t, successor, path)
+}
+
+// Daemons started at once over a stale socket: one listens, the others
+// are refused; none removes the socket the one made.
+func TestListenAtOnceOverStaleSocket(t *testing.T) {
+	path := filepath.Join(sockDir(t), "egressd.sock")
+	staleSocket(t, path)
+	const n = 8
+	lns := make(chan net.Listener, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if ln, err := control.Listen(path, nil); err == nil {
+				lns <- ln
+			}
+		})
+	}
+	wg.Wait()
+	close(lns)
+	var got []net.Listener
+	for ln := range lns {
+		got = append(got, ln)
+		t.Cleanup(func() { ln.Close() })
+	}
+	if len(got) != 1 {
+		t.Fatalf("%d of %d Listens at once succeeded, want 1", len(got), n)
+	}
+	dialOK(t, got[0], path)
 }
 
 func TestServerShutdownRemovesSocket(t *testing.T) {
