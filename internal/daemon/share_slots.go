@@ -71,7 +71,7 @@ func (s *slotShare) adopt(kr loader.Rule, st loader.Stats) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.slots.Adopt(decide.SlotsObs{Limit: int(kr.Limit), Live: int(st.Live), Refused: st.Refused})
+	s.slots.Adopt(decide.SlotsObs{Limit: int(kr.Limit), Live: int(st.Live), Refused: st.Refused}, kr.Until)
 }
 
 func (s *slotShare) start() { s.run(s.tick) }

@@ -99,11 +99,18 @@ func NewSlots(cfg SlotsConfig, now time.Time) *Slots {
 // Adopt starts the share from the kernel rule a previous daemon left
 // pinned: its limit was within the slots Redis confirmed then, which are
 // this holder's still if their lease has not run out (the first Resize
-// says). When that was is unknown, so if Redis cannot be reached the
-// share counts its lease as run out.
-func (s *Slots) Adopt(o SlotsObs) {
+// says). until is the rule's deadline (see Until), which the share keeps
+// until Redis confirms again: a daemon restarted after it passed must not
+// lift the kernel's fallback while it asks, since Redis may have given the
+// slots away. A rule without one (zero) leaves when its slots were renewed
+// unknown, so if Redis cannot be reached the share counts their lease as
+// run out.
+func (s *Slots) Adopt(o SlotsObs, until time.Time) {
 	s.held, s.limit, s.hadState = o.Limit, o.Limit, true
 	s.lastRefused = o.Refused
+	if !until.IsZero() {
+		s.confirmed = until.Add(-(s.cfg.Lease - s.cfg.Margin))
+	}
 }
 
 // Inherit carries on from old, a share of the same budget under the same
@@ -264,8 +271,8 @@ func (s *Slots) Limit() int { return s.limit }
 // lease (none, or under Allow the whole budget). Each confirmed Resize
 // moves it on; a daemon that stops (killed, paused) leaves its kernel to
 // fall back on its own, rather than go on spending slots Redis may have
-// given to other hosts since. Zero before Redis confirmed any slots (an
-// adopted share: its first tick confirms them, or drops them).
+// given to other hosts since. Zero before Redis confirmed any slots; an
+// adopted share keeps its rule's until Redis confirms (see Adopt).
 func (s *Slots) Until() (time.Time, int) {
 	if s.confirmed.IsZero() {
 		return time.Time{}, 0

@@ -38,13 +38,16 @@ type simClient struct {
 }
 
 type simHost struct {
-	name    string
-	slots   *Slots
-	cfg     SlotsConfig
-	limit   int // the kernel's
-	live    int
-	refused uint64
-	clients []*simClient
+	name  string
+	slots *Slots
+	cfg   SlotsConfig
+	limit int // the kernel's
+	// The kernel rule's deadline and its limit past it (see Slots.Until).
+	deadline time.Time
+	after    int
+	live     int
+	refused  uint64
+	clients  []*simClient
 
 	paused bool // the daemon does nothing
 	cut    bool // the daemon's calls to Redis fail
@@ -127,12 +130,21 @@ func (s *sim) setClients(h *simHost, n int) {
 	}
 }
 
-// restart kills h's daemon and starts another, which adopts the kernel's
-// rule, after down.
+// restart kills h's daemon and starts another after down, which adopts
+// the kernel's rule, writes it back as the share has it, and ticks a tick
+// later.
 func (s *sim) restart(h *simHost, down time.Duration) {
-	h.slots = NewSlots(h.cfg, s.now.Add(down))
-	h.slots.Adopt(SlotsObs{Limit: h.limit, Live: h.live, Refused: h.refused})
+	h.slots = nil
 	h.phase, h.at = 0, s.now.Add(down)
+}
+
+// startDaemon starts h's daemon over the kernel rule its previous one left.
+func (s *sim) startDaemon(h *simHost) {
+	h.slots = NewSlots(h.cfg, s.now)
+	h.slots.Adopt(SlotsObs{Limit: h.limit, Live: h.live, Refused: h.refused}, h.deadline)
+	h.limit = h.slots.Limit()
+	h.deadline, h.after = h.slots.Until()
+	h.phase, h.at = 0, s.now.Add(simTick)
 }
 
 func (s *sim) run(d time.Duration, each func()) {
@@ -162,7 +174,11 @@ func (s *sim) kernel(h *simHost) {
 			h.live--
 			continue
 		}
-		if h.live < h.limit {
+		limit := h.limit
+		if !h.deadline.IsZero() && !s.now.Before(h.deadline) {
+			limit = h.after
+		}
+		if h.live < limit {
 			h.live++
 			c.holding = true
 			c.until = s.now.Add(s.hold[0] + time.Duration(s.rng.Int64N(int64(s.hold[1]-s.hold[0]))))
@@ -177,10 +193,15 @@ func (s *sim) daemon(h *simHost) {
 	if h.paused || s.now.Before(h.at) {
 		return
 	}
+	if h.slots == nil {
+		s.startDaemon(h)
+		return
+	}
 	switch h.phase {
 	case 0:
 		h.plan = h.slots.Plan(SlotsObs{Limit: h.limit, Live: h.live, Refused: h.refused}, s.now)
 		h.limit = h.plan.Limit
+		h.deadline, h.after = h.slots.Until()
 		h.phase, h.at = 1, s.now.Add(time.Millisecond)
 	case 1:
 		var ask bool
@@ -203,6 +224,7 @@ func (s *sim) daemon(h *simHost) {
 	case 3:
 		var ev Event
 		h.limit, ev = h.slots.Reply(h.plan, h.req, h.reply, h.err, h.sent, s.now)
+		h.deadline, h.after = h.slots.Until()
 		if ev != 0 {
 			h.events = append(h.events, ev)
 		}
@@ -238,7 +260,10 @@ func (s *sim) check() {
 			var b strings.Builder
 			fmt.Fprintf(&b, "at +%v: %d connections held at once, budget %d:", s.now.Sub(s.start), total, s.budget)
 			for _, h := range s.hosts {
-				v := h.slots.View()
+				var v SlotsView
+				if h.slots != nil { // nil: the daemon is down
+					v = h.slots.View()
+				}
 				fmt.Fprintf(&b, " [%s live %d limit %d held %d fair %d redis %d failing %v]", h.name, h.live, h.limit, v.Held, v.Fair, s.redis.budget.HeldBy(h.name, s.now), v.Outage.Failing())
 			}
 			s.first = b.String()
@@ -365,17 +390,24 @@ func TestSlotsSimOutages(t *testing.T) {
 	}
 }
 
+// newBusySim starts three busy hosts on a budget of 10, past the first
+// use's freeze; every other seed's budget is persistent.
+func newBusySim(t *testing.T, seed uint64, lease time.Duration) *sim {
+	s := newSim(t, seed, 10, lease, seed%2 == 0)
+	for range 3 {
+		s.addHost(5 + s.rng.IntN(20))
+	}
+	s.run(lease+2*time.Second, nil)
+	return s
+}
+
 // TestSlotsSimRestartAndFailover: a daemon killed and restarted (a new
 // share adopts the kernel's rule) while the others are busy; a failover
 // to a replica that lags, while replicas are asked to confirm (WAIT).
 func TestSlotsSimRestartAndFailover(t *testing.T) {
 	for seed := range uint64(60) {
 		lease := 3 * time.Second
-		s := newSim(t, seed, 10, lease, seed%2 == 0)
-		for range 3 {
-			s.addHost(5 + s.rng.IntN(20))
-		}
-		s.run(lease+2*time.Second, nil)
+		s := newBusySim(t, seed, lease)
 		h := s.hosts[s.rng.IntN(len(s.hosts))]
 		s.restart(h, time.Duration(s.rng.Int64N(int64(2*time.Second))))
 		s.run(2*time.Second, nil)
@@ -390,6 +422,21 @@ func TestSlotsSimRestartAndFailover(t *testing.T) {
 		s.setClients(idle, 5+s.rng.IntN(20))
 		s.redis.lag = 0
 		s.run(2*lease, nil)
+		s.fills(fmt.Sprintf("seed %d", seed))
+	}
+}
+
+// TestSlotsSimGoneLongerThanLease: a daemon killed for longer than the
+// lease, while the others are busy: its kernel falls back at the rule's
+// deadline, the others take the slots Redis let go, and the restarted
+// daemon, adopting the rule, keeps that fallback until Redis answers.
+func TestSlotsSimGoneLongerThanLease(t *testing.T) {
+	for seed := range uint64(40) {
+		lease := 3 * time.Second
+		s := newBusySim(t, seed, lease)
+		h := s.hosts[s.rng.IntN(len(s.hosts))]
+		s.restart(h, lease+time.Duration(s.rng.Int64N(int64(2*lease))))
+		s.run(3*lease, nil)
 		s.fills(fmt.Sprintf("seed %d", seed))
 	}
 }

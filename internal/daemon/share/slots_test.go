@@ -37,7 +37,9 @@ func TestSlotsTicks(t *testing.T) {
 		name  string
 		mode  Mode
 		adopt *SlotsObs
-		ticks []slotsTick
+		// adoptUntil is the adopted rule's deadline, in ms; 0 for none.
+		adoptUntil int
+		ticks      []slotsTick
 	}{{
 		name: "grows with demand, never before Redis confirms",
 		ticks: []slotsTick{
@@ -180,6 +182,15 @@ func TestSlotsTicks(t *testing.T) {
 			{ms: 0, obs: SlotsObs{Limit: 4, Live: 3}, live: 3, err: true, planLimit: 4,
 				req: SlotsRequest{Want: 4, Demand: 4, Prior: 4, HadState: true}, limit: 0, ev: Failed | Expired},
 		},
+	}, {
+		name:  "adopted with a deadline ahead, Redis unreachable: the slots hold until it",
+		adopt: &SlotsObs{Limit: 4, Live: 3}, adoptUntil: 2000,
+		ticks: []slotsTick{
+			{ms: 0, obs: SlotsObs{Limit: 4, Live: 3}, live: 3, err: true, planLimit: 4,
+				req: SlotsRequest{Want: 4, Demand: 4, Prior: 4, HadState: true}, limit: 4, ev: Failed},
+			{ms: 2000, obs: SlotsObs{Limit: 4, Live: 3}, live: 3, err: true, planLimit: 4,
+				req: SlotsRequest{Want: 4, Demand: 4, Prior: 4, HadState: true}, limit: 0, ev: Expired},
+		},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -187,7 +198,11 @@ func TestSlotsTicks(t *testing.T) {
 			c.Mode = tt.mode
 			s := NewSlots(c, t0)
 			if tt.adopt != nil {
-				s.Adopt(*tt.adopt)
+				var until time.Time
+				if tt.adoptUntil != 0 {
+					until = at(tt.adoptUntil)
+				}
+				s.Adopt(*tt.adopt, until)
 			}
 			for i, tk := range tt.ticks {
 				now := at(tk.ms)
@@ -302,5 +317,33 @@ func TestSlotsUntil(t *testing.T) {
 				t.Errorf("%v at %d ms: until %v, then %d; want %v, then %d", tc.mode, step.ms, until.Sub(t0), after, at(step.wantMs).Sub(t0), tc.after)
 			}
 		}
+	}
+}
+
+// An adopted rule's deadline stays the share's until Redis confirms: a
+// daemon restarted after it passed writes it back as it was, so the
+// kernel's fallback holds while the first Resize is out. A rule without
+// one gives none.
+func TestSlotsAdoptKeepsDeadline(t *testing.T) {
+	const lease = 10 * time.Second
+	cfg := SlotsConfig{Budget: 10, Lease: lease, Margin: time.Second, Idle: time.Second, Renew: time.Second}
+	s := NewSlots(cfg, at(20000))
+	s.Adopt(SlotsObs{Limit: 5, Live: 0}, at(3000))
+	if until, after := s.Until(); !until.Equal(at(3000)) || after != 0 {
+		t.Fatalf("adopted a rule past its deadline: until %v, then %d; want %v, then 0", until.Sub(t0), after, at(3000).Sub(t0))
+	}
+	p := s.Plan(SlotsObs{Limit: 5}, at(20000))
+	req, _ := s.Request(p, 0, at(20000))
+	if limit, _ := s.Reply(p, req, SlotsReply{Held: 0, Fair: 5, Epoch: 1, Confirmed: true}, nil, at(20000), at(20005)); limit != 0 {
+		t.Errorf("Redis gave the slots away meanwhile, limit %d; want 0", limit)
+	}
+	if until, _ := s.Until(); !until.Equal(at(29000)) {
+		t.Errorf("after Redis confirmed at 20 s: until %v, want 29s", until.Sub(t0))
+	}
+
+	s = NewSlots(cfg, t0)
+	s.Adopt(SlotsObs{Limit: 5}, time.Time{})
+	if until, _ := s.Until(); !until.IsZero() {
+		t.Errorf("adopted a rule without a deadline: until %v, want none", until.Sub(t0))
 	}
 }
