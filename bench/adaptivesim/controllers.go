@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"time"
 
 	"github.com/failsafe-go/failsafe-go/adaptivelimiter"
@@ -126,7 +127,8 @@ func (f *failsafeController) Limit() int { return f.l.Limit() }
 // least concurrency that keeps them all busy.
 type oracleController struct {
 	sc       *Scenario
-	share    int // hosts the servers are split between
+	share    int     // hosts the servers are split between
+	times    float64 // the limit is this many times the servers (1: the oracle; more: a fixed overcommit, for the frontier)
 	inflight int
 	now      time.Duration
 }
@@ -145,7 +147,9 @@ func (o *oracleController) Done(now time.Duration, _ any, _ time.Duration, _ boo
 	o.inflight--
 }
 
-func (o *oracleController) Limit() int { return max(o.sc.serversAt(o.now)/o.share, 1) }
+func (o *oracleController) Limit() int {
+	return max(int(math.Round(o.times*float64(o.sc.serversAt(o.now))))/o.share, 1)
+}
 
 // noLimit is the other reference: every call goes through, and the
 // dependency's own queue is the only bound.

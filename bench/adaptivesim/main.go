@@ -49,6 +49,7 @@ func main() {
 		F: func(t *testing.T) {
 			single, many := Run(t, cfg)
 			WriteTable(os.Stdout, cfg, single, many)
+			WriteFrontier(os.Stdout, Frontier(single))
 			if *plotDir != "" {
 				if err := writePlots(*plotDir, cfg, single, many); err != nil {
 					t.Fatalf("plot: %v", err)

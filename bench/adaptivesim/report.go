@@ -52,7 +52,7 @@ func specs(cfg Config) []spec {
 		{name: "gradient2", desc: "updated on every sample", make: func(*Scenario, int) Controller { return newGradient2(0) }},
 		{name: "gradient2/1s", desc: "updated on 1 s windows", make: func(*Scenario, int) Controller { return newGradient2(time.Second) }},
 		{name: pinned, desc: "egressd's rule, true no-queue baseline; not a peer", kind: Diagnostic, make: func(sc *Scenario, _ int) Controller { return newPinned(sc) }},
-		{name: oracle, kind: Reference, make: func(sc *Scenario, _ int) Controller { return &oracleController{sc: sc, share: 1} }},
+		{name: oracle, kind: Reference, make: func(sc *Scenario, _ int) Controller { return &oracleController{sc: sc, share: 1, times: 1} }},
 		{name: "ref: no limit", kind: Reference, make: func(*Scenario, int) Controller { return noLimit{} }},
 	}
 }
@@ -65,7 +65,7 @@ func manySpecs(cfg Config) []spec {
 		switch sp.name {
 		case oracle:
 			sp.desc = "each host holds c / hosts"
-			sp.make = func(sc *Scenario, _ int) Controller { return &oracleController{sc: sc, share: sc.hosts()} }
+			sp.make = func(sc *Scenario, _ int) Controller { return &oracleController{sc: sc, share: sc.hosts(), times: 1} }
 		case "gradient2", pinned, "ref: no limit":
 			continue
 		}
