@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"cmp"
+
 	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
 
@@ -10,13 +13,35 @@ import (
 // written to the kernel here.
 
 // newController makes an adaptive rule's loop, which pushes its limit to
-// the kernel rule named name while that rule is its.
-func (d *Daemon) newController(name string, a policy.Adaptive) (*adaptive.Controller, error) {
+// the kernel rule named name while that rule is its. It starts at resume,
+// within the rule's Minimum and Maximum, when that is not 0, else at
+// Initial.
+func (d *Daemon) newController(name string, a policy.Adaptive, resume int) (*adaptive.Controller, error) {
 	opts := a.Options()
+	if resume > 0 {
+		opts.Initial = min(max(resume, cmp.Or(opts.Minimum, adaptive.DefaultMinimum)), cmp.Or(opts.Maximum, adaptive.DefaultMaximum))
+	}
 	var c *adaptive.Controller
 	opts.OnChange = func(from, to int) { d.pushLimit(name, c, to) }
 	c, err := adaptive.New(&opts)
 	return c, err
+}
+
+// resumeAt is where a new loop of the adaptive rule named name starts:
+// for a rule new to this daemon, the limit a previous daemon's loop left
+// in its pinned kernel rule, so that a restart (an upgrade, a crash) does
+// not lift a limit the loop had lowered for a struggling dependency back
+// to Initial. 0 (Initial) for a rule this daemon had, since it changed,
+// and for one the kernel does not have as an adaptive rule.
+func (d *Daemon) resumeAt(name string, old *entry) int {
+	if old != nil {
+		return 0
+	}
+	kr, err := d.dp.Rule(name)
+	if err != nil || kr.Shape != loader.ShapeConcurrency || !kr.Samples {
+		return 0
+	}
+	return int(kr.Limit)
 }
 
 // pushLimit moves an adaptive rule's kernel limit; it is the change

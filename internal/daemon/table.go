@@ -363,7 +363,7 @@ func (d *Daemon) plan(e, old *entry, f found) error {
 	}
 	if a, ok := e.spec.Limit.(policy.Adaptive); ok {
 		if e.ctrl == nil {
-			ctrl, err := d.newController(e.spec.Name, a)
+			ctrl, err := d.newController(e.spec.Name, a, d.resumeAt(e.spec.Name, old))
 			if err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -135,6 +136,54 @@ func (td *testDaemon) state() map[string]string {
 		out[name] = strings.Join(dests, ",") + " " + r.Shape.String() + " " + strconv.Itoa(int(r.Limit)) + " (" + e.source + ")"
 	}
 	return out
+}
+
+// TestAdaptiveResumesPinnedLimit: a daemon that starts on the rules a
+// previous one left pinned starts each adaptive loop at the limit the
+// previous loop left in the kernel (within the rule's Minimum and
+// Maximum), not at Initial: a restart does not lift a limit lowered for a
+// struggling dependency. A rule the kernel had with a fixed limit, or none,
+// starts at Initial; so does a rule changed while this daemon runs.
+func TestAdaptiveResumesPinnedLimit(t *testing.T) {
+	dest := []netip.Prefix{netip.MustParsePrefix("10.0.0.2/32")}
+	for _, tc := range []struct {
+		name   string
+		pinned *loader.Rule
+		rule   string
+		want   string
+	}{
+		{"lowered by the previous loop", &loader.Rule{Name: "dep", Shape: loader.ShapeConcurrency, Limit: 6, Samples: true, Dests: dest},
+			"adaptive: {}", "10.0.0.2/32 concurrency 6 (policy)"},
+		{"above the rule's maximum now", &loader.Rule{Name: "dep", Shape: loader.ShapeConcurrency, Limit: 90, Samples: true, Dests: dest},
+			"adaptive: {maximum: 50}", "10.0.0.2/32 concurrency 50 (policy)"},
+		{"below the rule's minimum now", &loader.Rule{Name: "dep", Shape: loader.ShapeConcurrency, Limit: 2, Samples: true, Dests: dest},
+			"adaptive: {minimum: 5}", "10.0.0.2/32 concurrency 5 (policy)"},
+		{"a fixed limit before", &loader.Rule{Name: "dep", Shape: loader.ShapeConcurrency, Limit: 3, Dests: dest},
+			"adaptive: {}", "10.0.0.2/32 concurrency 20 (policy)"},
+		{"nothing pinned", nil, "adaptive: {initial: 7}", "10.0.0.2/32 concurrency 7 (policy)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			td := newTestDaemon(t)
+			if tc.pinned != nil {
+				td.fake.adopted = true
+				td.fake.rules["dep"] = *tc.pinned
+			}
+			if err := td.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, "+tc.rule+"}\n")); err != nil {
+				t.Fatal(err)
+			}
+			if got := td.state()["dep"]; got != tc.want {
+				t.Errorf("dep: %s, want %s", got, tc.want)
+			}
+			// Changed while this daemon runs: the new loop starts at
+			// Initial, as documented.
+			if err := td.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 9}}\n")); err != nil {
+				t.Fatal(err)
+			}
+			if got := td.state()["dep"]; got != "10.0.0.2/32 concurrency 9 (policy)" {
+				t.Errorf("dep changed: %s, want it at its initial 9", got)
+			}
+		})
+	}
 }
 
 // TestInstall: a policy file and the run-time changes become the table,
