@@ -8,14 +8,23 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/sdk"
+	"github.com/egressd/egressd/pkg/sdk/sdkgrpc"
 	"github.com/egressd/egressd/pkg/verdict"
 )
 
@@ -148,4 +157,69 @@ func runSDKDial(args []string) error {
 	a := r.Attempts[len(r.Attempts)-1]
 	fmt.Printf("pid %d kind %v self %t rule %q\n", os.Getpid(), a.Kind(), a.SelfImposed(), rule)
 	return nil
+}
+
+// TestSDKGRPCFailFastRefusalsSelfImposed: a gRPC channel whose dial the
+// kernel refused fails the calls that come during its reconnect backoff at
+// once, with the UNAVAILABLE of that dial, and dials nothing for them.
+// Those calls began after the refusal, yet it is their cause: the daemon's
+// refusal is claimed for them too, so they stay self-imposed.
+func TestSDKGRPCFailFastRefusalsSelfImposed(t *testing.T) {
+	e := newEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	port := ln.Addr().(*net.TCPAddr).Port
+	e.writePolicy(t, policyRule("web", port, 1))
+	e.start(t)
+	privtest.Join(t, e.cg)
+	held, err := net.Dial("tcp", ln.Addr().String()) // the limit of 1 is now full
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { held.Close() })
+
+	var dials atomic.Int32
+	var d net.Dialer
+	c := sdkgrpc.NewClient(sdkgrpc.ClientOptions{
+		Policy: &sdk.Policy{MaxAttempts: 1, Classifier: sdk.DefaultClassifier().WithAttributor(sdk.DaemonAttributor(&control.Client{Socket: e.socket}))},
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return d.DialContext(ctx, "tcp", addr)
+		},
+	})
+	conn, err := grpc.NewClient("passthrough:///"+ln.Addr().String(), append(c.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	hc := healthpb.NewHealthClient(conn)
+	call := func(which string) {
+		t.Helper()
+		var res sdkgrpc.Result
+		_, err := hc.Check(sdkgrpc.WithResult(context.Background(), &res), &healthpb.HealthCheckRequest{})
+		if status.Code(err) != codes.Unavailable || len(res.Attempts) != 1 {
+			t.Fatalf("%s call: %v after %d attempts, want UNAVAILABLE after 1", which, err, len(res.Attempts))
+		}
+		if a := res.Attempts[0]; a.Kind() != verdict.Throttled || !a.SelfImposed() {
+			t.Errorf("%s call: %v, want a self-imposed refusal", which, a)
+		}
+		if rl, ok := sdk.AsRateLimited(err); !ok || rl.Limiter != "web" {
+			t.Errorf("%s call: error %v, want one naming rule web", which, err)
+		}
+	}
+	call("first") // dials, and is refused
+	n := dials.Load()
+	// Past the SDK's cache of the daemon's answer, within gRPC's first
+	// reconnect backoff (1 s, less 20% jitter).
+	time.Sleep(300 * time.Millisecond)
+	call("second")
+	if dials.Load() != n {
+		t.Fatalf("the second call dialled (%d dials, %d before): it does not test a call failed fast", dials.Load(), n)
+	}
 }

@@ -55,6 +55,38 @@ func attemptStarted(ctx context.Context) (time.Time, bool) {
 	return t, ok
 }
 
+// WithDialStart returns err, the error of a connect(), marked with when
+// that connect() was made, for a client whose attempts can fail with the
+// error of a dial made before them: a gRPC channel whose dial was refused
+// fails the calls of its reconnect backoff at once with that dial's error.
+// [DaemonAttributor] claims the daemon's refusal for an attempt only if it
+// came after the attempt began, or, for an error so marked, after the dial
+// began.
+func WithDialStart(err error, started time.Time) error {
+	if err == nil {
+		return nil
+	}
+	return &dialStartError{err: err, started: started}
+}
+
+type dialStartError struct {
+	err     error
+	started time.Time
+}
+
+func (e *dialStartError) Error() string { return e.err.Error() }
+func (e *dialStartError) Unwrap() error { return e.err }
+
+// dialStarted returns when the connect() that err is the error of was
+// made, if err was marked with WithDialStart.
+func dialStarted(err error) (time.Time, bool) {
+	var d *dialStartError
+	if errors.As(err, &d) {
+		return d.started, true
+	}
+	return time.Time{}, false
+}
+
 // A Rule classifies the errors it recognises; ok is false for the rest.
 type Rule func(err error) (v verdict.Verdict, ok bool)
 

@@ -100,7 +100,8 @@ type daemonAttributor struct {
 
 // attribute claims err, an EPERM from connect(), for the daemon when the
 // daemon refused this process's connect() to its destination after the
-// attempt was made (see vouches for a cached answer). A question in flight
+// attempt was made, or the dial for an error marked WithDialStart (see
+// vouches for a cached answer). A question in flight
 // when the refusal came may not have seen it: one more is asked then.
 func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimitedError, bool) {
 	dest, ok := refusedDial(err)
@@ -108,6 +109,9 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 		return nil, false
 	}
 	start, _ := attemptStarted(ctx)
+	if dialed, ok := dialStarted(err); ok {
+		start = dialed
+	}
 	entered := a.clock.Now()
 	for range 2 {
 		now := a.clock.Now()

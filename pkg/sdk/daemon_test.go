@@ -290,6 +290,31 @@ func TestDaemonAttributorRefusalAfterTheAttempt(t *testing.T) {
 	}
 }
 
+// An error marked with its dial's start is judged by that, not by the
+// attempt's: a call failed fast with the error of a dial refused before
+// it began is the refusal's still.
+func TestDaemonAttributorDialStart(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	answeringDaemon(t, sock, func() string {
+		return `{"refused":true,"rule":"payments","secondsAgo":0.5}`
+	})
+	for _, tc := range []struct {
+		dialedAgo time.Duration // 0: not marked
+		want      bool
+	}{{0, false}, {time.Second, true}, {400 * time.Millisecond, false}} {
+		clk := newFakeClock()
+		a := newDaemonAttributor(&control.Client{Socket: sock}, clk)
+		ctx := context.WithValue(context.Background(), attemptStartKey{}, clk.Now().Add(-300*time.Millisecond))
+		err := error(refusedDialTo(443))
+		if tc.dialedAgo != 0 {
+			err = WithDialStart(err, clk.Now().Add(-tc.dialedAgo))
+		}
+		if _, ok := a.attribute(ctx, err); ok != tc.want {
+			t.Errorf("attempt begun after the refusal, dial begun %v before the answer: attributed %v, want %v", tc.dialedAgo, ok, tc.want)
+		}
+	}
+}
+
 // The executor tells the Attributor when the attempt was made.
 func TestAttributorToldAttemptStart(t *testing.T) {
 	var got time.Time

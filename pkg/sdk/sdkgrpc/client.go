@@ -57,10 +57,12 @@ type Client struct {
 	dials   uint64
 }
 
-// refusal is a dial refused with EPERM, the dials-th the Client made.
+// refusal is a dial refused with EPERM, the n-th the Client made, begun
+// at started.
 type refusal struct {
-	err error
-	n   uint64
+	err     error
+	n       uint64
+	started time.Time
 }
 
 // NewClient returns a Client.
@@ -243,19 +245,22 @@ func (c *Client) lastRefusal() error {
 			last = r
 		}
 	}
-	return last.err
+	// The call may have begun after that dial (failed fast while the
+	// channel backs off): the dial's start is what the refusal follows.
+	return sdk.WithDialStart(last.err, last.started)
 }
 
 // dialContext dials, remembering an EPERM for addr until the next dial
 // there: behind the UNAVAILABLE of calls that reach no transport
 // meanwhile, that is what egressd's refusal looks like.
 func (c *Client) dialContext(ctx context.Context, addr string) (net.Conn, error) {
+	started := time.Now()
 	conn, err := c.dial(ctx, addr)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.dials++
 	if errors.Is(err, syscall.EPERM) {
-		c.refused[addr] = refusal{err: err, n: c.dials}
+		c.refused[addr] = refusal{err: err, n: c.dials, started: started}
 	} else {
 		delete(c.refused, addr)
 	}
