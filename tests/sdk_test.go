@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	gbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -193,7 +194,10 @@ func TestSDKGRPCFailFastRefusalsSelfImposed(t *testing.T) {
 			return d.DialContext(ctx, "tcp", addr)
 		},
 	})
-	conn, err := grpc.NewClient("passthrough:///"+ln.Addr().String(), append(c.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	// A reconnect backoff of 10 s (at least 8 with gRPC's jitter), so that
+	// a loaded machine's delays cannot bring the next dial within the test.
+	backoff := grpc.WithConnectParams(grpc.ConnectParams{Backoff: gbackoff.Config{BaseDelay: 10 * time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 10 * time.Second}})
+	conn, err := grpc.NewClient("passthrough:///"+ln.Addr().String(), append(c.DialOptions(), backoff, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,8 +219,8 @@ func TestSDKGRPCFailFastRefusalsSelfImposed(t *testing.T) {
 	}
 	call("first") // dials, and is refused
 	n := dials.Load()
-	// Past the SDK's cache of the daemon's answer, within gRPC's first
-	// reconnect backoff (1 s, less 20% jitter).
+	// Past the SDK's cache of the daemon's answer, within the reconnect
+	// backoff.
 	time.Sleep(300 * time.Millisecond)
 	call("second")
 	if dials.Load() != n {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -90,15 +91,8 @@ func WriteFrontier(w io.Writer, frontier []FrontierScenario) {
 		fmt.Fprintf(w, "  %s: every target met at k: %s; p99 below the peers' best (%s, %s) at k: %s; goodput above their best (%.1f%%, %s) at k: %s; egressd settles at %.1f\n",
 			f.Scenario.Name, ks(f.Met), ms(f.BestP99.P99), f.BestP99.Controller, ks(f.BelowP99),
 			100*f.BestGoodput.Goodput, f.BestGoodput.Controller, ks(f.AboveGoodput), f.Settled)
-		var both []float64
-		for _, k := range everywhere {
-			for _, m := range f.Met {
-				if math.Abs(k-m) < 1e-9 {
-					both = append(both, k)
-				}
-			}
-		}
-		everywhere = both
+		// The k of Met are frontierTimes' own values: equal, not close.
+		everywhere = slices.DeleteFunc(slices.Clone(everywhere), func(k float64) bool { return !slices.Contains(f.Met, k) })
 	}
 	fmt.Fprintf(w, "  every target met in every scenario at k: %s\n", ks(everywhere))
 }

@@ -34,7 +34,7 @@ func (d *Daemon) newController(name string, a policy.Adaptive, resume int) (*ada
 // to Initial. 0 (Initial) for a rule this daemon had, since it changed,
 // and for one the kernel does not have as an adaptive rule.
 func (d *Daemon) resumeAt(name string, old *entry) int {
-	if old != nil {
+	if old != nil || !d.dp.Adopted() {
 		return 0
 	}
 	kr, err := d.dp.Rule(name)
