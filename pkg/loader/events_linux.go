@@ -17,7 +17,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
-	"golang.org/x/sys/unix"
 )
 
 // ErrClosed is returned by a reader's Read after Close.
@@ -471,27 +470,6 @@ func (r *SampleReader) Read() (Sample, error) {
 
 // Close unblocks a pending Read.
 func (r *SampleReader) Close() error { return r.rd.rd.Close() }
-
-// wallToMonotonic converts a wall time to a bpf_ktime_get_ns() stamp, at
-// least 1 (0 means none): a time before boot is long past.
-func wallToMonotonic(t time.Time) uint64 {
-	var ts unix.Timespec
-	now := time.Now()
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 1
-	}
-	return uint64(max(1, ts.Nano()+int64(t.Sub(now))))
-}
-
-// monotonicToWall converts a bpf_ktime_get_ns() stamp to wall time.
-func monotonicToWall(ns uint64) time.Time {
-	var ts unix.Timespec
-	now := time.Now()
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return now
-	}
-	return now.Add(-time.Duration(uint64(ts.Nano()) - ns))
-}
 
 // Recount counts the sockets holding a slot of each rule, by walking the
 // kernel's TCP sockets, and sets that beside the kernel's counters. It sees
