@@ -47,7 +47,7 @@ func newMetrics(d *Daemon) *metrics {
 		probing:        prometheus.NewDesc("egressd_adaptive_probing", "1 while a drain probe holds an adaptive rule's limit down, 0 otherwise.", rule, nil),
 		settled:        prometheus.NewDesc("egressd_adaptive_settled_limit", "The limit an adaptive rule's loop settled on: egressd_limit outside drain probes, and during one the limit it restores.", rule, nil),
 		probes:         prometheus.NewDesc("egressd_adaptive_probes_total", "Drain probes an adaptive rule's loop ended.", rule, nil),
-		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from connect() to ESTABLISHED.", rule, nil),
+		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from the first SYN connect() sends to ESTABLISHED.", rule, nil),
 		requestLatency: prometheus.NewDesc("egressd_request_latency_seconds", "Time from a request's first outbound payload to the next inbound payload.", rule, nil),
 		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events that never reached the daemon, by kind: refusal records the kernel overwrote before the daemon read them, latency samples dropped because the ring buffer was full.", []string{"kind"}, nil),
 		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "How far the sockets counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; nonzero for long means lost accounting.", rule, nil),

@@ -290,7 +290,7 @@ func (e *RuleError) Is(target error) bool { return target == ErrInvalidRule }
 type SampleKind uint8
 
 const (
-	// SampleConnect is connect() to ESTABLISHED.
+	// SampleConnect is the handshake: connect()'s first SYN to ESTABLISHED.
 	SampleConnect SampleKind = iota
 	// SampleRequest is a request's first outbound payload to the next
 	// inbound payload.

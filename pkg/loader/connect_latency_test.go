@@ -20,9 +20,9 @@ import (
 // client's own clock on a handshake that takes about a second: the
 // listener's accept queue is full, so the first SYN is dropped and the
 // handshake completes when TCP sends it again (its initial timeout, 1s).
-// The sample runs from connect() to the SYN-ACK, so it lies within what
-// the client saw; a stamp TCP took before the SYN-ACK came would make it
-// far shorter.
+// The sample runs from the first SYN to the SYN-ACK, so it lies within what
+// the client saw; an end at a stamp TCP took before the SYN-ACK came, or
+// a start at the SYN sent again, would make it far shorter.
 func TestConnectLatencySample(t *testing.T) {
 	d, cg := open(t)
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

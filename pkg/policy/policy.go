@@ -175,7 +175,8 @@ type Adaptive struct {
 type Samples string
 
 const (
-	// SamplesConnect is connection setup: connect() to ESTABLISHED. It is
+	// SamplesConnect is the handshake: the first SYN connect() sends to
+	// ESTABLISHED. It is
 	// all a protocol that is not request and response offers, but the
 	// dependency's kernel completes the handshake whether or not the
 	// application behind it queues.
