@@ -212,20 +212,7 @@ func BenchmarkKernelCost(b *testing.B) {
 // over the rounds.
 func BenchmarkRequestTracking(b *testing.B) {
 	privtest.RequireRoot(b)
-	echo := func() netip.AddrPort {
-		return serve(b, "tcp4", "127.0.0.1:0", func(c net.Conn) {
-			buf := make([]byte, 1)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					return
-				}
-				if _, err := c.Write(buf); err != nil {
-					return
-				}
-			}
-		})
-	}
-	tracked, untracked := echo(), echo()
+	tracked, untracked := echoServer(b), echoServer(b)
 	cg := privtest.Cgroup(b, "requests")
 	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
 	if err != nil {

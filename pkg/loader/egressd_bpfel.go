@@ -99,6 +99,12 @@ type egressdRefusalRun struct {
 	Line [7]uint64
 }
 
+type egressdResponseCount struct {
+	_    structs.HostLayout
+	N    uint64
+	Line [7]uint64
+}
+
 type egressdRule struct {
 	_           structs.HostLayout
 	Gen         uint32
@@ -202,6 +208,7 @@ const (
 	egressdMapRuleExact           = "rule_exact"
 	egressdMapRuleMetas           = "rule_metas"
 	egressdMapRulePrefixes        = "rule_prefixes"
+	egressdMapRuleResponses       = "rule_responses"
 	egressdMapRuleStates          = "rule_states"
 	egressdMapRules               = "rules"
 	egressdMapSamples             = "samples"
@@ -224,6 +231,7 @@ const (
 	egressdVarUnusedIterRec       = "unused_iter_rec"
 	egressdVarUnusedMergeArgs     = "unused_merge_args"
 	egressdVarUnusedRefusalNote   = "unused_refusal_note"
+	egressdVarUnusedResponseCount = "unused_response_count"
 	egressdVarUnusedRuleKey       = "unused_rule_key"
 	egressdVarUnusedRuleMeta      = "unused_rule_meta"
 	egressdVarUnusedSample        = "unused_sample"
@@ -297,6 +305,7 @@ type egressdMapSpecs struct {
 	RuleExact      *ebpf.MapSpec `ebpf:"rule_exact"`
 	RuleMetas      *ebpf.MapSpec `ebpf:"rule_metas"`
 	RulePrefixes   *ebpf.MapSpec `ebpf:"rule_prefixes"`
+	RuleResponses  *ebpf.MapSpec `ebpf:"rule_responses"`
 	RuleStates     *ebpf.MapSpec `ebpf:"rule_states"`
 	Rules          *ebpf.MapSpec `ebpf:"rules"`
 	Samples        *ebpf.MapSpec `ebpf:"samples"`
@@ -317,6 +326,7 @@ type egressdVariableSpecs struct {
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.VariableSpec `ebpf:"unused_merge_args"`
 	UnusedRefusalNote   *ebpf.VariableSpec `ebpf:"unused_refusal_note"`
+	UnusedResponseCount *ebpf.VariableSpec `ebpf:"unused_response_count"`
 	UnusedRuleKey       *ebpf.VariableSpec `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.VariableSpec `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.VariableSpec `ebpf:"unused_sample"`
@@ -354,6 +364,7 @@ type egressdMaps struct {
 	RuleExact      *ebpf.Map `ebpf:"rule_exact"`
 	RuleMetas      *ebpf.Map `ebpf:"rule_metas"`
 	RulePrefixes   *ebpf.Map `ebpf:"rule_prefixes"`
+	RuleResponses  *ebpf.Map `ebpf:"rule_responses"`
 	RuleStates     *ebpf.Map `ebpf:"rule_states"`
 	Rules          *ebpf.Map `ebpf:"rules"`
 	Samples        *ebpf.Map `ebpf:"samples"`
@@ -374,6 +385,7 @@ func (m *egressdMaps) Close() error {
 		m.RuleExact,
 		m.RuleMetas,
 		m.RulePrefixes,
+		m.RuleResponses,
 		m.RuleStates,
 		m.Rules,
 		m.Samples,
@@ -395,6 +407,7 @@ type egressdVariables struct {
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.Variable `ebpf:"unused_merge_args"`
 	UnusedRefusalNote   *ebpf.Variable `ebpf:"unused_refusal_note"`
+	UnusedResponseCount *ebpf.Variable `ebpf:"unused_response_count"`
 	UnusedRuleKey       *ebpf.Variable `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.Variable `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.Variable `ebpf:"unused_sample"`

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/egressd/egressd/internal/privtest"
 )
 
@@ -195,4 +197,64 @@ func TestInFlightStaysWithItsRule(t *testing.T) {
 	if s := stats(t, d, "new"); s.InFlight != 0 || s.Requests != 0 || s.Responses != 0 || s.Aborted != 0 {
 		t.Fatalf("new rule counted the old rule's connection: %+v", s)
 	}
+}
+
+// Responses are counted apart from the rule's other counters: the totals
+// add the rule state's own count, which is what a build before that
+// counted (an upgrade keeps it), and a resize carries both.
+func TestResponsesCountedApart(t *testing.T) {
+	d, cg := open(t)
+	echo := echoServer(t)
+	put(t, d, Rule{Name: "echo", Dests: []netip.Prefix{netip.PrefixFrom(echo.Addr(), 32)}, Port: echo.Port(), Limit: 10, Requests: true})
+	idx := d.t.byName["echo"]
+	var st egressdRuleState
+	if err := d.objs.RuleStates.Lookup(idx, &st); err != nil {
+		t.Fatal(err)
+	}
+	st.Counters[egressdCounterCOUNTER_REQUESTS] += 5
+	st.Counters[egressdCounterCOUNTER_RESPONSES] += 5
+	if err := d.objs.RuleStates.Update(idx, &st, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+
+	privtest.Join(t, cg)
+	c, err := net.Dial("tcp4", echo.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	roundTrips := func(n int) {
+		t.Helper()
+		buf := []byte{1}
+		for range n {
+			if _, err := c.Write(buf); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check := func(when string, want uint64) {
+		t.Helper()
+		// The response's count follows its read by the program's run.
+		var s Stats
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			s = stats(t, d, "echo")
+			if s.Responses == want || time.Now().After(deadline) {
+				break
+			}
+		}
+		if s.Requests != want || s.Responses != want || s.InFlight != 0 {
+			t.Fatalf("%s: requests %d, responses %d, in flight %d; want %d, %d, 0", when, s.Requests, s.Responses, s.InFlight, want, want)
+		}
+	}
+	roundTrips(3)
+	check("beside an earlier build's 5", 8)
+	if err := d.Resize(128); err != nil {
+		t.Fatal(err)
+	}
+	check("after a resize", 8)
+	roundTrips(2)
+	check("counted in the resized tables", 10)
 }

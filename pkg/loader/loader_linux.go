@@ -331,7 +331,7 @@ func lockDir(dir string) (*os.File, error) {
 // ruleTables are sized by MaxRules (latency by MaxRules per sample kind),
 // keyTables by MaxRules * keysPerRule.
 var (
-	ruleTables = []string{"scopes", "rules", "rule_metas", "rule_states"}
+	ruleTables = []string{"scopes", "rules", "rule_metas", "rule_states", "rule_responses"}
 	keyTables  = []string{"rule_exact", "rule_prefixes"}
 )
 

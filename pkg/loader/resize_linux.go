@@ -239,7 +239,7 @@ func (d *Datapath) fill(maps map[string]*ebpf.Map, kept int) error {
 // copyStates writes into the new tables the counts, buckets, windows and
 // latency of the first kept slots, and returns what it copied.
 func copyStates(from egressdObjects, maps map[string]*ebpf.Map, kept int) (*snapshot, error) {
-	snap, err := takeSnapshot(from.RuleStates, from.Latency, kept)
+	snap, err := takeSnapshot(&from.egressdMaps, kept)
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +282,7 @@ func settle(from, to *Datapath, kept int, copied *snapshot) error {
 	if err := waitForPrograms(); err != nil {
 		return err
 	}
-	now, err := takeSnapshot(from.objs.RuleStates, from.objs.Latency, kept)
+	now, err := takeSnapshot(&from.objs.egressdMaps, kept)
 	if err != nil {
 		return err
 	}
@@ -326,18 +326,26 @@ func waitForPrograms() error {
 }
 
 // snapshot is the first slots of rule_states and latency, read under the
-// states' locks.
+// states' locks, with the responses of rule_responses in the states'
+// counters: the new tables count from there.
 type snapshot struct {
 	states []egressdRuleState
 	hists  []egressdHist
 }
 
-func takeSnapshot(states, latency *ebpf.Map, kept int) (*snapshot, error) {
+func takeSnapshot(from *egressdMaps, kept int) (*snapshot, error) {
 	s := &snapshot{states: make([]egressdRuleState, kept), hists: make([]egressdHist, kept*int(egressdSampleKindSAMPLE_LEN))}
-	if err := batchRead(states, s.states, ebpf.LookupLock); err != nil {
+	if err := batchRead(from.RuleStates, s.states, ebpf.LookupLock); err != nil {
 		return nil, fmt.Errorf("read rule states: %w", err)
 	}
-	if err := batchRead(latency, s.hists); err != nil {
+	responses := make([]egressdResponseCount, kept)
+	if err := batchRead(from.RuleResponses, responses); err != nil {
+		return nil, fmt.Errorf("read responses: %w", err)
+	}
+	for i := range s.states {
+		addResponses(&s.states[i], &responses[i])
+	}
+	if err := batchRead(from.Latency, s.hists); err != nil {
 		return nil, fmt.Errorf("read latency: %w", err)
 	}
 	return s, nil
@@ -464,7 +472,7 @@ func (d *Datapath) namedMaps() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
 		"config": o.Config, "rule_exact": o.RuleExact, "rule_prefixes": o.RulePrefixes, "scopes": o.Scopes,
 		"ports": o.Ports, "rules": o.Rules, "rule_metas": o.RuleMetas, "rule_states": o.RuleStates,
-		"latency": o.Latency, "global_counters": o.GlobalCounters, "sock_table": o.SockTable,
+		"latency": o.Latency, "rule_responses": o.RuleResponses, "global_counters": o.GlobalCounters, "sock_table": o.SockTable,
 		"sock_states": o.SockStates, "refusal_runs": o.RefusalRuns, "refusal_log": o.RefusalLog,
 		"woken": o.Woken, "samples": o.Samples,
 	}

@@ -413,6 +413,12 @@ func (d *Datapath) write(w *writer, p *plan, want hints) error {
 		}, noUndo); err != nil {
 			return err
 		}
+		if err := w.do("reset responses", func() error {
+			_, err := d.objs.RuleResponses.BatchUpdate(p.fresh, make([]egressdResponseCount, len(p.fresh)), nil)
+			return err
+		}, noUndo); err != nil {
+			return err
+		}
 		if err := w.do("reset latency", func() error {
 			_, err := d.objs.Latency.BatchUpdate(hist, make([]egressdHist, len(hist)), nil)
 			return err

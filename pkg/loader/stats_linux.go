@@ -84,6 +84,11 @@ func (d *Datapath) readSlot(idx uint32, hists bool) (egressdRuleState, []egressd
 	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
 		return state, nil, fmt.Errorf("read rule state: %w", err)
 	}
+	var responses egressdResponseCount
+	if err := d.objs.RuleResponses.Lookup(idx, &responses); err != nil {
+		return state, nil, fmt.Errorf("read responses: %w", err)
+	}
+	addResponses(&state, &responses)
 	if !hists {
 		return state, nil, nil
 	}
@@ -127,6 +132,7 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 		return nil
 	}
 	states := newBatches[egressdRuleState](d.objs.RuleStates, min(top, statsChunk))
+	responses := newBatches[egressdResponseCount](d.objs.RuleResponses, min(top, statsChunk))
 	var latency *batches[egressdHist]
 	if hists {
 		latency = newBatches[egressdHist](d.objs.Latency, min(top, statsChunk)*kinds)
@@ -136,6 +142,13 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 		st, err := states.next(n)
 		if err != nil {
 			return fmt.Errorf("read rule states: %w", err)
+		}
+		rs, err := responses.next(n)
+		if err != nil {
+			return fmt.Errorf("read responses: %w", err)
+		}
+		for i := range st {
+			addResponses(&st[i], &rs[i])
 		}
 		var hs []egressdHist
 		if hists {
@@ -155,6 +168,13 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 		}
 	}
 	return nil
+}
+
+// addResponses adds to a rule state's counters the responses the programs
+// count apart (rule_responses); the state's own are what a build before
+// that counted.
+func addResponses(state *egressdRuleState, r *egressdResponseCount) {
+	state.Counters[egressdCounterCOUNTER_RESPONSES] += r.N
 }
 
 // statsOf makes a rule's Stats of its state and latency histograms (none:
