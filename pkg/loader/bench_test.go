@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/privtest"
 )
@@ -209,20 +211,44 @@ func BenchmarkKernelCost(b *testing.B) {
 // and on one to a destination no rule names, with the per-packet programs
 // attached for both (some rule tracks requests). Rounds alternate; the
 // figures are the egress and ingress programs' run time per run, medians
-// over the rounds.
+// over the rounds. Client and server are pinned, where the scheduler would
+// place them by chance: both on one CPU (tracking-ns/packet), and on two
+// (tracking-2cpu-ns/packet), where a request leaves from the client's CPU
+// and its response comes in on the server's, and the lines both write
+// move between the two.
 func BenchmarkRequestTracking(b *testing.B) {
 	privtest.RequireRoot(b)
-	tracked, untracked := echoServer(b), echoServer(b)
+	ncpu := runtime.NumCPU()
+	type placement struct {
+		suffix             string
+		tracked, untracked netip.AddrPort
+		agent              *privtest.Child
+	}
 	cg := privtest.Cgroup(b, "requests")
 	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { d.Uninstall() })
-	if err := d.Put(Rule{Name: "tracked", Dests: []netip.Prefix{netip.PrefixFrom(tracked.Addr(), 32)}, Port: tracked.Port(), Limit: 1000, Requests: true}); err != nil {
-		b.Fatal(err)
+	var places []*placement
+	for _, p := range []struct {
+		suffix      string
+		server, cpu int
+	}{{"", 0, 0}, {"-2cpu", 1, 0}} {
+		if p.server >= ncpu {
+			continue
+		}
+		pl := &placement{suffix: p.suffix, tracked: pinnedEchoServer(b, p.server), untracked: pinnedEchoServer(b, p.server)}
+		name := "tracked" + p.suffix
+		if err := d.Put(Rule{Name: name, Dests: []netip.Prefix{netip.PrefixFrom(pl.tracked.Addr(), 32)}, Port: pl.tracked.Port(), Limit: 1000, Requests: true}); err != nil {
+			b.Fatal(err)
+		}
+		pl.agent = privtest.Spawn(b, cg, "agent")
+		if reply := pl.agent.Call(b, "pin %d", p.cpu); reply != "ok" {
+			b.Fatal(reply)
+		}
+		places = append(places, pl)
 	}
-	agent := privtest.Spawn(b, cg, "agent")
 	stats, err := EnableStats()
 	if err != nil {
 		b.Fatal(err)
@@ -232,36 +258,63 @@ func BenchmarkRequestTracking(b *testing.B) {
 	perRun := map[netip.AddrPort][]float64{}
 	runs := map[netip.AddrPort][]float64{}
 	for b.Loop() {
-		for _, target := range []netip.AddrPort{tracked, untracked} {
-			before, err := d.ProgramStats()
-			if err != nil {
-				b.Fatal(err)
+		for _, pl := range places {
+			for _, target := range []netip.AddrPort{pl.tracked, pl.untracked} {
+				before, err := d.ProgramStats()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if reply := pl.agent.Call(b, "echo %s %d", target, perRound); !strings.HasPrefix(reply, "ok") {
+					b.Fatal(reply)
+				}
+				after, err := d.ProgramStats()
+				if err != nil {
+					b.Fatal(err)
+				}
+				var ns time.Duration
+				var n uint64
+				for _, name := range []string{"egress", "ingress"} {
+					ns += after[name].Runtime - before[name].Runtime
+					n += after[name].Runs - before[name].Runs
+				}
+				perRun[target] = append(perRun[target], float64(ns)/float64(n))
+				runs[target] = append(runs[target], float64(n)/perRound)
 			}
-			if reply := agent.Call(b, "echo %s %d", target, perRound); !strings.HasPrefix(reply, "ok") {
-				b.Fatal(reply)
-			}
-			after, err := d.ProgramStats()
-			if err != nil {
-				b.Fatal(err)
-			}
-			var ns time.Duration
-			var n uint64
-			for _, name := range []string{"egress", "ingress"} {
-				ns += after[name].Runtime - before[name].Runtime
-				n += after[name].Runs - before[name].Runs
-			}
-			perRun[target] = append(perRun[target], float64(ns)/float64(n))
-			runs[target] = append(runs[target], float64(n)/perRound)
 		}
 	}
-	s, err := d.Stats("tracked")
-	if err != nil || s.Requests < uint64(perRound) || s.InFlight != 0 {
-		b.Fatalf("the tracked connection's requests: %+v, %v", s, err)
+	for _, pl := range places {
+		s, err := d.Stats("tracked" + pl.suffix)
+		if err != nil || s.Requests < uint64(perRound) || s.InFlight != 0 {
+			b.Fatalf("the tracked connection's requests: %+v, %v", s, err)
+		}
+		b.ReportMetric(median(perRun[pl.tracked]), "tracked"+pl.suffix+"-ns/packet")
+		b.ReportMetric(median(perRun[pl.untracked]), "untracked"+pl.suffix+"-ns/packet")
+		b.ReportMetric(median(perRun[pl.tracked])-median(perRun[pl.untracked]), "tracking"+pl.suffix+"-ns/packet")
+		b.ReportMetric(median(runs[pl.tracked]), "packets"+pl.suffix+"/round-trip")
 	}
-	b.ReportMetric(median(perRun[tracked]), "tracked-ns/packet")
-	b.ReportMetric(median(perRun[untracked]), "untracked-ns/packet")
-	b.ReportMetric(median(perRun[tracked])-median(perRun[untracked]), "tracking-ns/packet")
-	b.ReportMetric(median(runs[tracked]), "packets/round-trip")
+}
+
+// pinnedEchoServer is an echoServer whose handlers run on one CPU. Each
+// gives its thread back as it found it: a thread that ended with its
+// goroutine could be the one that started a helper, which the kernel
+// then kills (Pdeathsig follows the thread).
+func pinnedEchoServer(b *testing.B, cpu int) netip.AddrPort {
+	return serve(b, "tcp4", "127.0.0.1:0", func(c net.Conn) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var was, set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &was); err != nil {
+			b.Errorf("echo server's CPUs: %v", err)
+			return
+		}
+		set.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			b.Errorf("pin the echo server: %v", err)
+			return
+		}
+		defer unix.SchedSetaffinity(0, &was)
+		echo(c)
+	})
 }
 
 // BenchmarkConnectOverhead times connect()+close() on loopback from a

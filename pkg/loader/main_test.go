@@ -199,17 +199,19 @@ func (c *fdCloser) Close() error {
 
 // echoServer answers each byte with itself: a request and its response.
 func echoServer(t testing.TB) netip.AddrPort {
-	return serve(t, "tcp4", "127.0.0.1:0", func(c net.Conn) {
-		buf := make([]byte, 1)
-		for {
-			if _, err := c.Read(buf); err != nil {
-				return
-			}
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
+	return serve(t, "tcp4", "127.0.0.1:0", echo)
+}
+
+func echo(c net.Conn) {
+	buf := make([]byte, 1)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			return
 		}
-	})
+		if _, err := c.Write(buf); err != nil {
+			return
+		}
+	}
 }
 
 func dial(t *testing.T, ap netip.AddrPort) io.Closer {

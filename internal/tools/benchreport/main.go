@@ -30,7 +30,7 @@ func main() {
 // suites are the Go benchmarks, each run in its package; benchtime, when
 // set, overrides the report's (benchmarks that alternate rounds want more).
 var suites = []struct{ title, pkg, pattern, benchtime, note string }{
-	{"Kernel datapath", "./pkg/loader/", ".", "8s", "BPF run time per connect() (kernel.bpf_stats_enabled) summed over all programs, the cases taking turns in one run, with empty programs at the same hooks (the floor any program there costs) and a refused connect(); request tracking per packet; connect()+close() plain, limited by egressd and by nftables `ct count`, each in its own network namespace, rounds alternating on one CPU; 100,000 rules beside 10; 1,000,000 tracked sockets; rule updates."},
+	{"Kernel datapath", "./pkg/loader/", ".", "8s", "BPF run time per connect() (kernel.bpf_stats_enabled) summed over all programs, the cases taking turns in one run, with empty programs at the same hooks (the floor any program there costs) and a refused connect(); request tracking per packet, client and server pinned to one CPU and to two; connect()+close() plain, limited by egressd and by nftables `ct count`, each in its own network namespace, rounds alternating on one CPU; 100,000 rules beside 10; 1,000,000 tracked sockets; rule updates."},
 	{"Daemon", "./tests/", "RefusalStorm|Policy100k|Daemon100k", "", "The built egressd: its CPU during refusal storms at 50,000 a second (from /proc, with its idle CPU for comparison); a 100,000-rule policy from file to enforcement at start, on a reload that adds a rule and on one that changes every rule (three starts, each reload after 5 s idle; the mean and the slowest; the start's phases as the daemon logs them: reading the file, waiting for the datapath opened meanwhile, installing the rules; with the YAML parse alone, the daemon's page faults, and what the first touch of a 4 KiB page costs on this machine); and what a daemon enforcing 100,000 rules costs idle, per metrics scrape and per list of every rule."},
 	{"In-process limiters", "./pkg/limit/", ".", "", "Acquire+Release per shape, serial and parallel."},
 	{"SDK executor", "./pkg/sdk/", ".", "", "Run on the success path."},
@@ -155,7 +155,8 @@ var targets = []target{
 	{"admitted (concurrency) / no rule", fig("KernelCost concurrency-x"), 2, "x"},
 	{"refused connect() / one no rule matches", fig("KernelCost refused/no-match"), 1, "x"},
 	{"connection no rule matches, BPF ns", fig("KernelCost no-match-ns"), 400, "ns"},
-	{"request tracking per tracked packet beyond untracked", fig("RequestTracking tracking-ns/packet"), 100, "ns"},
+	{"request tracking per tracked packet beyond untracked, client and server on one CPU", fig("RequestTracking tracking-ns/packet"), 100, "ns"},
+	{"request tracking per tracked packet beyond untracked, on two CPUs", fig("RequestTracking tracking-2cpu-ns/packet"), 100, "ns"},
 	{"daemon CPU per refusal, one client at 50,000/s", fig("RefusalStorm/1-client daemon-ns/refusal"), 1000, "ns"},
 	{"daemon CPU per refusal, 16 clients at 50,000/s", fig("RefusalStorm/16-clients daemon-ns/refusal"), 1000, "ns"},
 	{"daemon CPU per refusal, 65,535 destinations at 50,000/s", fig("RefusalStorm/1-client-65535-ports daemon-ns/refusal"), 1000, "ns"},
