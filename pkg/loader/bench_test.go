@@ -232,8 +232,8 @@ func BenchmarkRequestTracking(b *testing.B) {
 	b.Cleanup(func() { d.Uninstall() })
 	var places []*placement
 	for _, p := range []struct {
-		suffix      string
-		server, cpu int
+		suffix         string
+		server, client int // CPUs
 	}{{"", 0, 0}, {"-2cpu", 1, 0}} {
 		if p.server >= ncpu {
 			continue
@@ -244,7 +244,7 @@ func BenchmarkRequestTracking(b *testing.B) {
 			b.Fatal(err)
 		}
 		pl.agent = privtest.Spawn(b, cg, "agent")
-		if reply := pl.agent.Call(b, "pin %d", p.cpu); reply != "ok" {
+		if reply := pl.agent.Call(b, "pin %d", p.client); reply != "ok" {
 			b.Fatal(reply)
 		}
 		places = append(places, pl)

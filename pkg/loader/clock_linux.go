@@ -15,9 +15,10 @@ import (
 // clock_gettime syscall is where a loaded machine's scheduler takes the
 // CPU away: 13 and 26 of 50,000 refusals read back up to 2.9 ms early
 // beside three CPU hogs, before their connect() was even made, which made
-// the SDK take them for another's refusal (TestRefusalTimeNotBeforeConnect). So the two clocks are tied once, by
-// the closest of a few bracketed reads, and again every minute for a
-// wall clock that was set meanwhile.
+// the SDK take them for another's refusal
+// (TestRefusalTimeNotBeforeConnect). So the two clocks are tied once, by
+// the closest of a few bracketed reads, and again every minute for a wall
+// clock that was set meanwhile.
 
 // clockAnchor is an instant on both clocks.
 type clockAnchor struct {
