@@ -23,9 +23,11 @@
 // other program returns at once for a socket without it, so a connection
 // no rule admitted costs each program a test of one bit. A
 // tracked socket's state lives in sock_table, an array indexed by the
-// socket's cookie (cookies count up, so live sockets rarely collide), and
-// in socket storage only when its entry is held by another live socket:
-// creating socket storage costs more than the rest of the admission.
+// socket's cookie (cookies count up, so live sockets rarely collide): in
+// the entry its cookie picks in the table's first 1,024, which stay in the
+// CPU's cache, else in the one it picks in the whole table, and in socket
+// storage only when both are held by other live sockets: creating socket
+// storage costs more than the rest of the admission.
 //
 // Refusals: a refused connect() takes no state and sends nothing. It
 // notes itself in its CPU's run in progress, a record folding refusals of
@@ -311,8 +313,11 @@ const enum counter *unused_counter __attribute__((unused));
 const enum global_counter *unused_global_counter __attribute__((unused));
 const enum sample_kind *unused_sample_kind __attribute__((unused));
 
-/* sock_table has a power-of-two size; the loader sets its mask. */
+/* sock_table has a power-of-two size; the loader sets its mask, and that
+ * of the table's hot part: its first entries, few enough to stay in the
+ * CPU's cache (see find_state). */
 volatile const __u32 sock_table_mask = 0;
+volatile const __u32 sock_hot_mask = 0;
 /* The refusal log has a part per possible CPU; the loader sets how many. */
 volatile const __u32 log_cpus = 1;
 
@@ -492,6 +497,11 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
  * is about to make. Sockops sets STATE_CB at TCP_CONNECT_CB, after
  * SYN_SENT, and clears both once the socket holds nothing. */
 #define TRACKED BPF_SOCK_OPS_RTO_CB_FLAG
+/* A tracked socket whose state is not in sock_table's hot part. That
+ * callback runs only on a retransmission, and returns at once. Another
+ * program may set it too (adding to the flags, as it should): find_state
+ * then looks in the hot part last. */
+#define ELSEWHERE BPF_SOCK_OPS_RETRANS_CB_FLAG
 
 static __always_inline __u8 cb_flags(const void *sk)
 {
@@ -606,16 +616,37 @@ static __always_inline void record_latency(__u32 slot, __u32 gen, __u8 flags,
 	bpf_ringbuf_submit(s, wake_flags(&samples, cfg, now));
 }
 
-/* find_state returns the state of a tracked socket: its sock_table entry
- * while the entry is its own, else its socket storage. */
-static __always_inline struct sock_state *find_state(void *sk, __u64 cookie)
+/* find_state returns the state of a tracked socket (flags: its callback
+ * flags): a sock_table entry while the entry is its own, else its socket
+ * storage. A socket's entry is the one its cookie picks in the table's hot
+ * part, else (ELSEWHERE) the one it picks in the whole table. Cookies
+ * count up, so sockets that come and go reuse the hot part's few lines,
+ * still in the cache, where the whole table's next entry was a line not
+ * touched since a table's length of sockets before. A build before the hot
+ * part put every socket in the whole table's entry and left it unmarked:
+ * the second probe still finds those. */
+static __always_inline struct sock_state *find_state(void *sk, __u64 cookie, __u8 flags)
 {
-	__u32 idx = cookie & sock_table_mask;
-	struct sock_state *ss = bpf_map_lookup_elem(&sock_table, &idx);
+	__u32 hot = cookie & sock_hot_mask, far = cookie & sock_table_mask;
+	struct sock_state *ss;
 
+	if (!(flags & ELSEWHERE)) {
+		ss = bpf_map_lookup_elem(&sock_table, &hot);
+		if (ss && ss->word >> 2 == cookie)
+			return ss;
+	}
+	if (far != hot) {
+		ss = bpf_map_lookup_elem(&sock_table, &far);
+		if (ss && ss->word >> 2 == cookie)
+			return ss;
+	}
+	ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (ss || !(flags & ELSEWHERE))
+		return ss;
+	ss = bpf_map_lookup_elem(&sock_table, &hot);
 	if (ss && ss->word >> 2 == cookie)
 		return ss;
-	return bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	return 0;
 }
 
 /* Gives back the socket's slot; every path calls this, only the first
@@ -907,25 +938,43 @@ static __always_inline void note_refusal(const struct rule_key *key, __u16 port,
 	__sync_lock_test_and_set(&n->seq, seq);
 }
 
+/* take_entry holds the table entry idx for the socket if no live socket
+ * holds it. */
+static __always_inline struct sock_state *take_entry(__u32 idx, __u64 mine)
+{
+	struct sock_state *ss = bpf_map_lookup_elem(&sock_table, &idx);
+
+	if (!ss)
+		return 0;
+	__u64 w = ss->word;
+	if (!(w & SS_FLAGS) && __sync_val_compare_and_swap(&ss->word, w, mine | SS_HELD) == w)
+		return ss;
+	return 0;
+}
+
 /* claim_state finds an admitted socket a place for its state and marks it
- * held: its own entry, a table entry no live socket holds, or new socket
- * storage. Held before it is filled: no other socket takes it meanwhile,
- * and no program runs for this socket until connect() returns. */
+ * held: its own entry, a table entry no live socket holds (the hot part's
+ * first, see find_state), or new socket storage. *mark is the ELSEWHERE
+ * flag the place needs. Held before it is filled: no other socket takes
+ * it meanwhile, and no program runs for this socket until connect()
+ * returns. */
 static __always_inline struct sock_state *claim_state(struct bpf_sock *sk, __u64 cookie,
-						      struct sock_state *own)
+						      struct sock_state *own, __u8 *mark)
 {
 	__u64 mine = cookie << 2;
+	__u32 hot = cookie & sock_hot_mask, far = cookie & sock_table_mask;
+	struct sock_state *ss;
 
-	/* Another socket may have taken our released table entry. */
+	/* Another socket may have taken our released table entry. Ours,
+	 * it keeps the mark it was found by. */
 	if (own && __sync_val_compare_and_swap(&own->word, mine, mine | SS_HELD) == mine)
 		return own;
-	__u32 idx = cookie & sock_table_mask;
-	struct sock_state *ss = bpf_map_lookup_elem(&sock_table, &idx);
-	if (ss) {
-		__u64 w = ss->word;
-		if (!(w & SS_FLAGS) && __sync_val_compare_and_swap(&ss->word, w, mine | SS_HELD) == w)
-			return ss;
-	}
+	*mark = 0;
+	if ((ss = take_entry(hot, mine)))
+		return ss;
+	*mark = ELSEWHERE;
+	if (far != hot && (ss = take_entry(far, mine)))
+		return ss;
 	ss = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (ss) {
 		count_global(GLOBAL_STORAGE);
@@ -947,7 +996,7 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	 * still held belongs to an attempt that already failed. */
 	if (flags & TRACKED) {
 		cookie = bpf_get_socket_cookie(ctx);
-		own = find_state(sk, cookie);
+		own = find_state(sk, cookie, flags);
 		if (own)
 			release(own, cookie);
 	}
@@ -1034,14 +1083,15 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	/* Admitted: the socket takes its state only now. */
 	if (!cookie)
 		cookie = bpf_get_socket_cookie(ctx);
-	struct sock_state *ss = claim_state(sk, cookie, own);
+	__u8 mark = flags & ELSEWHERE;
+	struct sock_state *ss = claim_state(sk, cookie, own, &mark);
 	if (ss) {
 		ss->rule = slot;
 		ss->gen = r->gen;
 		ss->rule_flags = r->flags;
 		ss->established = 0;
 		ss->connect_ns = 0; /* sockops' NEEDS_ECN, as the SYN goes */
-		flags |= TRACKED;
+		flags = (flags & ~ELSEWHERE) | TRACKED | mark;
 		if (!bpf_setsockopt(ctx, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
 			count(st, COUNTER_ADMITTED, 1);
 			return 1;
@@ -1114,7 +1164,7 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		if (!sk)
 			return 1;
 		cookie = cookie_of(sk);
-		ss = find_state(sk, cookie);
+		ss = find_state(sk, cookie, flags);
 		if (ss && ss->word == (cookie << 2 | SS_HELD))
 			ss->connect_ns = tcp_stamp_ns(sk);
 		return 1;
@@ -1122,7 +1172,7 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		if (!sk)
 			return 1;
 		cookie = cookie_of(sk);
-		ss = find_state(sk, cookie);
+		ss = find_state(sk, cookie, flags);
 		__u64 held = cookie << 2 | SS_HELD;
 		if (!ss || ss->word != held)
 			return 1;
@@ -1152,7 +1202,7 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		if (skops->args[1] == BPF_TCP_ESTABLISHED || !sk)
 			return 1;
 		cookie = cookie_of(sk);
-		ss = find_state(sk, cookie);
+		ss = find_state(sk, cookie, flags);
 		if (ss && skops->args[1] == BPF_TCP_CLOSE)
 			release(ss, cookie);
 		/* Released (usually by close() already): the socket's later
@@ -1169,10 +1219,12 @@ int egressd_sock_release(struct bpf_sock *sk)
 {
 	if (sk->type != SOCK_STREAM || sk->protocol != IPPROTO_TCP)
 		return 1;
-	if (!(cb_flags(bpf_cast_to_kern_ctx(sk)) & TRACKED))
+	__u8 flags = cb_flags(bpf_cast_to_kern_ctx(sk));
+
+	if (!(flags & TRACKED))
 		return 1;
 	__u64 cookie = cookie_of(sk);
-	struct sock_state *ss = find_state(sk, cookie);
+	struct sock_state *ss = find_state(sk, cookie, flags);
 
 	if (ss)
 		release(ss, cookie);
@@ -1237,10 +1289,13 @@ static __always_inline struct sock_state *skb_state(struct __sk_buff *skb, __u64
 	if (!sk)
 		return 0;
 	sk = bpf_sk_fullsock(sk);
-	if (!sk || sk->protocol != IPPROTO_TCP || !(cb_flags(sk) & TRACKED))
+	if (!sk || sk->protocol != IPPROTO_TCP)
+		return 0;
+	__u8 flags = cb_flags(sk);
+	if (!(flags & TRACKED))
 		return 0;
 	*cookie = cookie_of(sk);
-	return find_state(sk, *cookie);
+	return find_state(sk, *cookie, flags);
 }
 
 SEC("cgroup_skb/egress")
@@ -1329,7 +1384,7 @@ int egressd_recount(struct bpf_iter__tcp *ctx)
 	if (!tp || !(tp->bpf_sock_ops_cb_flags & TRACKED))
 		return 0; /* TIME_WAIT and request sockets hold no slot */
 	__u64 cookie = skc->skc_cookie.counter;
-	struct sock_state *ss = find_state(tp, cookie);
+	struct sock_state *ss = find_state(tp, cookie, tp->bpf_sock_ops_cb_flags);
 	if (!ss || ss->word >> 2 != cookie || !(ss->word & SS_HELD))
 		return 0;
 	struct iter_rec rec = {

@@ -225,6 +225,7 @@ const (
 	egressdProgEgressdSockRelease = "egressd_sock_release"
 	egressdProgEgressdSockops     = "egressd_sockops"
 	egressdVarLogCpus             = "log_cpus"
+	egressdVarSockHotMask         = "sock_hot_mask"
 	egressdVarSockTableMask       = "sock_table_mask"
 	egressdVarUnusedCounter       = "unused_counter"
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
@@ -320,6 +321,7 @@ type egressdMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressdVariableSpecs struct {
 	LogCpus             *ebpf.VariableSpec `ebpf:"log_cpus"`
+	SockHotMask         *ebpf.VariableSpec `ebpf:"sock_hot_mask"`
 	SockTableMask       *ebpf.VariableSpec `ebpf:"sock_table_mask"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
@@ -401,6 +403,7 @@ func (m *egressdMaps) Close() error {
 // It can be passed to loadEgressdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressdVariables struct {
 	LogCpus             *ebpf.Variable `ebpf:"log_cpus"`
+	SockHotMask         *ebpf.Variable `ebpf:"sock_hot_mask"`
 	SockTableMask       *ebpf.Variable `ebpf:"sock_table_mask"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`

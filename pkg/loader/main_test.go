@@ -53,10 +53,16 @@ func runDatapath(args []string) error {
 // open loads a datapath attached to a fresh cgroup with its own pins.
 func open(t *testing.T) (*Datapath, string) {
 	t.Helper()
+	return openSockTable(t, 0)
+}
+
+// openSockTable is open with a socket table of n entries (0: the default).
+func openSockTable(t *testing.T, n int) (*Datapath, string) {
+	t.Helper()
 	privtest.RequireRoot(t)
 	cg := privtest.Cgroup(t, "loader")
 	pins := privtest.PinDir(t)
-	d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 64, VerifierLog: true})
+	d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 64, SockTable: n, VerifierLog: true})
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

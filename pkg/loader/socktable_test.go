@@ -1,0 +1,257 @@
+//go:build linux
+
+package loader
+
+import (
+	"maps"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/privtest"
+)
+
+// roundTrip sends a byte on c and reads the echo.
+func roundTrip(t *testing.T, c *fdCloser) {
+	t.Helper()
+	b := []byte{'x'}
+	if _, err := unix.Write(c.fd, b); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if n, err := unix.Read(c.fd, b); n != 1 || err != nil {
+		t.Fatalf("read: %d, %v", n, err)
+	}
+}
+
+// heldEntries maps each held entry of the socket table to its socket's
+// cookie.
+func heldEntries(t *testing.T, d *Datapath) map[uint32]uint64 {
+	t.Helper()
+	held := map[uint32]uint64{}
+	var k uint32
+	var ss egressdSockState
+	it := d.maps().SockTable.Iterate()
+	for it.Next(&k, &ss) {
+		if ss.Word&3 != 0 {
+			held[k] = ss.Word >> 2
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
+func cookieOf(t *testing.T, c *fdCloser) uint64 {
+	t.Helper()
+	cookie, err := unix.GetsockoptUint64(c.fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cookie
+}
+
+// TestSocketStatePlaces: a socket takes the entry its cookie picks in the
+// socket table's hot part, else the one it picks in the whole table, else
+// socket storage; every program finds each socket's state wherever it is
+// (the requests on each counted, the recount sees all, every slot comes
+// back). An 8-entry table has a hot part of 4, so 40 sockets fill both.
+func TestSocketStatePlaces(t *testing.T) {
+	const size = 8
+	d, cg := openSockTable(t, size)
+	hot := uint64(hotEntries(size))
+	if hot != 4 {
+		t.Fatalf("hot part of %d entries: %d", size, hot)
+	}
+	srv := echoServer(t)
+	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Requests: true})
+	storageBefore, err := d.StorageSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	privtest.Join(t, cg)
+	const n = 40
+	conns := make([]*fdCloser, n)
+	want := map[uint32]uint64{} // the places, as the kernel should pick them
+	wantStorage := uint64(0)
+	for i := range conns {
+		conns[i] = dial(t, srv).(*fdCloser)
+		cookie := cookieOf(t, conns[i])
+		near, far := uint32(cookie%hot), uint32(cookie%size)
+		if _, held := want[near]; !held {
+			want[near] = cookie
+		} else if _, held := want[far]; !held {
+			want[far] = cookie
+		} else {
+			wantStorage++
+		}
+	}
+	for _, c := range conns {
+		roundTrip(t, c)
+	}
+	storageAfter, err := d.StorageSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := heldEntries(t, d); !maps.Equal(held, want) || storageAfter-storageBefore != wantStorage {
+		t.Errorf("table entries held %v and %d storages, want %v and %d", held, storageAfter-storageBefore, want, wantStorage)
+	}
+	if len(want) != size {
+		t.Errorf("%d sockets held %d of %d entries: the test should fill the table", n, len(want), size)
+	}
+	s := stats(t, d, "r")
+	if s.Live != n || s.Requests != n || s.Responses != n || s.InFlight != 0 {
+		t.Errorf("live %d, requests %d, responses %d, in flight %d; want %d, %d, %d, 0", s.Live, s.Requests, s.Responses, s.InFlight, n, n, n)
+	}
+	rc, err := d.Recount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rc["r"]; r.Counted != n || r.Drift() != 0 {
+		t.Errorf("recount %+v (drift %d), want %d counted", r, r.Drift(), n)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	s = waitLive(t, d, "r", 0)
+	if s.Released != n {
+		t.Errorf("released %d, want %d", s.Released, n)
+	}
+	if held := heldEntries(t, d); len(held) != 0 {
+		t.Errorf("after close, entries still held: %v", held)
+	}
+}
+
+// TestSocketStateOfBuildBefore: a build before the hot part put every
+// socket in the entry its cookie picks in the whole table, unmarked. A
+// socket whose state is there is still found: its requests count and its
+// slot comes back at close.
+func TestSocketStateOfBuildBefore(t *testing.T) {
+	const size = 1 << 12 // a hot part of 1,024
+	d, cg := openSockTable(t, size)
+	srv := echoServer(t)
+	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Requests: true})
+	privtest.Join(t, cg)
+	// A socket whose cookie picks different entries in the hot part and
+	// in the whole table (3 in 4 do).
+	var c *fdCloser
+	var cookie uint64
+	for range 8 {
+		c = dial(t, srv).(*fdCloser)
+		if cookie = cookieOf(t, c); cookie&(size-1) >= uint64(hotEntries(size)) {
+			break
+		}
+		c.Close()
+		c = nil
+	}
+	if c == nil {
+		t.Fatal("8 sockets in a row with cookies in the hot part")
+	}
+	roundTrip(t, c)
+
+	// Move its state where the build before put it.
+	table := d.maps().SockTable
+	hot, far := uint32(cookie&uint64(hotEntries(size)-1)), uint32(cookie&(size-1))
+	var ss egressdSockState
+	if err := table.Lookup(hot, &ss); err != nil {
+		t.Fatal(err)
+	}
+	if ss.Word != cookie<<2|1 {
+		t.Fatalf("hot entry %d: word %#x, want the socket's (cookie %d) held", hot, ss.Word, cookie)
+	}
+	if err := table.Put(far, &ss); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Put(hot, &egressdSockState{}); err != nil {
+		t.Fatal(err)
+	}
+
+	roundTrip(t, c)
+	if s := stats(t, d, "r"); s.Requests != 2 || s.Responses != 2 || s.InFlight != 0 {
+		t.Errorf("requests %d, responses %d, in flight %d; want 2, 2, 0", s.Requests, s.Responses, s.InFlight)
+	}
+	rc, err := d.Recount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rc["r"]; r.Counted != 1 || r.Drift() != 0 {
+		t.Errorf("recount %+v (drift %d), want the socket counted", r, r.Drift())
+	}
+	c.Close()
+	if s := waitLive(t, d, "r", 0); s.Released != 1 {
+		t.Errorf("released %d, want 1", s.Released)
+	}
+	if err := table.Lookup(far, &ss); err != nil || ss.Word != cookie<<2 {
+		t.Errorf("entry %d after close: word %#x (%v), want the socket's released", far, ss.Word, err)
+	}
+}
+
+// TestSocketStateMarkedByAnother: another program may add RETRANS_CB,
+// egressd's mark of a socket outside the table's hot part, to a socket in
+// it. That socket's state is still found (in the hot part last): its
+// requests count, the recount sees it and its slot comes back.
+func TestSocketStateMarkedByAnother(t *testing.T) {
+	const size = 8
+	d, cg := openSockTable(t, size)
+	hot := uint64(hotEntries(size))
+	srv := echoServer(t)
+	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Requests: true})
+	privtest.Join(t, cg)
+	// A socket egressd marked: in the rest of the table, beyond the hot
+	// part, its hot entry held by another.
+	open := map[uint64]*fdCloser{}
+	var c *fdCloser
+	var cookie uint64
+	for range 40 {
+		x := dial(t, srv).(*fdCloser)
+		k := cookieOf(t, x)
+		open[k] = x
+		if k%size >= hot && heldEntries(t, d)[uint32(k%size)] == k {
+			c, cookie = x, k
+			break
+		}
+	}
+	if c == nil {
+		t.Fatal("40 sockets and none beyond the hot part")
+	}
+	near, far := uint32(cookie%hot), uint32(cookie%size)
+	other, ok := heldEntries(t, d)[near]
+	if !ok {
+		t.Fatalf("hot entry %d of a socket beyond it is not held", near)
+	}
+	open[other].Close()
+	delete(open, other)
+	// Now in the hot part, still marked.
+	table := d.maps().SockTable
+	var ss egressdSockState
+	if err := table.Lookup(far, &ss); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Put(near, &ss); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Put(far, &egressdSockState{}); err != nil {
+		t.Fatal(err)
+	}
+
+	before := stats(t, d, "r")
+	roundTrip(t, c)
+	if s := stats(t, d, "r"); s.Requests != before.Requests+1 || s.Responses != before.Responses+1 || s.InFlight != 0 {
+		t.Errorf("requests %d, responses %d, in flight %d; want %d, %d, 0", s.Requests, s.Responses, s.InFlight, before.Requests+1, before.Responses+1)
+	}
+	rc, err := d.Recount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rc["r"]; r.Counted != int64(len(open)) || r.Drift() != 0 {
+		t.Errorf("recount %+v (drift %d), want the %d sockets open counted", r, r.Drift(), len(open))
+	}
+	c.Close()
+	if s := waitLive(t, d, "r", int64(len(open)-1)); s.Released != before.Released+1 {
+		t.Errorf("released %d, want %d", s.Released, before.Released+1)
+	}
+	if err := table.Lookup(near, &ss); err != nil || ss.Word != cookie<<2 {
+		t.Errorf("entry %d after close: word %#x (%v), want the socket's released", near, ss.Word, err)
+	}
+}
