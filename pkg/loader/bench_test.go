@@ -36,6 +36,7 @@ type costCase struct {
 	name  string
 	rule  *Rule
 	cmd   string // the agent's loop: "loop" admits, "refused" must fail
+	held  int    // connections the agent holds open on the rule throughout
 	agent *privtest.Child
 	stats func() (map[string]ProgramStats, error)
 	// ns holds, per round, the run time per connect() summed over every
@@ -117,8 +118,10 @@ func emptyPrograms(b *testing.B, cg string) func() (map[string]ProgramStats, err
 
 // BenchmarkKernelCost reports the BPF programs' own run time per connect()
 // (kernel.bpf_stats_enabled), summed over every program that ran for it:
-// for each shape of rule, a connection no rule matches, one refused, and
-// empty programs at the same hooks (the floor any datapath pays). The cases
+// for each shape of rule, a connection no rule matches, one refused, one
+// admitted while 4,096 long-lived connections hold the socket table's hot
+// part, and empty programs at the same hooks (the floor any datapath
+// pays). The cases
 // take turns, a round of 200 connects each, so that the machine's drift
 // falls on all alike; figures are medians over the rounds, and ratios are
 // to the no-rules case of the same run.
@@ -131,6 +134,9 @@ func BenchmarkKernelCost(b *testing.B) {
 		{name: "no-rules"},
 		{name: "no-match", rule: &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1000}},
 		{name: "concurrency", rule: &Rule{Name: "c", Dests: local, Limit: 1000}},
+		// Long-lived connections fill the socket table's hot part: a new
+		// one finds its hot entry taken and goes on to the whole table.
+		{name: "concurrency 4096 held", rule: &Rule{Name: "c", Dests: local, Limit: 1 << 20}, held: 4096},
 		{name: "per-second", rule: &Rule{Name: "c", Dests: local, Shape: ShapePerSecond, Limit: MaxRate}},
 		{name: "per-window", rule: &Rule{Name: "c", Dests: local, Shape: ShapePerWindow, Limit: 1 << 30, Window: time.Second}},
 		{name: "granted", rule: &Rule{Name: "c", Dests: local, Shape: ShapeGranted, Granted: 1 << 62}},
@@ -159,6 +165,13 @@ func BenchmarkKernelCost(b *testing.B) {
 			c.stats = d.ProgramStats
 		}
 		c.agent = privtest.Spawn(b, cg, "agent")
+		for range c.held {
+			// The server closes its end at once: the client's stays in
+			// CLOSE_WAIT, holding its slot.
+			if reply := c.agent.Call(b, "dial %s 5s", srv); !strings.HasPrefix(reply, "ok") {
+				b.Fatalf("%s: hold: %s", c.name, reply)
+			}
+		}
 	}
 	stats, err := EnableStats()
 	if err != nil {
