@@ -500,7 +500,8 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 /* A tracked socket whose state is not in sock_table's hot part. That
  * callback runs only on a retransmission, and returns at once. Another
  * program may set it too (adding to the flags, as it should): find_state
- * then looks in the hot part last. */
+ * then looks in the hot part last; and sockops leaves it set when it
+ * clears the others, for that program's sake. */
 #define ELSEWHERE BPF_SOCK_OPS_RETRANS_CB_FLAG
 
 static __always_inline __u8 cb_flags(const void *sk)
