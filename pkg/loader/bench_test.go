@@ -121,9 +121,8 @@ func emptyPrograms(b *testing.B, cg string) func() (map[string]ProgramStats, err
 // for each shape of rule, a connection no rule matches, one refused, one
 // admitted while 4,096 long-lived connections hold the socket table's hot
 // part, and empty programs at the same hooks (the floor any datapath
-// pays). The cases
-// take turns, a round of 200 connects each, so that the machine's drift
-// falls on all alike; figures are medians over the rounds, and ratios are
+// pays). The cases take turns, a round of 200 connects each, so that the
+// machine's drift falls on all alike; figures are medians over the rounds, and ratios are
 // to the no-rules case of the same run.
 func BenchmarkKernelCost(b *testing.B) {
 	privtest.RequireRoot(b)

@@ -43,6 +43,24 @@ func heldEntries(t *testing.T, d *Datapath) map[uint32]uint64 {
 	return held
 }
 
+// moveEntry moves the socket table's entry from to to, leaving from
+// empty: a socket's state where another build, or a program that sets
+// its mark, would have it.
+func moveEntry(t *testing.T, d *Datapath, from, to uint32) {
+	t.Helper()
+	table := d.maps().SockTable
+	var ss egressdSockState
+	if err := table.Lookup(from, &ss); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Put(to, &ss); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Put(from, &egressdSockState{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func cookieOf(t *testing.T, c *fdCloser) uint64 {
 	t.Helper()
 	cookie, err := unix.GetsockoptUint64(c.fd, unix.SOL_SOCKET, unix.SO_COOKIE)
@@ -156,21 +174,12 @@ func TestSocketStateOfBuildBefore(t *testing.T) {
 	roundTrip(t, c)
 
 	// Move its state where the build before put it.
-	table := d.maps().SockTable
-	hot, far := uint32(cookie&uint64(hotEntries(size)-1)), uint32(cookie&(size-1))
+	hot, far := uint32(cookie%uint64(hotEntries(size))), uint32(cookie%size)
 	var ss egressdSockState
-	if err := table.Lookup(hot, &ss); err != nil {
-		t.Fatal(err)
+	if err := d.maps().SockTable.Lookup(hot, &ss); err != nil || ss.Word != cookie<<2|1 {
+		t.Fatalf("hot entry %d: word %#x (%v), want the socket's (cookie %d) held", hot, ss.Word, err, cookie)
 	}
-	if ss.Word != cookie<<2|1 {
-		t.Fatalf("hot entry %d: word %#x, want the socket's (cookie %d) held", hot, ss.Word, cookie)
-	}
-	if err := table.Put(far, &ss); err != nil {
-		t.Fatal(err)
-	}
-	if err := table.Put(hot, &egressdSockState{}); err != nil {
-		t.Fatal(err)
-	}
+	moveEntry(t, d, hot, far)
 
 	roundTrip(t, c)
 	before := stats(t, d, "r")
@@ -188,7 +197,7 @@ func TestSocketStateOfBuildBefore(t *testing.T) {
 	if s := waitLive(t, d, "r", 0); s.Released != before.Released+1 {
 		t.Errorf("released %d, want %d", s.Released, before.Released+1)
 	}
-	if err := table.Lookup(far, &ss); err != nil || ss.Word != cookie<<2 {
+	if err := d.maps().SockTable.Lookup(far, &ss); err != nil || ss.Word != cookie<<2 {
 		t.Errorf("entry %d after close: word %#x (%v), want the socket's released", far, ss.Word, err)
 	}
 }
@@ -229,17 +238,7 @@ func TestSocketStateMarkedByAnother(t *testing.T) {
 	open[other].Close()
 	delete(open, other)
 	// Now in the hot part, still marked.
-	table := d.maps().SockTable
-	var ss egressdSockState
-	if err := table.Lookup(far, &ss); err != nil {
-		t.Fatal(err)
-	}
-	if err := table.Put(near, &ss); err != nil {
-		t.Fatal(err)
-	}
-	if err := table.Put(far, &egressdSockState{}); err != nil {
-		t.Fatal(err)
-	}
+	moveEntry(t, d, far, near)
 
 	before := stats(t, d, "r")
 	roundTrip(t, c)
@@ -257,7 +256,8 @@ func TestSocketStateMarkedByAnother(t *testing.T) {
 	if s := waitLive(t, d, "r", int64(len(open)-1)); s.Released != before.Released+1 {
 		t.Errorf("released %d, want %d", s.Released, before.Released+1)
 	}
-	if err := table.Lookup(near, &ss); err != nil || ss.Word != cookie<<2 {
+	var ss egressdSockState
+	if err := d.maps().SockTable.Lookup(near, &ss); err != nil || ss.Word != cookie<<2 {
 		t.Errorf("entry %d after close: word %#x (%v), want the socket's released", near, ss.Word, err)
 	}
 }
