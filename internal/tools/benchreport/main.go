@@ -190,10 +190,18 @@ func writeTargets(b *bytes.Buffer, figures map[string]float64) {
 	b.WriteString("\n")
 }
 
+// command returns what name printed. The go tool's own messages (the
+// modules it downloads on a fresh machine) go to stderr, which only a
+// failure shows.
 func command(dir, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		out = append(out, stderr.Bytes()...)
+	}
 	return string(out), err
 }
 
