@@ -484,7 +484,10 @@ func (r *SampleReader) Close() error { return r.rd.rd.Close() }
 // time-wait socket and its release (TCP_CLOSE). Either reads as a slot
 // the kernel counts and no socket holds, the sign of a leak; so a rule
 // with such a drift is walked again, and the smaller drift is kept: a
-// leak shows in both walks, a socket in passing seldom in two.
+// leak shows in both walks, a socket in passing seldom in two. The
+// second walk waits a little first: a connect() the scheduler stopped
+// between the hook and the hashing (on a loaded machine) could otherwise
+// still be there.
 func (d *Datapath) Recount() (map[string]Recount, error) {
 	out, err := d.recount()
 	leak := false
@@ -494,6 +497,7 @@ func (d *Datapath) Recount() (map[string]Recount, error) {
 	if err != nil || !leak {
 		return out, err
 	}
+	time.Sleep(recountPause)
 	again, err := d.recount()
 	if err != nil {
 		return out, nil // the first walk stands
@@ -505,6 +509,10 @@ func (d *Datapath) Recount() (map[string]Recount, error) {
 	}
 	return out, nil
 }
+
+// recountPause is how long Recount waits before walking again: many
+// times what a connect() takes from its hook to its hashing.
+const recountPause = 20 * time.Millisecond
 
 func abs(n int64) int64 { return max(n, -n) }
 
