@@ -4,8 +4,10 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -27,6 +29,8 @@ type Server struct {
 	cmd  *exec.Cmd
 	args []string // how to start it again
 	dir  string   // its working directory (and AOF's)
+	// exited is closed once the running process has been waited for.
+	exited chan struct{}
 }
 
 // Config is how a server runs.
@@ -49,22 +53,31 @@ func Start(t testing.TB) *Server { return StartWith(t, Config{}) }
 func StartWith(t testing.TB, c Config) *Server {
 	t.Helper()
 	need(t, "redis-server")
-	s := &Server{t: t, port: freePort(t), dir: t.TempDir()}
-	s.args = []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--repl-diskless-sync-delay", "0", "--loglevel", "warning", "--dir", s.dir}
-	if c.AOF {
-		s.args = append(s.args, "--appendonly", "yes", "--appendfsync", "everysec")
-	} else {
-		s.args = append(s.args, "--appendonly", "no")
-	}
-	if c.ReplicaOf != nil {
-		s.args = append(s.args, "--replicaof", "127.0.0.1", strconv.Itoa(c.ReplicaOf.port))
-	}
-	if c.Cluster {
-		s.args = append(s.args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"), "--cluster-node-timeout", "1000")
-	}
-	s.Restart()
+	s := &Server{t: t, dir: t.TempDir()}
 	t.Cleanup(s.Stop)
-	return s
+	// Another process may bind the port between the check and the
+	// server's own bind: then the next port.
+	var err error
+	for range 3 {
+		s.port = freePort(t, c.Cluster)
+		s.args = []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--repl-diskless-sync-delay", "0", "--loglevel", "warning", "--dir", s.dir}
+		if c.AOF {
+			s.args = append(s.args, "--appendonly", "yes", "--appendfsync", "everysec")
+		} else {
+			s.args = append(s.args, "--appendonly", "no")
+		}
+		if c.ReplicaOf != nil {
+			s.args = append(s.args, "--replicaof", "127.0.0.1", strconv.Itoa(c.ReplicaOf.port))
+		}
+		if c.Cluster {
+			s.args = append(s.args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"), "--cluster-node-timeout", "1000")
+		}
+		if err = s.start(); err == nil {
+			return s
+		}
+	}
+	t.Fatalf("redis-server: %v", err)
+	return nil
 }
 
 func need(t testing.TB, cmd string) {
@@ -74,14 +87,57 @@ func need(t testing.TB, cmd string) {
 	}
 }
 
-func freePort(t testing.TB) int {
+// freePort returns a loopback port no socket holds now (nor, for a
+// cluster node, its bus port, 10000 above). It picks below the kernel's
+// ephemeral range where it can: a port from that range may become some
+// connection's local port (a test's client, a socket in TIME_WAIT) before
+// the server binds it, or while a test has the server stopped.
+func freePort(t testing.TB, bus bool) int {
 	t.Helper()
+	const lowest, busOffset = 10000, 10000
+	top := ephemeralLow() - 1
+	if bus {
+		top -= busOffset
+	}
+	for i := 0; top-lowest >= 1000 && i < 100; i++ {
+		p := lowest + rand.IntN(top-lowest+1)
+		if bindable(p) && (!bus || bindable(p+busOffset)) {
+			return p
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow is the first port of the range the kernel picks local
+// ports from (net.ipv4.ip_local_port_range); 0 if unknown.
+func ephemeralLow() int {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) != 2 {
+		return 0
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return lo
+}
+
+func bindable(port int) bool {
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
 }
 
 // Addr is the server's host:port.
@@ -94,18 +150,37 @@ func (s *Server) URL() string { return "redis://" + s.Addr() }
 // it answers: empty, unless it keeps an AOF.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", s.args...)
-	s.cmd.Dir = s.dir
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
-	}
-	if err := waitPing(s.Addr()); err != nil {
-		s.Stop()
-		s.t.Fatalf("redis-server on %s: %v", s.Addr(), err)
+	if err := s.start(); err != nil {
+		s.t.Fatalf("redis-server: %v", err)
 	}
 }
 
-func waitPing(addr string) error {
+// start runs the server and waits until it answers; on failure it is
+// stopped, and the error has what it printed.
+func (s *Server) start() error {
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.Dir = s.dir
+	out := new(bytes.Buffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.cmd, s.exited = cmd, exited
+	if err := waitPing(s.Addr(), exited); err != nil {
+		s.Stop()
+		return fmt.Errorf("on %s: %w\n%s", s.Addr(), err, out)
+	}
+	return nil
+}
+
+// waitPing waits until the server at addr answers PING, or exited is
+// closed (nil: never).
+func waitPing(addr string, exited <-chan struct{}) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
@@ -119,7 +194,11 @@ func waitPing(addr string) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("never answered PING: %w", err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-exited:
+			return fmt.Errorf("exited without answering PING: %w", err)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 
@@ -131,7 +210,7 @@ func (s *Server) Stop() {
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused one too
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
@@ -262,7 +341,7 @@ type Sentinel struct {
 func StartSentinel(t testing.TB, name string, primary *Server, downAfter time.Duration) *Sentinel {
 	t.Helper()
 	need(t, "redis-sentinel")
-	s := &Sentinel{t: t, port: freePort(t)}
+	s := &Sentinel{t: t, port: freePort(t, false)}
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
 	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
@@ -279,7 +358,7 @@ func StartSentinel(t testing.TB, name string, primary *Server, downAfter time.Du
 		_ = s.cmd.Process.Kill()
 		_ = s.cmd.Wait()
 	})
-	if err := waitPing(s.Addr()); err != nil {
+	if err := waitPing(s.Addr(), nil); err != nil {
 		t.Fatalf("redis-sentinel on %s: %v", s.Addr(), err)
 	}
 	return s
