@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/egressd/egressd/internal/privtest"
+	"github.com/egressd/egressd/internal/testport"
 	"github.com/egressd/egressd/pkg/control"
 )
 
@@ -714,15 +715,11 @@ func writeFile(t *testing.T, path, text string) {
 	}
 }
 
-// freeAddr returns a loopback address nothing listens on now.
+// freeAddr returns a loopback address nothing listens on now, for a
+// daemon to listen on.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(testport.Free(t))
 }
 
 // listen accepts loopback connections and holds each until its client

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/egressd/egressd/internal/testport"
 )
 
 // Server is a redis-server a test started.
@@ -59,7 +60,7 @@ func StartWith(t testing.TB, c Config) *Server {
 	// server's own bind: then the next port.
 	var err error
 	for range 3 {
-		s.port = freePort(t, c.Cluster)
+		s.port = port(t, c.Cluster)
 		s.args = []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--repl-diskless-sync-delay", "0", "--loglevel", "warning", "--dir", s.dir}
 		if c.AOF {
 			s.args = append(s.args, "--appendonly", "yes", "--appendfsync", "everysec")
@@ -87,57 +88,12 @@ func need(t testing.TB, cmd string) {
 	}
 }
 
-// freePort returns a loopback port no socket holds now (nor, for a
-// cluster node, its bus port, 10000 above). It picks below the kernel's
-// ephemeral range where it can: a port from that range may become some
-// connection's local port (a test's client, a socket in TIME_WAIT) before
-// the server binds it, or while a test has the server stopped.
-func freePort(t testing.TB, bus bool) int {
-	t.Helper()
-	const lowest, busOffset = 10000, 10000
-	top := ephemeralLow() - 1
-	if bus {
-		top -= busOffset
+// port is a free port for a server (and its cluster bus port, 10000 above).
+func port(t testing.TB, cluster bool) int {
+	if cluster {
+		return testport.Free(t, 10000)
 	}
-	for i := 0; top-lowest >= 1000 && i < 100; i++ {
-		p := lowest + rand.IntN(top-lowest+1)
-		if bindable(p) && (!bus || bindable(p+busOffset)) {
-			return p
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// ephemeralLow is the first port of the range the kernel picks local
-// ports from (net.ipv4.ip_local_port_range); 0 if unknown.
-func ephemeralLow() int {
-	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(data))
-	if len(f) != 2 {
-		return 0
-	}
-	lo, err := strconv.Atoi(f[0])
-	if err != nil {
-		return 0
-	}
-	return lo
-}
-
-func bindable(port int) bool {
-	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-	if err != nil {
-		return false
-	}
-	ln.Close()
-	return true
+	return testport.Free(t)
 }
 
 // Addr is the server's host:port.
@@ -341,7 +297,7 @@ type Sentinel struct {
 func StartSentinel(t testing.TB, name string, primary *Server, downAfter time.Duration) *Sentinel {
 	t.Helper()
 	need(t, "redis-sentinel")
-	s := &Sentinel{t: t, port: freePort(t, false)}
+	s := &Sentinel{t: t, port: testport.Free(t)}
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
 	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
