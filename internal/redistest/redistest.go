@@ -54,13 +54,14 @@ func Start(t testing.TB) *Server { return StartWith(t, Config{}) }
 func StartWith(t testing.TB, c Config) *Server {
 	t.Helper()
 	need(t, "redis-server")
-	s := &Server{t: t, dir: t.TempDir()}
+	s := &Server{t: t}
 	t.Cleanup(s.Stop)
 	// Another process may bind the port between the check and the
-	// server's own bind: then the next port.
+	// server's own bind: then the next port, in a new directory (a
+	// cluster node's config file names its port).
 	var err error
 	for range 3 {
-		s.port = port(t, c.Cluster)
+		s.port, s.dir = port(t, c.Cluster), t.TempDir()
 		s.args = []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--repl-diskless-sync-delay", "0", "--loglevel", "warning", "--dir", s.dir}
 		if c.AOF {
 			s.args = append(s.args, "--appendonly", "yes", "--appendfsync", "everysec")
