@@ -424,9 +424,11 @@ func TestUnreadAnswerTimesOut(t *testing.T) {
 
 // A peer that reads a large answer slowly, taking many times the write
 // timeout over the whole of it but never stalling for as long, gets all
-// of it: the timeout bounds a stall, not the answer's size.
+// of it: the timeout bounds a stall, not the answer's size. (The reader
+// pauses 10 ms a read; the timeout leaves room for a loaded machine to
+// stop it far longer: with 200 ms, CI once saw a write time out.)
 func TestSlowReaderGetsWholeAnswer(t *testing.T) {
-	const n, timeout = 2 << 20, 200 * time.Millisecond
+	const n, timeout = 4 << 20, 500 * time.Millisecond
 	sock, _, done := bigAnswer(t, n, timeout)
 	c := get(t, sock, "/v1/big")
 	start := time.Now()
