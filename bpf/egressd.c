@@ -13,10 +13,11 @@
 //
 // Accounting: an admitted socket holds one slot of its rule, recorded in its
 // sock_state. The slot is given back exactly once (compare-and-swap on
-// sock_state.word) at the first of: sockops STATE_CB entering TCP_CLOSE (RST,
-// refused, timeout, disconnect while the fd stays open), cgroup/sock_release
-// (close, process exit, and connect failures before tcp_connect() where no
-// sockops callback fires), or a second connect() on the same socket.
+// sock_state.word) at the first of: sockops STATE_CB entering TCP_CLOSE for
+// an established connection (RST, timeout, disconnect while the fd stays
+// open), sockops RTO_CB when TCP gives up on a connect(), cgroup/sock_release
+// (close, process exit, and a connect() refused by the peer or failing
+// before tcp_connect()), or a second connect() on the same socket.
 //
 // Cost: only admitted sockets are tracked, and connect() marks them with a
 // sockops callback flag (bpf_setsockopt TCP_BPF_SOCK_OPS_CB_FLAGS). Every
@@ -24,10 +25,11 @@
 // no rule admitted costs each program a test of one bit. A
 // tracked socket's state lives in sock_table, an array indexed by the
 // socket's cookie (cookies count up, so live sockets rarely collide): in
-// the entry its cookie picks in the table's first 1,024, which stay in the
-// CPU's cache, else in the one it picks in the whole table, and in socket
-// storage only when both are held by other live sockets: creating socket
-// storage costs more than the rest of the admission.
+// the entry its cookie picks in the table's first 16 (the hot part, in the
+// CPU's nearest cache), else in its first 1,024 (the warm part, in the
+// TLB), else in the whole table, and in socket storage only when all three
+// are held by other live sockets: creating socket storage costs more than
+// the rest of the admission.
 //
 // Refusals: a refused connect() takes no state and sends nothing. It
 // notes itself in its CPU's run in progress, a record folding refusals of
@@ -313,10 +315,12 @@ const enum counter *unused_counter __attribute__((unused));
 const enum global_counter *unused_global_counter __attribute__((unused));
 const enum sample_kind *unused_sample_kind __attribute__((unused));
 
-/* sock_table has a power-of-two size; the loader sets its mask, and that
- * of the table's hot part: its first entries, few enough to stay in the
- * CPU's cache (see find_state). */
+/* sock_table has a power-of-two size; the loader sets its mask, and those
+ * of its first entries a socket tries before the rest: the hot part, few
+ * enough to stay in the CPU's nearest cache, and the warm part, in its
+ * TLB (see find_state). */
 volatile const __u32 sock_table_mask = 0;
+volatile const __u32 sock_warm_mask = 0;
 volatile const __u32 sock_hot_mask = 0;
 /* The refusal log has a part per possible CPU; the loader sets how many. */
 volatile const __u32 log_cpus = 1;
@@ -494,8 +498,8 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 /* connect() marks a socket it admitted with RTO_CB, whose callback runs
  * only on a retransmission timeout: the mark costs nothing until then, and
  * unlike STATE_CB it calls sockops for none of the state changes connect()
- * is about to make. Sockops sets STATE_CB at TCP_CONNECT_CB, after
- * SYN_SENT, and clears both once the socket holds nothing. */
+ * is about to make. Sockops sets STATE_CB once the connection is
+ * established, and clears both once the socket holds nothing. */
 #define TRACKED BPF_SOCK_OPS_RTO_CB_FLAG
 /* A tracked socket whose state is not in sock_table's hot part. That
  * callback runs only on a retransmission, and returns at once. Another
@@ -617,37 +621,40 @@ static __always_inline void record_latency(__u32 slot, __u32 gen, __u8 flags,
 	bpf_ringbuf_submit(s, wake_flags(&samples, cfg, now));
 }
 
+/* entry_of returns the table entry idx if it is the socket's. */
+static __always_inline struct sock_state *entry_of(__u32 idx, __u64 cookie)
+{
+	struct sock_state *ss = bpf_map_lookup_elem(&sock_table, &idx);
+
+	return ss && ss->word >> 2 == cookie ? ss : 0;
+}
+
 /* find_state returns the state of a tracked socket (flags: its callback
  * flags): a sock_table entry while the entry is its own, else its socket
  * storage. A socket's entry is the one its cookie picks in the table's hot
- * part, else (ELSEWHERE) the one it picks in the whole table. Cookies
- * count up, so sockets that come and go reuse the hot part's few lines,
- * still in the cache, where the whole table's next entry was a line not
- * touched since a table's length of sockets before. A build before the hot
- * part put every socket in the whole table's entry and left it unmarked:
- * the second probe still finds those. */
+ * part, else (ELSEWHERE) the one it picks in the warm part, else in the
+ * whole table. Cookies count up, so sockets that come and go one after
+ * another reuse the hot part's few lines, still in the CPU's nearest
+ * cache; the warm part's were last touched a thousand sockets before, but
+ * on pages the TLB still holds; the whole table's, a table's length of
+ * sockets before. An unmarked socket not in the hot part is one a build
+ * before admitted: in the warm part (that build's hot part) or, before
+ * that, in the whole table; the later probes find those. */
 static __always_inline struct sock_state *find_state(void *sk, __u64 cookie, __u8 flags)
 {
-	__u32 hot = cookie & sock_hot_mask, far = cookie & sock_table_mask;
+	__u32 hot = cookie & sock_hot_mask, warm = cookie & sock_warm_mask, far = cookie & sock_table_mask;
 	struct sock_state *ss;
 
-	if (!(flags & ELSEWHERE)) {
-		ss = bpf_map_lookup_elem(&sock_table, &hot);
-		if (ss && ss->word >> 2 == cookie)
-			return ss;
-	}
-	if (far != hot) {
-		ss = bpf_map_lookup_elem(&sock_table, &far);
-		if (ss && ss->word >> 2 == cookie)
-			return ss;
-	}
+	if (!(flags & ELSEWHERE) && (ss = entry_of(hot, cookie)))
+		return ss;
+	if (warm != hot && (ss = entry_of(warm, cookie)))
+		return ss;
+	if (far != warm && (ss = entry_of(far, cookie)))
+		return ss;
 	ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (ss || !(flags & ELSEWHERE))
 		return ss;
-	ss = bpf_map_lookup_elem(&sock_table, &hot);
-	if (ss && ss->word >> 2 == cookie)
-		return ss;
-	return 0;
+	return entry_of(hot, cookie);
 }
 
 /* Gives back the socket's slot; every path calls this, only the first
@@ -955,7 +962,7 @@ static __always_inline struct sock_state *take_entry(__u32 idx, __u64 mine)
 
 /* claim_state finds an admitted socket a place for its state and marks it
  * held: its own entry, a table entry no live socket holds (the hot part's
- * first, see find_state), or new socket storage. *mark is the ELSEWHERE
+ * first, then the warm part's, see find_state), or new socket storage. *mark is the ELSEWHERE
  * flag the place needs. Held before it is filled: no other socket takes
  * it meanwhile, and no program runs for this socket until connect()
  * returns. */
@@ -963,7 +970,7 @@ static __always_inline struct sock_state *claim_state(struct bpf_sock *sk, __u64
 						      struct sock_state *own, __u8 *mark)
 {
 	__u64 mine = cookie << 2;
-	__u32 hot = cookie & sock_hot_mask, far = cookie & sock_table_mask;
+	__u32 hot = cookie & sock_hot_mask, warm = cookie & sock_warm_mask, far = cookie & sock_table_mask;
 	struct sock_state *ss;
 
 	/* Another socket may have taken our released table entry. Ours,
@@ -974,7 +981,9 @@ static __always_inline struct sock_state *claim_state(struct bpf_sock *sk, __u64
 	if ((ss = take_entry(hot, mine)))
 		return ss;
 	*mark = ELSEWHERE;
-	if (far != hot && (ss = take_entry(far, mine)))
+	if (warm != hot && (ss = take_entry(warm, mine)))
+		return ss;
+	if (far != warm && (ss = take_entry(far, mine)))
 		return ss;
 	ss = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (ss) {
@@ -1156,8 +1165,17 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 	__u64 cookie;
 
 	switch (skops->op) {
-	case BPF_SOCK_OPS_TCP_CONNECT_CB:
-		bpf_sock_ops_cb_flags_set(skops, flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+	case BPF_SOCK_OPS_RTO_CB:
+		/* TCP gives up on the connection (args[2]: the attempt has
+		 * expired): for a connect() still in SYN_SENT, where no
+		 * STATE_CB runs, this is the one place to give back its slot
+		 * before close(). */
+		if (!skops->args[2] || !sk)
+			return 1;
+		cookie = cookie_of(sk);
+		ss = find_state(sk, cookie, flags);
+		if (ss)
+			release(ss, cookie);
 		return 1;
 	case BPF_SOCK_OPS_NEEDS_ECN:
 		/* The connect latency starts at the first SYN (a retransmitted
@@ -1169,6 +1187,10 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		if (ss && ss->word == (cookie << 2 | SS_HELD))
 			ss->connect_ns = tcp_stamp_ns(sk);
 		return 1;
+	/* A connect() that met the peer's own SYN (a simultaneous open, or a
+	 * socket connected to its own address) is established as a passive
+	 * one; an accepted socket is never tracked. */
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB: {
 		if (!sk)
 			return 1;
@@ -1188,6 +1210,10 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		 * that socket's failure counts as a connect failure.) */
 		if (*(volatile __u64 *)&ss->word != held)
 			return 1;
+		/* From here on, a connection reset or timed out gives back its
+		 * slot as TCP closes it. Not from connect(): that would cost a
+		 * run of this program for the change to ESTABLISHED too. */
+		bpf_sock_ops_cb_flags_set(skops, flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 		ss->established = 1;
 		struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 		struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);

@@ -11,10 +11,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/privtest"
+	"github.com/egressd/egressd/internal/testport"
 )
 
 // resetServer accepts, reads one byte and resets the connection.
@@ -219,5 +221,119 @@ func checkRecount(t *testing.T, d *Datapath, rule string, live int64) {
 	}
 	if r := rc[rule]; r.Live != live || r.Counted != live {
 		t.Fatalf("recount %s: %+v, want %d live and counted", rule, r, live)
+	}
+}
+
+// zeroBacklog returns a listening socket on a loopback port whose accept
+// queue is full with one connection waiting.
+func zeroBacklog(t *testing.T) (int, netip.AddrPort) {
+	t.Helper()
+	ln := socket4(t, 0)
+	t.Cleanup(func() { unix.Close(ln) })
+	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in4 := sa.(*unix.SockaddrInet4)
+	return ln, netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port))
+}
+
+// fullListener returns a loopback port whose listener has a full accept
+// queue: the kernel drops every SYN to it, answering nothing.
+func fullListener(t *testing.T) netip.AddrPort {
+	t.Helper()
+	_, ap := zeroBacklog(t)
+	filler := socket4(t, 0)
+	t.Cleanup(func() { unix.Close(filler) })
+	if err := unix.Connect(filler, sa4(ap)); err != nil {
+		t.Fatal(err)
+	}
+	return ap
+}
+
+// TestFailedConnectReleases: a connect() that fails before the connection
+// is established, its fd left open. When TCP gives up on an unanswered
+// SYN, the slot comes back at once (sockops RTO_CB). A connect() refused
+// by the peer keeps its slot until the socket's next connect() or its
+// close() (sockops STATE_CB is on only for established connections).
+func TestFailedConnectReleases(t *testing.T) {
+	d, cg := open(t)
+	silent := fullListener(t) // before the rule: the filler holds no slot
+	closed := closedPort(t)
+	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Limit: 10})
+	privtest.Join(t, cg)
+
+	fd := socket4(t, unix.SOCK_NONBLOCK)
+	defer unix.Close(fd)
+	// Given up at the second retransmission timeout, about 2 s.
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Connect(fd, sa4(silent)); err != unix.EINPROGRESS {
+		t.Fatalf("connect to a full listener: %v, want EINPROGRESS", err)
+	}
+	if s := stats(t, d, "r"); s.Live != 1 {
+		t.Fatalf("live %d after the SYN, want 1", s.Live)
+	}
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	if n, err := unix.Poll(pfd, 10_000); n != 1 || err != nil {
+		t.Fatalf("poll: %d, %v", n, err)
+	}
+	if errno, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); syscall.Errno(errno) != unix.ETIMEDOUT {
+		t.Fatalf("connect: %v, want ETIMEDOUT", syscall.Errno(errno))
+	}
+	if s := stats(t, d, "r"); s.Live != 0 || s.Released != 1 || s.ConnectFailed != 1 {
+		t.Errorf("after TCP gave up, fd open: live %d, released %d, connect failed %d; want 0, 1, 1", s.Live, s.Released, s.ConnectFailed)
+	}
+
+	refused := socket4(t, 0)
+	for i := range 2 {
+		if err := unix.Connect(refused, sa4(closed)); err != unix.ECONNREFUSED {
+			unix.Close(refused)
+			t.Fatalf("connect %d to a closed port: %v, want ECONNREFUSED", i, err)
+		}
+		if s := stats(t, d, "r"); s.Live != 1 || s.Released != uint64(1+i) {
+			t.Errorf("after refusal %d, fd open: live %d, released %d; want 1, %d", i, s.Live, s.Released, 1+i)
+		}
+	}
+	unix.Close(refused)
+	if s := stats(t, d, "r"); s.Live != 0 || s.Released != 3 || s.ConnectFailed != 3 {
+		t.Errorf("after close: live %d, released %d, connect failed %d; want 0, 3, 3", s.Live, s.Released, s.ConnectFailed)
+	}
+}
+
+// TestSimultaneousOpen: a socket connected to its own address meets its
+// own SYN, and TCP establishes it as a passive open. It counts as
+// established, and a disconnect while its fd stays open gives its slot
+// back at once, as for any established connection.
+func TestSimultaneousOpen(t *testing.T) {
+	d, cg := open(t)
+	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Limit: 10})
+	privtest.Join(t, cg)
+	fd := socket4(t, 0)
+	defer unix.Close(fd)
+	self := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(testport.Free(t)))
+	if err := unix.Bind(fd, sa4(self)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Connect(fd, sa4(self)); err != nil {
+		t.Fatalf("connect to itself: %v", err)
+	}
+	if s := stats(t, d, "r"); s.Live != 1 || s.Established != 1 {
+		t.Fatalf("live %d, established %d; want 1, 1", s.Live, s.Established)
+	}
+	// connect() to AF_UNSPEC disconnects (tcp_disconnect: to TCP_CLOSE).
+	unspec := unix.RawSockaddr{Family: unix.AF_UNSPEC}
+	if _, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&unspec)), unsafe.Sizeof(unspec)); errno != 0 {
+		t.Fatalf("disconnect: %v", errno)
+	}
+	if s := stats(t, d, "r"); s.Live != 0 || s.Released != 1 || s.ConnectFailed != 0 {
+		t.Errorf("after disconnect, fd open: live %d, released %d, connect failed %d; want 0, 1, 0", s.Live, s.Released, s.ConnectFailed)
 	}
 }

@@ -25,23 +25,8 @@ import (
 // a start at the SYN sent again, would make it far shorter.
 func TestConnectLatencySample(t *testing.T) {
 	d, cg := open(t)
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	// A backlog of 0 queues one connection: the filler's.
-	if err := unix.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dest := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
+	// Full once the filler's connection waits in it.
+	fd, dest := zeroBacklog(t)
 	put(t, d, Rule{Name: "slow", Dests: []netip.Prefix{netip.PrefixFrom(dest.Addr(), 32)}, Port: dest.Port(), Limit: 10, Samples: true})
 	samples := openSamples(t, d)
 	privtest.Join(t, cg)

@@ -227,6 +227,7 @@ const (
 	egressdVarLogCpus             = "log_cpus"
 	egressdVarSockHotMask         = "sock_hot_mask"
 	egressdVarSockTableMask       = "sock_table_mask"
+	egressdVarSockWarmMask        = "sock_warm_mask"
 	egressdVarUnusedCounter       = "unused_counter"
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
 	egressdVarUnusedIterRec       = "unused_iter_rec"
@@ -323,6 +324,7 @@ type egressdVariableSpecs struct {
 	LogCpus             *ebpf.VariableSpec `ebpf:"log_cpus"`
 	SockHotMask         *ebpf.VariableSpec `ebpf:"sock_hot_mask"`
 	SockTableMask       *ebpf.VariableSpec `ebpf:"sock_table_mask"`
+	SockWarmMask        *ebpf.VariableSpec `ebpf:"sock_warm_mask"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
@@ -405,6 +407,7 @@ type egressdVariables struct {
 	LogCpus             *ebpf.Variable `ebpf:"log_cpus"`
 	SockHotMask         *ebpf.Variable `ebpf:"sock_hot_mask"`
 	SockTableMask       *ebpf.Variable `ebpf:"sock_table_mask"`
+	SockWarmMask        *ebpf.Variable `ebpf:"sock_warm_mask"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`

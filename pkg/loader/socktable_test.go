@@ -70,18 +70,32 @@ func cookieOf(t *testing.T, c *fdCloser) uint64 {
 	return cookie
 }
 
+// places returns the entries a socket's cookie picks in the socket
+// table's hot part, warm part and whole table, each only where it differs
+// from the one before, in the order the socket tries them.
+func places(cookie uint64, size int) []uint32 {
+	hot, warm := tableParts(size)
+	out := []uint32{uint32(cookie % uint64(hot))}
+	for _, n := range []int{warm, size} {
+		if e := uint32(cookie % uint64(n)); e != out[len(out)-1] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // TestSocketStatePlaces: a socket takes the entry its cookie picks in the
-// socket table's hot part, else the one it picks in the whole table, else
-// socket storage; every program finds each socket's state wherever it is
-// (the requests on each counted, the recount sees all, every slot comes
-// back). An 8-entry table has a hot part of 4: sockets connect until
-// both parts are full and some are in storage.
+// socket table's hot part, else the one it picks in the warm part, else in
+// the whole table, else socket storage; every program finds each socket's
+// state wherever it is (the requests on each counted, the recount sees
+// all, every slot comes back). An 8-entry table has a hot part of 2 and a
+// warm part of 4: sockets connect until the table is full and some are in
+// storage.
 func TestSocketStatePlaces(t *testing.T) {
 	const size = 8
 	d, cg := openSockTable(t, size)
-	hot := uint64(hotEntries(size))
-	if hot != 4 {
-		t.Fatalf("hot part of %d entries: %d", size, hot)
+	if hot, warm := tableParts(size); hot != 2 || warm != 4 {
+		t.Fatalf("parts of a %d-entry table: %d and %d", size, hot, warm)
 	}
 	srv := echoServer(t)
 	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Requests: true})
@@ -102,12 +116,14 @@ func TestSocketStatePlaces(t *testing.T) {
 		c := dial(t, srv).(*fdCloser)
 		conns = append(conns, c)
 		cookie := cookieOf(t, c)
-		near, far := uint32(cookie%hot), uint32(cookie%size)
-		if _, held := want[near]; !held {
-			want[near] = cookie
-		} else if _, held := want[far]; !held {
-			want[far] = cookie
-		} else {
+		placed := false
+		for _, e := range places(cookie, size) {
+			if _, held := want[e]; !held {
+				want[e], placed = cookie, true
+				break
+			}
+		}
+		if !placed {
 			wantStorage++
 		}
 	}
@@ -145,58 +161,63 @@ func TestSocketStatePlaces(t *testing.T) {
 	}
 }
 
-// TestSocketStateOfBuildBefore: a build before the hot part put every
-// socket in the entry its cookie picks in the whole table, unmarked. A
-// socket whose state is there is still found: its requests count and its
+// TestSocketStateOfBuildBefore: builds before put every socket unmarked,
+// in the entry its cookie picks in the whole table, and later in the one
+// it picks in the warm part (their hot part). A socket whose state is in
+// either is still found: its requests count, the recount sees it and its
 // slot comes back at close.
 func TestSocketStateOfBuildBefore(t *testing.T) {
-	const size = 8 // a hot part of 4
+	const size = 8
 	d, cg := openSockTable(t, size)
 	srv := echoServer(t)
 	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Requests: true})
 	privtest.Join(t, cg)
-	// A socket whose cookie picks different entries in the hot part and
-	// in the whole table, alone on the rule: cookies count up, so one in
-	// four consecutive ones does; the others are closed again.
+	// A socket whose cookie picks a different entry in each part, alone
+	// on the rule: cookies count up, so two in eight consecutive ones do;
+	// the others are closed again.
 	var c *fdCloser
+	var at []uint32
 	var cookie uint64
 	for range 100 {
 		c = dial(t, srv).(*fdCloser)
-		if cookie = cookieOf(t, c); cookie%size >= uint64(hotEntries(size)) {
+		if cookie = cookieOf(t, c); len(places(cookie, size)) == 3 {
+			at = places(cookie, size)
 			break
 		}
 		c.Close()
 		c = nil
 	}
 	if c == nil {
-		t.Fatal("100 sockets in a row with cookies that pick the same entry in both parts")
+		t.Fatal("100 sockets in a row with cookies that pick the same entry in two parts")
 	}
 	roundTrip(t, c)
-
-	// Move its state where the build before put it.
-	hot, far := uint32(cookie%uint64(hotEntries(size))), uint32(cookie%size)
 	var ss egressdSockState
-	if err := d.maps().SockTable.Lookup(hot, &ss); err != nil || ss.Word != cookie<<2|1 {
-		t.Fatalf("hot entry %d: word %#x (%v), want the socket's (cookie %d) held", hot, ss.Word, err, cookie)
+	if err := d.maps().SockTable.Lookup(at[0], &ss); err != nil || ss.Word != cookie<<2|1 {
+		t.Fatalf("hot entry %d: word %#x (%v), want the socket's (cookie %d) held", at[0], ss.Word, err, cookie)
 	}
-	moveEntry(t, d, hot, far)
 
-	roundTrip(t, c)
-	before := stats(t, d, "r")
-	if before.Requests != 2 || before.Responses != 2 || before.InFlight != 0 || before.Live != 1 {
-		t.Errorf("requests %d, responses %d, in flight %d, live %d; want 2, 2, 0, 1", before.Requests, before.Responses, before.InFlight, before.Live)
-	}
-	rc, err := d.Recount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := rc["r"]; r.Counted != 1 || r.Drift() != 0 {
-		t.Errorf("recount %+v (drift %d), want the socket counted", r, r.Drift())
+	// Move its state where each build before put it.
+	var before Stats
+	for i, to := range at[1:] {
+		moveEntry(t, d, at[i], to)
+		roundTrip(t, c)
+		before = stats(t, d, "r")
+		if want := uint64(i + 2); before.Requests != want || before.Responses != want || before.InFlight != 0 || before.Live != 1 {
+			t.Errorf("in entry %d: requests %d, responses %d, in flight %d, live %d; want %d, %d, 0, 1", to, before.Requests, before.Responses, before.InFlight, before.Live, want, want)
+		}
+		rc, err := d.Recount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rc["r"]; r.Counted != 1 || r.Drift() != 0 {
+			t.Errorf("in entry %d: recount %+v (drift %d), want the socket counted", to, r, r.Drift())
+		}
 	}
 	c.Close()
 	if s := waitLive(t, d, "r", 0); s.Released != before.Released+1 {
 		t.Errorf("released %d, want %d", s.Released, before.Released+1)
 	}
+	far := at[2]
 	if err := d.maps().SockTable.Lookup(far, &ss); err != nil || ss.Word != cookie<<2 {
 		t.Errorf("entry %d after close: word %#x (%v), want the socket's released", far, ss.Word, err)
 	}
@@ -209,28 +230,32 @@ func TestSocketStateOfBuildBefore(t *testing.T) {
 func TestSocketStateMarkedByAnother(t *testing.T) {
 	const size = 8
 	d, cg := openSockTable(t, size)
-	hot := uint64(hotEntries(size))
 	srv := echoServer(t)
 	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Requests: true})
 	privtest.Join(t, cg)
-	// A socket egressd marked: in the rest of the table, beyond the hot
-	// part, its hot entry held by another.
+	// A socket egressd marked: beyond the hot part, its hot entry held
+	// by another.
 	open := map[uint64]*fdCloser{}
 	var c *fdCloser
 	var cookie uint64
+	var near, from uint32
 	for range 100 {
 		x := dial(t, srv).(*fdCloser)
 		k := cookieOf(t, x)
 		open[k] = x
-		if k%size >= hot && heldEntries(t, d)[uint32(k%size)] == k {
-			c, cookie = x, k
+		at := places(k, size)
+		for _, e := range at[1:] {
+			if heldEntries(t, d)[e] == k {
+				c, cookie, near, from = x, k, at[0], e
+			}
+		}
+		if c != nil {
 			break
 		}
 	}
 	if c == nil {
 		t.Fatal("100 sockets and none beyond the hot part")
 	}
-	near, far := uint32(cookie%hot), uint32(cookie%size)
 	other, ok := heldEntries(t, d)[near]
 	if !ok {
 		t.Fatalf("hot entry %d of a socket beyond it is not held", near)
@@ -238,7 +263,7 @@ func TestSocketStateMarkedByAnother(t *testing.T) {
 	open[other].Close()
 	delete(open, other)
 	// Now in the hot part, still marked.
-	moveEntry(t, d, far, near)
+	moveEntry(t, d, from, near)
 
 	before := stats(t, d, "r")
 	roundTrip(t, c)
