@@ -16,8 +16,9 @@
 // sock_state.word) at the first of: sockops STATE_CB entering TCP_CLOSE for
 // an established connection (RST, timeout, disconnect while the fd stays
 // open), sockops RTO_CB when TCP gives up on a connect(), cgroup/sock_release
-// (close, process exit, and a connect() refused by the peer or failing
-// before tcp_connect()), or a second connect() on the same socket.
+// (close, process exit, and a connect() refused by the peer, disconnected
+// or failing before tcp_connect()), or a second connect() on the same
+// socket.
 //
 // Cost: only admitted sockets are tracked, and connect() marks them with a
 // sockops callback flag (bpf_setsockopt TCP_BPF_SOCK_OPS_CB_FLAGS). Every

@@ -306,6 +306,34 @@ func TestFailedConnectReleases(t *testing.T) {
 	if s := stats(t, d, "r"); s.Live != 0 || s.Released != 3 || s.ConnectFailed != 3 {
 		t.Errorf("after close: live %d, released %d, connect failed %d; want 0, 3, 3", s.Live, s.Released, s.ConnectFailed)
 	}
+
+	// Disconnected while its SYN goes unanswered: back at close().
+	pending := socket4(t, unix.SOCK_NONBLOCK)
+	if err := unix.Connect(pending, sa4(silent)); err != unix.EINPROGRESS {
+		unix.Close(pending)
+		t.Fatalf("connect to a full listener: %v, want EINPROGRESS", err)
+	}
+	if err := disconnect(pending); err != nil {
+		unix.Close(pending)
+		t.Fatalf("disconnect: %v", err)
+	}
+	if s := stats(t, d, "r"); s.Live != 1 {
+		t.Errorf("disconnected, fd open: live %d, want 1", s.Live)
+	}
+	unix.Close(pending)
+	if s := stats(t, d, "r"); s.Live != 0 || s.Released != 4 {
+		t.Errorf("after close: live %d, released %d; want 0, 4", s.Live, s.Released)
+	}
+}
+
+// disconnect connects fd to AF_UNSPEC, which takes a TCP socket to
+// TCP_CLOSE (tcp_disconnect) and leaves it open.
+func disconnect(fd int) error {
+	unspec := unix.RawSockaddr{Family: unix.AF_UNSPEC}
+	if _, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&unspec)), unsafe.Sizeof(unspec)); errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // TestSimultaneousOpen: a socket connected to its own address meets its
@@ -328,10 +356,8 @@ func TestSimultaneousOpen(t *testing.T) {
 	if s := stats(t, d, "r"); s.Live != 1 || s.Established != 1 {
 		t.Fatalf("live %d, established %d; want 1, 1", s.Live, s.Established)
 	}
-	// connect() to AF_UNSPEC disconnects (tcp_disconnect: to TCP_CLOSE).
-	unspec := unix.RawSockaddr{Family: unix.AF_UNSPEC}
-	if _, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&unspec)), unsafe.Sizeof(unspec)); errno != 0 {
-		t.Fatalf("disconnect: %v", errno)
+	if err := disconnect(fd); err != nil {
+		t.Fatalf("disconnect: %v", err)
 	}
 	if s := stats(t, d, "r"); s.Live != 0 || s.Released != 1 || s.ConnectFailed != 0 {
 		t.Errorf("after disconnect, fd open: live %d, released %d, connect failed %d; want 0, 1, 0", s.Live, s.Released, s.ConnectFailed)
