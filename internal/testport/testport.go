@@ -26,9 +26,10 @@ const lowest = 10000
 // another port when its server fails to start.
 func Free(t testing.TB, also ...int) int {
 	t.Helper()
-	top := ephemeralLow() - 1
+	low := ephemeralLow()
+	top := low - 1
 	for _, o := range also {
-		top = min(top, ephemeralLow()-1-o)
+		top = min(top, low-1-o)
 	}
 	for i := 0; top-lowest >= 1000 && i < 100; i++ {
 		p := lowest + rand.IntN(top-lowest+1)
