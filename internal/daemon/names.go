@@ -114,9 +114,7 @@ func (n *names) resolve(ctx context.Context, uses []nameUse, now time.Time) {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if n.lookup(ctx, u, now) {
-				moved.Store(true)
-			}
+			n.lookup(ctx, u, now, &moved)
 		})
 	}
 	wg.Wait()
@@ -132,13 +130,10 @@ func (n *names) resolveBackground(ctx context.Context, uses []nameUse, now time.
 		n.background.Go(func() {
 			n.slots <- struct{}{}
 			defer func() { <-n.slots }()
-			moved := n.lookup(ctx, u, now)
+			n.lookup(ctx, u, now, &n.moved)
 			n.mu.Lock()
 			delete(n.inflight, u.host)
 			n.mu.Unlock()
-			if moved {
-				n.moved.Store(true)
-			}
 		})
 	}
 }
@@ -177,9 +172,11 @@ func (n *names) due(uses []nameUse, now time.Time, background bool) []nameUse {
 	return due
 }
 
-// lookup looks u's host name up and keeps what it resolved to, reporting
-// whether that differs from before.
-func (n *names) lookup(ctx context.Context, u nameUse, now time.Time) (changed bool) {
+// lookup looks u's host name up and keeps what it resolved to, setting
+// moved if that differs from before: together with the addresses, so that
+// whoever sees them (a refresh reading them, then taking the move) sees
+// the move too.
+func (n *names) lookup(ctx context.Context, u nameUse, now time.Time, moved *atomic.Bool) {
 	n.mu.Lock()
 	h, ok := n.hosts[u.host]
 	n.mu.Unlock()
@@ -189,7 +186,7 @@ func (n *names) lookup(ctx context.Context, u nameUse, now time.Time) (changed b
 	case ctx.Err() != nil:
 		// Cut short by the caller (a client's timeout, the daemon
 		// stopping): no answer, not a failed one to wait out.
-		return false
+		return
 	case errors.As(err, &partial):
 		for _, a := range h.addrs {
 			if partial.Unanswered(a) {
@@ -204,8 +201,10 @@ func (n *names) lookup(ctx context.Context, u nameUse, now time.Time) (changed b
 	}
 	n.mu.Lock()
 	n.hosts[u.host] = hostEntry{addrs: addrs, expires: now.Add(ttl)}
+	if !ok || !sameAddrs(addrs, h.addrs) {
+		moved.Store(true)
+	}
 	n.mu.Unlock()
-	return !ok || !sameAddrs(addrs, h.addrs)
 }
 
 func sameAddrs(a, b []netip.Addr) bool {
