@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/privtest"
-	"github.com/egressd/egressd/internal/testport"
 )
 
 // resetServer accepts, reads one byte and resets the connection.
@@ -271,7 +270,8 @@ func TestFailedConnectReleases(t *testing.T) {
 
 	fd := socket4(t, unix.SOCK_NONBLOCK)
 	defer unix.Close(fd)
-	// Given up at the second retransmission timeout, about 2 s.
+	// Given up at the first retransmission timeout (about 1 s): the user
+	// timeout has run out by then.
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -346,11 +346,14 @@ func TestSimultaneousOpen(t *testing.T) {
 	privtest.Join(t, cg)
 	fd := socket4(t, 0)
 	defer unix.Close(fd)
-	self := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(testport.Free(t)))
-	if err := unix.Bind(fd, sa4(self)); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Connect(fd, sa4(self)); err != nil {
+	self, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Connect(fd, self); err != nil {
 		t.Fatalf("connect to itself: %v", err)
 	}
 	if s := stats(t, d, "r"); s.Live != 1 || s.Established != 1 {

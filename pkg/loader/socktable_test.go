@@ -286,3 +286,20 @@ func TestSocketStateMarkedByAnother(t *testing.T) {
 		t.Errorf("entry %d after close: word %#x (%v), want the socket's released", near, ss.Word, err)
 	}
 }
+
+// TestTableParts: the default table's parts are 16 and 1,024 entries
+// (what the design doc and the benchmark's cases count on); a smaller
+// table's, a quarter and a half of it.
+func TestTableParts(t *testing.T) {
+	for _, c := range []struct{ size, hot, warm int }{
+		{65536, 16, 1024},
+		{1 << 20, 16, 1024},
+		{1024, 16, 512},
+		{8, 2, 4},
+		{2, 1, 1},
+	} {
+		if hot, warm := tableParts(c.size); hot != c.hot || warm != c.warm {
+			t.Errorf("tableParts(%d) = %d, %d; want %d, %d", c.size, hot, warm, c.hot, c.warm)
+		}
+	}
+}
