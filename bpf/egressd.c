@@ -17,20 +17,20 @@
 // an established connection (RST, timeout, disconnect while the fd stays
 // open), sockops RTO_CB when TCP gives up on a connect(), cgroup/sock_release
 // (close, process exit, and a connect() refused by the peer, disconnected
-// or failing before tcp_connect()), or a second connect() on the same
-// socket.
+// or failing before tcp_connect()), a second connect() on the same socket,
+// or the recount's sweep, for a socket freed without any of these.
 //
 // Cost: only admitted sockets are tracked, and connect() marks them with a
 // sockops callback flag (bpf_setsockopt TCP_BPF_SOCK_OPS_CB_FLAGS). Every
-// other program returns at once for a socket without it, so a connection
-// no rule admitted costs each program a test of one bit. A
-// tracked socket's state lives in sock_table, an array indexed by the
-// socket's cookie (cookies count up, so live sockets rarely collide): in
-// the entry its cookie picks in the table's first 16 (the hot part, in the
-// CPU's nearest cache), else in its first 1,024 (the warm part, in the
-// TLB), else in the whole table, and in socket storage only when all three
-// are held by other live sockets: creating socket storage costs more than
-// the rest of the admission.
+// other program but sock_release returns at once for a socket without it,
+// so a connection no rule admitted costs each a test of one bit, and
+// sock_release a test of the socket's cookie. A tracked socket's state
+// lives in sock_table, an array indexed by the socket's cookie (cookies
+// count up, so live sockets rarely collide): in the entry its cookie picks
+// in the table's first 16 (the hot part, in the CPU's nearest cache), else
+// in its first 1,024 (the warm part, in the TLB), else in the whole table,
+// and in the overflow hash only when all three are held by other live
+// sockets.
 //
 // Refusals: a refused connect() takes no state and sends nothing. It
 // notes itself in its CPU's run in progress, a record folding refusals of
@@ -101,7 +101,7 @@ enum counter {
 /* Host-wide counters. */
 enum global_counter {
 	GLOBAL_SAMPLES_LOST, /* latency samples dropped: ring buffer full */
-	GLOBAL_STORAGE,	     /* sockets tracked in socket storage: their table entry was held */
+	GLOBAL_STORAGE,	     /* sockets a build before tracked in socket storage (this one never does) */
 	GLOBAL_LEN,
 };
 
@@ -221,17 +221,26 @@ struct hist {
 #define SS_AWAITING 2ULL
 #define SS_FLAGS (SS_HELD | SS_AWAITING)
 
-/* A cache line each: a tracked connect() touches one line of the table. */
+/* A cache line each: a tracked connect() touches one line of the table.
+ * Fields a build before did not write are zero in the entries it left. */
 struct sock_state {
 	__u64 word;
 	__u32 rule;
 	__u32 gen;
 	__u8 established;
 	__u8 rule_flags;
-	__u8 _pad[6];
+	/* The callback flags this datapath turned on for the socket that were
+	 * off: the only ones it turns off again. */
+	__u8 added;
+	__u8 overflow; /* the state is in sock_overflow */
+	__u8 _pad[4];
 	__u64 connect_ns; /* when the first SYN went; 0 before */
 	__u64 sent_ns;
-	__u64 _line[3];
+	/* The socket's address in the kernel, for the recount to tell a
+	 * socket that was freed without giving its slot back (see
+	 * sock_alive); 0 in entries a build before took. */
+	__u64 sk;
+	__u64 _line[2];
 };
 
 /* A run of refusals of one process to one destination by one rule, on one
@@ -287,10 +296,35 @@ struct merge_args {
 	__u64 hist_buckets[SAMPLE_LEN][HIST_BUCKETS];
 };
 
+/* What the recount found of a state (sweep_item.what, iter_rec.what). */
+enum rec_what {
+	REC_HELD = 1,	  /* holds a slot, its socket alive */
+	REC_AWAITING = 2, /* and a request is in flight */
+	REC_FREED = 4,	  /* its socket was freed holding a slot, which the sweep gave back */
+	REC_REMARKED = 8, /* the marks another program took off are back */
+};
+
+/* A state for the recount's sweep to look at: user space sets cookie and
+ * idx, the sweep the rest. */
+struct sweep_item {
+	__u64 cookie;
+	__u32 idx; /* its sock_table entry; SWEEP_OVERFLOW: its sock_overflow entry */
+	__u32 what; /* enum rec_what; 0: not held (any more) */
+	__u32 rule;
+	__u32 gen;
+};
+#define SWEEP_OVERFLOW 0xffffffffu
+
+/* sweep_args is egressd_sweep's context. */
+struct sweep_args {
+	__u32 n; /* items in sweep */
+};
+
+/* One socket the remark walk found. */
 struct iter_rec {
 	__u32 rule;
 	__u32 gen;
-	__u32 awaiting;
+	__u32 what;
 	__u32 _pad;
 };
 
@@ -309,12 +343,15 @@ const struct rule_meta *unused_rule_meta __attribute__((unused));
 const struct refusal_note *unused_refusal_note __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
 const struct iter_rec *unused_iter_rec __attribute__((unused));
+const struct sweep_item *unused_sweep_item __attribute__((unused));
+const struct sweep_args *unused_sweep_args __attribute__((unused));
 const struct sock_state *unused_sock_state __attribute__((unused));
 const struct merge_args *unused_merge_args __attribute__((unused));
 const enum shape *unused_shape __attribute__((unused));
 const enum counter *unused_counter __attribute__((unused));
 const enum global_counter *unused_global_counter __attribute__((unused));
 const enum sample_kind *unused_sample_kind __attribute__((unused));
+const enum rec_what *unused_rec_what __attribute__((unused));
 
 /* sock_table has a power-of-two size; the loader sets its mask, and those
  * of its first entries a socket tries before the rest: the hot part, few
@@ -437,6 +474,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_table SEC(".maps");
 
+/* The states of tracked sockets whose table entries other live sockets
+ * hold, by cookie. A hash rather than socket storage: the recount can walk
+ * it, so that a state whose socket was freed without giving its slot back
+ * is found (socket storage goes with its socket), and an entry costs less
+ * to make. The loader sets max_entries; a socket admitted when it is full
+ * goes untracked. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 18);
+	__type(key, __u64);
+	__type(value, struct sock_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock_overflow SEC(".maps");
+
+/* Where builds before put those states; kept so that their sockets are
+ * still found. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -444,6 +498,18 @@ struct {
 	__type(value, struct sock_state);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_states SEC(".maps");
+
+/* The recount's states to look at, one sweep (egressd_sweep) at a time:
+ * user space writes which, the sweep writes what it found. One loader's
+ * own, never pinned. */
+#define SWEEP_LEN 4096
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, SWEEP_LEN);
+	__type(key, __u32);
+	__type(value, struct sweep_item);
+} sweep SEC(".maps");
 
 /* Per CPU by index, mapped into user space's memory (user space reads
  * them without system calls): refusal_runs[cpu], and run seq of a CPU in
@@ -483,6 +549,12 @@ struct {
 
 /* Kernel types read through BTF. */
 struct sock_common {
+	unsigned char skc_state;
+	struct {
+		struct {
+			int counter;
+		} refs;
+	} skc_refcnt;
 	struct {
 		__s64 counter;
 	} skc_cookie;
@@ -500,13 +572,17 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
  * only on a retransmission timeout: the mark costs nothing until then, and
  * unlike STATE_CB it calls sockops for none of the state changes connect()
  * is about to make. Sockops sets STATE_CB once the connection is
- * established, and clears both once the socket holds nothing. */
+ * established. The flags are the socket's, shared with every other sockops
+ * program above or below (another egressd's too), so they are hints:
+ * sockops, the packet programs and the recount's repair of the marks skip
+ * a socket without TRACKED, but no slot depends on them. sock_release, a
+ * second connect() and STATE_CB find a socket's state by its cookie,
+ * whatever its flags say, and a datapath turns off only the flags it
+ * turned on (sock_state.added), once its slot is given back. */
 #define TRACKED BPF_SOCK_OPS_RTO_CB_FLAG
 /* A tracked socket whose state is not in sock_table's hot part. That
  * callback runs only on a retransmission, and returns at once. Another
- * program may set it too (adding to the flags, as it should): find_state
- * then looks in the hot part last; and sockops leaves it set when it
- * clears the others, for that program's sake. */
+ * program may set it too: find_state then looks in the hot part last. */
 #define ELSEWHERE BPF_SOCK_OPS_RETRANS_CB_FLAG
 
 static __always_inline __u8 cb_flags(const void *sk)
@@ -516,8 +592,10 @@ static __always_inline __u8 cb_flags(const void *sk)
 	return tp->bpf_sock_ops_cb_flags;
 }
 
-/* cookie reads a tracked socket's cookie, which connect() generated: a
- * load, where bpf_get_socket_cookie is a helper call. */
+/* cookie_of reads a socket's cookie: a load, where bpf_get_socket_cookie
+ * is a helper call that also makes one up for a socket that has none. A
+ * socket has one once something asked for it (connect() does for every
+ * socket it tracks); 0 means none, and so no state of ours. */
 static __always_inline __u64 cookie_of(const void *sk)
 {
 	const struct sock_common *skc = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock_common));
@@ -631,8 +709,8 @@ static __always_inline struct sock_state *entry_of(__u32 idx, __u64 cookie)
 }
 
 /* find_state returns the state of a tracked socket (flags: its callback
- * flags): a sock_table entry while the entry is its own, else its socket
- * storage. A socket's entry is the one its cookie picks in the table's hot
+ * flags): a sock_table entry while the entry is its own, else its entry
+ * in sock_overflow (or the socket storage a build before used). A socket's entry is the one its cookie picks in the table's hot
  * part, else (ELSEWHERE) the one it picks in the warm part, else in the
  * whole table. Cookies count up, so sockets that come and go one after
  * another reuse the hot part's few lines, still in the CPU's nearest
@@ -652,6 +730,8 @@ static __always_inline struct sock_state *find_state(void *sk, __u64 cookie, __u
 		return ss;
 	if (far != warm && (ss = entry_of(far, cookie)))
 		return ss;
+	if ((ss = bpf_map_lookup_elem(&sock_overflow, &cookie)))
+		return ss;
 	ss = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (ss || !(flags & ELSEWHERE))
 		return ss;
@@ -661,38 +741,42 @@ static __always_inline struct sock_state *find_state(void *sk, __u64 cookie, __u
 /* Gives back the socket's slot; every path calls this, only the first
  * caller does anything. What the state says of the slot is read while the
  * socket holds it: once released, a table entry may pass to another
- * socket at once. */
-static __always_inline void release(struct sock_state *ss, __u64 cookie)
+ * socket at once. Returns 1 if this call gave a slot back to its rule. */
+static __always_inline int release(struct sock_state *ss, __u64 cookie)
 {
 	__u64 w = ss->word;
 	__u32 slot = ss->rule, gen = ss->gen, established = ss->established;
+	__u8 overflow = ss->overflow;
 	int done = 0;
 
 	/* Bounded: each failed swap means the word changed under us, which
 	 * only arming or disarming a request does. */
 	for (int i = 0; i < 8 && !done; i++) {
 		if (w >> 2 != cookie || !(w & SS_HELD))
-			return;
+			return 0;
 		__u64 got = __sync_val_compare_and_swap(&ss->word, w, cookie << 2);
 		done = got == w;
 		if (!done)
 			w = got;
 	}
 	if (!done)
-		return; /* still held: the next path releases it */
+		return 0; /* still held: the next path releases it */
+	if (overflow)
+		bpf_map_delete_elem(&sock_overflow, &cookie);
 
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 	if (!r || r->gen != gen)
-		return; /* a retired rule's socket: nothing of the slot's rule now */
+		return 0; /* a retired rule's socket: nothing of the slot's rule now */
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (!st)
-		return;
+		return 0;
 	__sync_fetch_and_add(&st->live, -1);
 	count(st, COUNTER_RELEASED, 1);
 	if (!established)
 		count(st, COUNTER_CONNECT_FAILED, 1);
 	if (w & SS_AWAITING)
 		count(st, COUNTER_ABORTED, 1);
+	return 1;
 }
 
 static __always_inline long lookup_class(struct rule_key *key, __u32 cls, int c,
@@ -963,12 +1047,11 @@ static __always_inline struct sock_state *take_entry(__u32 idx, __u64 mine)
 
 /* claim_state finds an admitted socket a place for its state and marks it
  * held: its own entry, a table entry no live socket holds (the hot part's
- * first, then the warm part's, see find_state), or new socket storage. *mark is the ELSEWHERE
- * flag the place needs. Held before it is filled: no other socket takes
- * it meanwhile, and no program runs for this socket until connect()
- * returns. */
-static __always_inline struct sock_state *claim_state(struct bpf_sock *sk, __u64 cookie,
-						      struct sock_state *own, __u8 *mark)
+ * first, then the warm part's, see find_state), or a new entry in
+ * sock_overflow. *mark is the ELSEWHERE flag the place needs. Held before
+ * it is filled: no other socket takes it meanwhile, and no program runs
+ * for this socket until connect() returns. */
+static __always_inline struct sock_state *claim_state(__u64 cookie, struct sock_state *own, __u8 *mark)
 {
 	__u64 mine = cookie << 2;
 	__u32 hot = cookie & sock_hot_mask, warm = cookie & sock_warm_mask, far = cookie & sock_table_mask;
@@ -976,7 +1059,7 @@ static __always_inline struct sock_state *claim_state(struct bpf_sock *sk, __u64
 
 	/* Another socket may have taken our released table entry. Ours,
 	 * it keeps the mark it was found by. */
-	if (own && __sync_val_compare_and_swap(&own->word, mine, mine | SS_HELD) == mine)
+	if (own && !own->overflow && __sync_val_compare_and_swap(&own->word, mine, mine | SS_HELD) == mine)
 		return own;
 	*mark = 0;
 	if ((ss = take_entry(hot, mine)))
@@ -986,12 +1069,20 @@ static __always_inline struct sock_state *claim_state(struct bpf_sock *sk, __u64
 		return ss;
 	if (far != warm && (ss = take_entry(far, mine)))
 		return ss;
-	ss = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (ss) {
-		count_global(GLOBAL_STORAGE);
-		ss->word = mine | SS_HELD;
-	}
-	return ss;
+	struct sock_state fresh = {.word = mine | SS_HELD, .overflow = 1};
+	if (bpf_map_update_elem(&sock_overflow, &cookie, &fresh, BPF_NOEXIST))
+		return 0;
+	return bpf_map_lookup_elem(&sock_overflow, &cookie);
+}
+
+/* unhold gives up a state claim_state held, before anything counted it. */
+static __always_inline void unhold(struct sock_state *ss, __u64 cookie)
+{
+	__u8 overflow = ss->overflow;
+
+	__sync_lock_test_and_set(&ss->word, cookie << 2);
+	if (overflow)
+		bpf_map_delete_elem(&sock_overflow, &cookie);
 }
 
 static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key *key)
@@ -1004,9 +1095,10 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 		return 1;
 	int flags = cb_flags(sk);
 	/* connect() runs this hook only on an unconnected socket, so a slot
-	 * still held belongs to an attempt that already failed. */
-	if (flags & TRACKED) {
-		cookie = bpf_get_socket_cookie(ctx);
+	 * still held belongs to an attempt that already failed. Found by the
+	 * cookie, not the mark, which another program may have cleared. */
+	cookie = cookie_of(sk);
+	if (cookie) {
 		own = find_state(sk, cookie, flags);
 		if (own)
 			release(own, cookie);
@@ -1026,6 +1118,11 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 		return 1;
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (!st)
+		return 1;
+	/* A program that ran before this one (another datapath's, on a cgroup
+	 * below) refused: connect() fails whatever this one says, so it takes
+	 * nothing and counts nothing. */
+	if (bpf_get_retval() < 0)
 		return 1;
 
 	/* The clock only where the shape needs it, or at a refusal: a read
@@ -1095,19 +1192,24 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	if (!cookie)
 		cookie = bpf_get_socket_cookie(ctx);
 	__u8 mark = flags & ELSEWHERE;
-	struct sock_state *ss = claim_state(sk, cookie, own, &mark);
+	struct sock_state *ss = claim_state(cookie, own, &mark);
 	if (ss) {
+		__u8 add = (TRACKED | mark) & ~flags;
+
 		ss->rule = slot;
 		ss->gen = r->gen;
 		ss->rule_flags = r->flags;
 		ss->established = 0;
 		ss->connect_ns = 0; /* sockops' NEEDS_ECN, as the SYN goes */
-		flags = (flags & ~ELSEWHERE) | TRACKED | mark;
+		/* Its own entry again keeps what an earlier attempt added. */
+		ss->added = (ss == own ? ss->added : 0) | add;
+		ss->sk = (__u64)sk;
+		flags |= add;
 		if (!bpf_setsockopt(ctx, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
 			count(st, COUNTER_ADMITTED, 1);
 			return 1;
 		}
-		__sync_lock_test_and_set(&ss->word, cookie << 2);
+		unhold(ss, cookie);
 	}
 	/* Fail open rather than refuse for want of memory. */
 	__sync_fetch_and_add(&st->live, -1);
@@ -1153,19 +1255,21 @@ int egressd_connect6(struct bpf_sock_addr *ctx)
 }
 
 /* Runs for every socket below the cgroup, five times per connection
- * whatever its flags. */
+ * whatever its flags. STATE_CB runs only for a socket some program set
+ * it for, which need not have left TRACKED set. */
 SEC("sockops")
 int egressd_sockops(struct bpf_sock_ops *skops)
 {
 	__u32 flags = skops->bpf_sock_ops_cb_flags;
+	__u32 op = skops->op;
 
-	if (!(flags & TRACKED))
+	if (!(flags & TRACKED) && op != BPF_SOCK_OPS_STATE_CB)
 		return 1;
 	struct bpf_sock *sk = skops->sk;
 	struct sock_state *ss;
 	__u64 cookie;
 
-	switch (skops->op) {
+	switch (op) {
 	case BPF_SOCK_OPS_RTO_CB:
 		/* TCP gives up on the connection (args[2]: the attempt has
 		 * expired): for a connect() still in SYN_SENT, where no
@@ -1214,7 +1318,10 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		/* From here on, a connection reset or timed out gives back its
 		 * slot as TCP closes it. Not from connect(): that would cost a
 		 * run of this program for the change to ESTABLISHED too. */
-		bpf_sock_ops_cb_flags_set(skops, flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		if (!(flags & BPF_SOCK_OPS_STATE_CB_FLAG)) {
+			bpf_sock_ops_cb_flags_set(skops, flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+			ss->added |= BPF_SOCK_OPS_STATE_CB_FLAG;
+		}
 		ss->established = 1;
 		struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 		struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
@@ -1226,33 +1333,43 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 			record_latency(slot, gen, r->flags, SAMPLE_CONNECT, now, now - connect_ns);
 		return 1;
 	}
-	case BPF_SOCK_OPS_STATE_CB:
+	case BPF_SOCK_OPS_STATE_CB: {
 		if (skops->args[1] == BPF_TCP_ESTABLISHED || !sk)
 			return 1;
 		cookie = cookie_of(sk);
+		if (!cookie)
+			return 1;
 		ss = find_state(sk, cookie, flags);
-		if (ss && skops->args[1] == BPF_TCP_CLOSE)
+		if (!ss)
+			return 1; /* not ours: its flags are whoever set them's */
+		__u8 off = ss->added & (TRACKED | BPF_SOCK_OPS_STATE_CB_FLAG);
+		if (skops->args[1] == BPF_TCP_CLOSE)
 			release(ss, cookie);
 		/* Released (usually by close() already): the socket's later
-		 * state changes need not call us. */
-		if (!ss || ss->word >> 2 != cookie || !(ss->word & SS_FLAGS))
-			bpf_sock_ops_cb_flags_set(skops, flags & ~(TRACKED | BPF_SOCK_OPS_STATE_CB_FLAG));
+		 * state changes need not call us. Only what this datapath
+		 * turned on goes off, and only while the entry is still this
+		 * socket's, so that off is its own. */
+		__u64 w = *(volatile __u64 *)&ss->word;
+		if (off && w >> 2 == cookie && !(w & SS_FLAGS))
+			bpf_sock_ops_cb_flags_set(skops, flags & ~off);
 		return 1;
+	}
 	}
 	return 1;
 }
 
+/* Every socket with a cookie is looked for, whatever its flags: a socket
+ * another program took the mark off still holds its slot. */
 SEC("cgroup/sock_release")
 int egressd_sock_release(struct bpf_sock *sk)
 {
 	if (sk->type != SOCK_STREAM || sk->protocol != IPPROTO_TCP)
 		return 1;
-	__u8 flags = cb_flags(bpf_cast_to_kern_ctx(sk));
-
-	if (!(flags & TRACKED))
-		return 1;
 	__u64 cookie = cookie_of(sk);
-	struct sock_state *ss = find_state(sk, cookie, flags);
+
+	if (!cookie)
+		return 1;
+	struct sock_state *ss = find_state(sk, cookie, cb_flags(bpf_cast_to_kern_ctx(sk)));
 
 	if (ss)
 		release(ss, cookie);
@@ -1390,8 +1507,76 @@ int egressd_ingress(struct __sk_buff *skb)
 	return 1;
 }
 
-/* Recount: one record per TCP socket holding a slot, in the iterating
- * process's network namespace. */
+/* The recount looks at the states themselves, not the sockets: every
+ * state is in sock_table or sock_overflow, whatever network namespace its
+ * socket is in, and a state whose socket was freed without giving its slot
+ * back (a close that ran no sock_release) is found only there. */
+
+/* sock_alive reports whether addr is the live socket with this cookie. A
+ * socket's memory is reused only for another socket of its kind (the
+ * slabs of TCP and UDP sockets are SLAB_TYPESAFE_BY_RCU), whose cookie and
+ * reference count start at zero: a freed socket shows a count of zero or
+ * another cookie, a live one its own cookie and a positive count. Memory
+ * that went back to the system reads as freed, unless it holds the cookie
+ * and a positive count by chance, which errs towards keeping the slot. */
+static __always_inline int sock_alive(__u64 addr, __u64 cookie)
+{
+	struct sock_common *skc = (struct sock_common *)addr;
+	__s64 c = 0;
+	int refs = 0;
+
+	if (bpf_core_read(&c, sizeof(c), &skc->skc_cookie.counter) || (__u64)c != cookie)
+		return 0;
+	if (bpf_core_read(&refs, sizeof(refs), &skc->skc_refcnt.refs.counter))
+		return 0;
+	return refs > 0;
+}
+
+static long sweep_one(__u64 i, void *unused)
+{
+	__u32 k = i;
+	struct sweep_item *it = bpf_map_lookup_elem(&sweep, &k);
+
+	if (!it)
+		return 1;
+	__u64 cookie = it->cookie;
+	__u32 idx = it->idx;
+	struct sock_state *ss = idx == SWEEP_OVERFLOW ? bpf_map_lookup_elem(&sock_overflow, &cookie)
+						      : bpf_map_lookup_elem(&sock_table, &idx);
+	it->what = 0;
+	if (!ss)
+		return 0;
+	__u64 w = ss->word, addr = ss->sk;
+	__u32 rule = ss->rule, gen = ss->gen;
+	if (w >> 2 != cookie || !(w & SS_HELD))
+		return 0;
+	it->rule = rule;
+	it->gen = gen;
+	/* A state a build before took has no address: its socket is taken
+	 * to be alive. */
+	if (addr && !sock_alive(addr, cookie)) {
+		if (release(ss, cookie))
+			it->what = REC_FREED;
+		return 0;
+	}
+	/* What was read is the holder's only if the word still says so. */
+	if (*(volatile __u64 *)&ss->word == w)
+		it->what = REC_HELD | (w & SS_AWAITING ? REC_AWAITING : 0);
+	return 0;
+}
+
+/* Run by the loader (BPF_PROG_TEST_RUN) at each recount, over the states
+ * it put in sweep: says which hold a slot for a live socket, and gives back
+ * the slots of those whose socket was freed. */
+SEC("syscall")
+int egressd_sweep(struct sweep_args *a)
+{
+	__u32 n = a->n;
+
+	bpf_loop(n < SWEEP_LEN ? n : SWEEP_LEN, sweep_one, 0, 0);
+	return 0;
+}
+
 struct seq_file;
 struct bpf_iter_meta {
 	struct seq_file *seq;
@@ -1401,25 +1586,46 @@ struct bpf_iter__tcp {
 	struct sock_common *sk_common;
 } __attribute__((preserve_access_index));
 
+/* Puts back the marks another program took off a socket holding a slot
+ * (TRACKED, and STATE_CB once established), so that its requests, samples
+ * and reset are seen again; the TCP sockets of the walking process's
+ * network namespace only. */
 SEC("iter/tcp")
-int egressd_recount(struct bpf_iter__tcp *ctx)
+int egressd_remark(struct bpf_iter__tcp *ctx)
 {
 	struct sock_common *skc = ctx->sk_common;
 
 	if (!skc)
 		return 0;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
-	if (!tp || !(tp->bpf_sock_ops_cb_flags & TRACKED))
+	if (!tp)
 		return 0; /* TIME_WAIT and request sockets hold no slot */
 	__u64 cookie = skc->skc_cookie.counter;
-	struct sock_state *ss = find_state(tp, cookie, tp->bpf_sock_ops_cb_flags);
+	if (!cookie)
+		return 0;
+	__u8 flags = tp->bpf_sock_ops_cb_flags;
+	struct sock_state *ss = find_state(tp, cookie, flags);
 	if (!ss || ss->word >> 2 != cookie || !(ss->word & SS_HELD))
 		return 0;
-	struct iter_rec rec = {
-		.rule = ss->rule,
-		.gen = ss->gen,
-		.awaiting = !!(ss->word & SS_AWAITING),
-	};
+	/* Past SYN_SENT, STATE_CB too: the established callback that would
+	 * have set it has been. */
+	int connected = skc->skc_state != BPF_TCP_SYN_SENT;
+	__u8 want = TRACKED | (connected ? BPF_SOCK_OPS_STATE_CB_FLAG : 0);
+	if ((flags & want) == want)
+		return 0;
+	int set = flags | want;
+	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &set, sizeof(set)))
+		return 0;
+	ss->added |= want & ~flags;
+	if (connected && !ss->established) {
+		struct rule *r = bpf_map_lookup_elem(&rules, &ss->rule);
+		struct rule_state *st = bpf_map_lookup_elem(&rule_states, &ss->rule);
+
+		ss->established = 1;
+		if (r && st && r->gen == ss->gen)
+			count(st, COUNTER_ESTABLISHED, 1);
+	}
+	struct iter_rec rec = {.rule = ss->rule, .gen = ss->gen, .what = REC_REMARKED};
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
 	return 0;
 }

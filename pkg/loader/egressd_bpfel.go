@@ -53,11 +53,11 @@ type egressdHist struct {
 }
 
 type egressdIterRec struct {
-	_        structs.HostLayout
-	Rule     uint32
-	Gen      uint32
-	Awaiting uint32
-	Pad      uint32
+	_    structs.HostLayout
+	Rule uint32
+	Gen  uint32
+	What uint32
+	Pad  uint32
 }
 
 type egressdMergeArgs struct {
@@ -75,6 +75,15 @@ type egressdMergeArgs struct {
 	HistSum      [2]uint64
 	HistBuckets  [2][28]uint64
 }
+
+type egressdRecWhat uint32
+
+const (
+	egressdRecWhatREC_HELD     egressdRecWhat = 1
+	egressdRecWhatREC_AWAITING egressdRecWhat = 2
+	egressdRecWhatREC_FREED    egressdRecWhat = 4
+	egressdRecWhatREC_REMARKED egressdRecWhat = 8
+)
 
 type egressdRefusalNote struct {
 	_            structs.HostLayout
@@ -189,10 +198,27 @@ type egressdSockState struct {
 	Gen         uint32
 	Established uint8
 	RuleFlags   uint8
-	Pad         [6]uint8
+	Added       uint8
+	Overflow    uint8
+	Pad         [4]uint8
 	ConnectNs   uint64
 	SentNs      uint64
-	Line        [3]uint64
+	Sk          uint64
+	Line        [2]uint64
+}
+
+type egressdSweepArgs struct {
+	_ structs.HostLayout
+	N uint32
+}
+
+type egressdSweepItem struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Idx    uint32
+	What   uint32
+	Rule   uint32
+	Gen    uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -213,17 +239,20 @@ const (
 	egressdMapRules               = "rules"
 	egressdMapSamples             = "samples"
 	egressdMapScopes              = "scopes"
+	egressdMapSockOverflow        = "sock_overflow"
 	egressdMapSockStates          = "sock_states"
 	egressdMapSockTable           = "sock_table"
+	egressdMapSweep               = "sweep"
 	egressdMapWoken               = "woken"
 	egressdProgEgressdConnect4    = "egressd_connect4"
 	egressdProgEgressdConnect6    = "egressd_connect6"
 	egressdProgEgressdEgress      = "egressd_egress"
 	egressdProgEgressdIngress     = "egressd_ingress"
 	egressdProgEgressdMerge       = "egressd_merge"
-	egressdProgEgressdRecount     = "egressd_recount"
+	egressdProgEgressdRemark      = "egressd_remark"
 	egressdProgEgressdSockRelease = "egressd_sock_release"
 	egressdProgEgressdSockops     = "egressd_sockops"
+	egressdProgEgressdSweep       = "egressd_sweep"
 	egressdVarLogCpus             = "log_cpus"
 	egressdVarSockHotMask         = "sock_hot_mask"
 	egressdVarSockTableMask       = "sock_table_mask"
@@ -232,6 +261,7 @@ const (
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
 	egressdVarUnusedIterRec       = "unused_iter_rec"
 	egressdVarUnusedMergeArgs     = "unused_merge_args"
+	egressdVarUnusedRecWhat       = "unused_rec_what"
 	egressdVarUnusedRefusalNote   = "unused_refusal_note"
 	egressdVarUnusedResponseCount = "unused_response_count"
 	egressdVarUnusedRuleKey       = "unused_rule_key"
@@ -240,6 +270,8 @@ const (
 	egressdVarUnusedSampleKind    = "unused_sample_kind"
 	egressdVarUnusedShape         = "unused_shape"
 	egressdVarUnusedSockState     = "unused_sock_state"
+	egressdVarUnusedSweepArgs     = "unused_sweep_args"
+	egressdVarUnusedSweepItem     = "unused_sweep_item"
 )
 
 // loadEgressd returns the embedded CollectionSpec for egressd.
@@ -289,9 +321,10 @@ type egressdProgramSpecs struct {
 	EgressdEgress      *ebpf.ProgramSpec `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.ProgramSpec `ebpf:"egressd_ingress"`
 	EgressdMerge       *ebpf.ProgramSpec `ebpf:"egressd_merge"`
-	EgressdRecount     *ebpf.ProgramSpec `ebpf:"egressd_recount"`
+	EgressdRemark      *ebpf.ProgramSpec `ebpf:"egressd_remark"`
 	EgressdSockRelease *ebpf.ProgramSpec `ebpf:"egressd_sock_release"`
 	EgressdSockops     *ebpf.ProgramSpec `ebpf:"egressd_sockops"`
+	EgressdSweep       *ebpf.ProgramSpec `ebpf:"egressd_sweep"`
 }
 
 // egressdMapSpecs contains maps before they are loaded into the kernel.
@@ -312,8 +345,10 @@ type egressdMapSpecs struct {
 	Rules          *ebpf.MapSpec `ebpf:"rules"`
 	Samples        *ebpf.MapSpec `ebpf:"samples"`
 	Scopes         *ebpf.MapSpec `ebpf:"scopes"`
+	SockOverflow   *ebpf.MapSpec `ebpf:"sock_overflow"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SockTable      *ebpf.MapSpec `ebpf:"sock_table"`
+	Sweep          *ebpf.MapSpec `ebpf:"sweep"`
 	Woken          *ebpf.MapSpec `ebpf:"woken"`
 }
 
@@ -329,6 +364,7 @@ type egressdVariableSpecs struct {
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.VariableSpec `ebpf:"unused_merge_args"`
+	UnusedRecWhat       *ebpf.VariableSpec `ebpf:"unused_rec_what"`
 	UnusedRefusalNote   *ebpf.VariableSpec `ebpf:"unused_refusal_note"`
 	UnusedResponseCount *ebpf.VariableSpec `ebpf:"unused_response_count"`
 	UnusedRuleKey       *ebpf.VariableSpec `ebpf:"unused_rule_key"`
@@ -337,6 +373,8 @@ type egressdVariableSpecs struct {
 	UnusedSampleKind    *ebpf.VariableSpec `ebpf:"unused_sample_kind"`
 	UnusedShape         *ebpf.VariableSpec `ebpf:"unused_shape"`
 	UnusedSockState     *ebpf.VariableSpec `ebpf:"unused_sock_state"`
+	UnusedSweepArgs     *ebpf.VariableSpec `ebpf:"unused_sweep_args"`
+	UnusedSweepItem     *ebpf.VariableSpec `ebpf:"unused_sweep_item"`
 }
 
 // egressdObjects contains all objects after they have been loaded into the kernel.
@@ -373,8 +411,10 @@ type egressdMaps struct {
 	Rules          *ebpf.Map `ebpf:"rules"`
 	Samples        *ebpf.Map `ebpf:"samples"`
 	Scopes         *ebpf.Map `ebpf:"scopes"`
+	SockOverflow   *ebpf.Map `ebpf:"sock_overflow"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SockTable      *ebpf.Map `ebpf:"sock_table"`
+	Sweep          *ebpf.Map `ebpf:"sweep"`
 	Woken          *ebpf.Map `ebpf:"woken"`
 }
 
@@ -394,8 +434,10 @@ func (m *egressdMaps) Close() error {
 		m.Rules,
 		m.Samples,
 		m.Scopes,
+		m.SockOverflow,
 		m.SockStates,
 		m.SockTable,
+		m.Sweep,
 		m.Woken,
 	)
 }
@@ -412,6 +454,7 @@ type egressdVariables struct {
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.Variable `ebpf:"unused_merge_args"`
+	UnusedRecWhat       *ebpf.Variable `ebpf:"unused_rec_what"`
 	UnusedRefusalNote   *ebpf.Variable `ebpf:"unused_refusal_note"`
 	UnusedResponseCount *ebpf.Variable `ebpf:"unused_response_count"`
 	UnusedRuleKey       *ebpf.Variable `ebpf:"unused_rule_key"`
@@ -420,6 +463,8 @@ type egressdVariables struct {
 	UnusedSampleKind    *ebpf.Variable `ebpf:"unused_sample_kind"`
 	UnusedShape         *ebpf.Variable `ebpf:"unused_shape"`
 	UnusedSockState     *ebpf.Variable `ebpf:"unused_sock_state"`
+	UnusedSweepArgs     *ebpf.Variable `ebpf:"unused_sweep_args"`
+	UnusedSweepItem     *ebpf.Variable `ebpf:"unused_sweep_item"`
 }
 
 // egressdPrograms contains all programs after they have been loaded into the kernel.
@@ -431,9 +476,10 @@ type egressdPrograms struct {
 	EgressdEgress      *ebpf.Program `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.Program `ebpf:"egressd_ingress"`
 	EgressdMerge       *ebpf.Program `ebpf:"egressd_merge"`
-	EgressdRecount     *ebpf.Program `ebpf:"egressd_recount"`
+	EgressdRemark      *ebpf.Program `ebpf:"egressd_remark"`
 	EgressdSockRelease *ebpf.Program `ebpf:"egressd_sock_release"`
 	EgressdSockops     *ebpf.Program `ebpf:"egressd_sockops"`
+	EgressdSweep       *ebpf.Program `ebpf:"egressd_sweep"`
 }
 
 func (p *egressdPrograms) Close() error {
@@ -443,9 +489,10 @@ func (p *egressdPrograms) Close() error {
 		p.EgressdEgress,
 		p.EgressdIngress,
 		p.EgressdMerge,
-		p.EgressdRecount,
+		p.EgressdRemark,
 		p.EgressdSockRelease,
 		p.EgressdSockops,
+		p.EgressdSweep,
 	)
 }
 

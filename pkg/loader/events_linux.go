@@ -6,7 +6,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"slices"
@@ -15,7 +14,6 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 )
 
@@ -470,134 +468,3 @@ func (r *SampleReader) Read() (Sample, error) {
 
 // Close unblocks a pending Read.
 func (r *SampleReader) Close() error { return r.rd.rd.Close() }
-
-// Recount counts the sockets holding a slot of each rule, by walking the
-// kernel's TCP sockets, and sets that beside the kernel's counters. It sees
-// the sockets of the calling process's network namespace only. The walk is
-// not an atomic snapshot, so the rule's counters are read before and after
-// it: what was admitted and released meanwhile bounds what the walk may
-// have seen (Recount.Drift). A rule created or replaced during the walk is
-// left out; the next pass counts it.
-//
-// A socket can also escape a walk where no counter shows it: between its
-// admission (the connect hook) and its hashing, and between its swap for a
-// time-wait socket and its release (TCP_CLOSE). Either reads as a slot
-// the kernel counts and no socket holds, the sign of a leak; so a rule
-// with such a drift is walked again, after a pause, and the smallest
-// drift is kept: a leak shows in every walk, a socket in passing seldom
-// in more than one. Under heavy churn (the loader's tests, with tens of
-// thousands of sockets in TIME_WAIT) a busy rule's socket was missed by
-// two walks 20 ms apart, in about one run of those tests in six on one
-// machine, for a cause not found; a third walk, later, is there for that.
-func (d *Datapath) Recount() (map[string]Recount, error) {
-	out, err := d.recount()
-	if err != nil {
-		return out, err
-	}
-	for _, pause := range recountPauses {
-		leak := false
-		for _, r := range out {
-			leak = leak || r.Drift() > 0
-		}
-		if !leak {
-			break
-		}
-		time.Sleep(pause)
-		again, err := d.recount()
-		if err != nil {
-			break // the walks so far stand
-		}
-		for name, r := range out {
-			if a, ok := again[name]; ok && r.Drift() > 0 && abs(a.Drift()) < r.Drift() {
-				out[name] = a
-			}
-		}
-	}
-	return out, nil
-}
-
-// recountPauses are how long Recount waits before each walk after the
-// first: many times what a connect() takes from its hook to its hashing
-// (a loaded machine may stop one in between), then longer.
-var recountPauses = []time.Duration{20 * time.Millisecond, 200 * time.Millisecond}
-
-func abs(n int64) int64 { return max(n, -n) }
-
-// recount is one walk of Recount.
-func (d *Datapath) recount() (map[string]Recount, error) {
-	type before struct {
-		gen                uint32
-		live               int64
-		admitted, released uint64
-	}
-	d.mu.Lock()
-	prog := d.objs.EgressdRecount
-	was := map[uint32]before{}
-	err := d.eachActive(false, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
-		st := statsOf(state, nil)
-		was[idx] = before{gen: d.t.slots[idx].gen, live: st.Live, admitted: st.Admitted, released: st.Released}
-	})
-	d.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	it, err := link.AttachIter(link.IterOptions{Program: prog})
-	if err != nil {
-		return nil, fmt.Errorf("attach recount: %w", err)
-	}
-	defer it.Close()
-	rd, err := it.Open()
-	if err != nil {
-		return nil, fmt.Errorf("open recount: %w", err)
-	}
-	defer rd.Close()
-	raw, err := io.ReadAll(rd)
-	if err != nil {
-		return nil, fmt.Errorf("read recount: %w", err)
-	}
-	size := int(unsafe.Sizeof(egressdIterRec{}))
-	if len(raw)%size != 0 {
-		return nil, fmt.Errorf("recount: %d bytes is not a whole number of records", len(raw))
-	}
-	type tally struct{ live, inFlight int64 }
-	counted := map[uint32]tally{}
-	for off := 0; off < len(raw); off += size {
-		rec := (*egressdIterRec)(unsafe.Pointer(&raw[off]))
-		t := counted[rec.Rule]
-		// A socket of a retired generation holds nothing of the rule
-		// now in its slot.
-		if d.slotGen(rec.Rule) != rec.Gen {
-			continue
-		}
-		t.live++
-		if rec.Awaiting != 0 {
-			t.inFlight++
-		}
-		counted[rec.Rule] = t
-	}
-
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := map[string]Recount{}
-	err = d.eachActive(false, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
-		b, ok := was[idx]
-		if !ok || b.gen != d.t.slots[idx].gen {
-			return
-		}
-		st, t := statsOf(state, nil), counted[idx]
-		out[d.t.slots[idx].rule.Name] = Recount{
-			Live: b.live, Counted: t.live, InFlight: st.InFlight, CountedInFlight: t.inFlight,
-			Admitted: int64(st.Admitted - b.admitted), Released: int64(st.Released - b.released),
-		}
-	})
-	return out, err
-}
-
-func (d *Datapath) slotGen(idx uint32) uint32 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if int(idx) >= len(d.t.slots) {
-		return 0
-	}
-	return d.t.slots[idx].gen
-}

@@ -329,7 +329,7 @@ func compatible(dir string, pinned []string) (maxRules int, _ error) {
 		return 0, fmt.Errorf("possible cpus: %w", err)
 	}
 	maxRules = size("rules", 0)
-	spec, err := sizedSpec(cmp.Or(maxRules, DefaultMaxRules), size("sock_table", DefaultSockTable), ncpu)
+	spec, err := sizedSpec(cmp.Or(maxRules, DefaultMaxRules), size("sock_table", DefaultSockTable), size("sock_overflow", DefaultSockOverflow), ncpu)
 	if err != nil {
 		return 0, err
 	}

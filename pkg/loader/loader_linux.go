@@ -30,6 +30,7 @@ const (
 	DefaultPinDir        = "/sys/fs/bpf/egressd"
 	DefaultMaxRules      = 4096
 	DefaultSockTable     = 1 << 16
+	DefaultSockOverflow  = 1 << 18
 	DefaultEventInterval = time.Second
 )
 
@@ -51,10 +52,17 @@ type Config struct {
 	// than MaxRules.
 	GrowOnly bool
 	// SockTable is how many tracked sockets keep their state in the
-	// preallocated socket table (a power of two); the rest take socket
-	// storage, which costs more per connect(). 0 means DefaultSockTable.
-	// A datapath adopted from pins keeps its table.
+	// preallocated socket table (a power of two); the rest take an entry
+	// of the overflow table, which costs more per connect(). 0 means
+	// DefaultSockTable. A datapath adopted from pins keeps its table.
 	SockTable int
+	// SockOverflow is how many tracked sockets the overflow table holds,
+	// beyond those in the socket table; a socket admitted while it is full
+	// goes untracked (Stats.Untracked). Its entries are allocated as they
+	// are taken, but for 16 bytes each of the kernel's hash buckets. 0
+	// means DefaultSockOverflow. A datapath adopted from pins keeps its
+	// table.
+	SockOverflow int
 	// EventInterval is how often one process's refusals by one rule
 	// send an event (with the count since the last); 0 means
 	// DefaultEventInterval.
@@ -79,6 +87,12 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.SockTable < 1 || out.SockTable > 1<<24 || out.SockTable&(out.SockTable-1) != 0 {
 		return out, fmt.Errorf("socket table %d: not a power of two in 1..%d", out.SockTable, 1<<24)
+	}
+	if out.SockOverflow == 0 {
+		out.SockOverflow = DefaultSockOverflow
+	}
+	if out.SockOverflow < 1 || out.SockOverflow > 1<<24 {
+		return out, fmt.Errorf("overflow table %d: outside 1..%d", out.SockOverflow, 1<<24)
 	}
 	if out.EventInterval == 0 {
 		out.EventInterval = DefaultEventInterval
@@ -132,6 +146,11 @@ type Datapath struct {
 	// lostRefusals counts refusal log records overwritten before a
 	// reader read them.
 	lostRefusals atomic.Uint64
+	// drift is what each slot's drift was at the last recount, less what
+	// it gave back.
+	drift map[uint32]seenDrift
+	// recountMu lets one recount at a time use the sweep map.
+	recountMu sync.Mutex
 }
 
 func (d *Datapath) mapsDir() string  { return filepath.Join(d.cfg.PinDir, "maps") }
@@ -357,6 +376,9 @@ func (d *Datapath) load() error {
 	if n, ok := d.pinnedSize("sock_table"); ok {
 		d.cfg.SockTable = n
 	}
+	if n, ok := d.pinnedSize("sock_overflow"); ok {
+		d.cfg.SockOverflow = n
+	}
 	spec, err := d.spec(d.cfg.MaxRules)
 	if err != nil {
 		return err
@@ -367,12 +389,13 @@ func (d *Datapath) load() error {
 
 // spec is the datapath's collection with rule tables of maxRules.
 func (d *Datapath) spec(maxRules int) (*ebpf.CollectionSpec, error) {
-	return sizedSpec(maxRules, d.cfg.SockTable, d.ncpu)
+	return sizedSpec(maxRules, d.cfg.SockTable, d.cfg.SockOverflow, d.ncpu)
 }
 
 // sizedSpec is the datapath's collection with rule tables of maxRules, a
-// socket table of sockTable entries and a refusal log for ncpu CPUs.
-func sizedSpec(maxRules, sockTable, ncpu int) (*ebpf.CollectionSpec, error) {
+// socket table of sockTable entries and an overflow table of overflow, and
+// a refusal log for ncpu CPUs.
+func sizedSpec(maxRules, sockTable, overflow, ncpu int) (*ebpf.CollectionSpec, error) {
 	spec, err := loadEgressd()
 	if err != nil {
 		return nil, err
@@ -385,6 +408,7 @@ func sizedSpec(maxRules, sockTable, ncpu int) (*ebpf.CollectionSpec, error) {
 	}
 	spec.Maps["latency"].MaxEntries = uint32(maxRules) * uint32(egressdSampleKindSAMPLE_LEN)
 	spec.Maps["sock_table"].MaxEntries = uint32(sockTable)
+	spec.Maps["sock_overflow"].MaxEntries = uint32(overflow)
 	spec.Maps["refusal_runs"].MaxEntries = uint32(ncpu)
 	spec.Maps["refusal_log"].MaxEntries = uint32(ncpu * logSlots)
 	if err := spec.Variables["log_cpus"].Set(uint32(ncpu)); err != nil {

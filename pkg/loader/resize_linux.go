@@ -291,16 +291,21 @@ func settle(from, to *Datapath, kept int, copied *snapshot) error {
 		if !ok {
 			continue
 		}
-		buf := unsafe.Slice((*byte)(unsafe.Pointer(&a)), unsafe.Sizeof(a))
-		ret, err := to.objs.EgressdMerge.Run(&ebpf.RunOptions{Context: buf})
-		if err == nil && ret != 0 {
-			err = fmt.Errorf("slot %d not found", slot)
-		}
-		if err != nil {
+		if err := merge(&to.objs, &a); err != nil {
 			return fmt.Errorf("carry over counts: %w", err)
 		}
 	}
 	return nil
+}
+
+// merge adds a's gains to its slot's state, with the programs running.
+func merge(objs *egressdObjects, a *egressdMergeArgs) error {
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(a)), unsafe.Sizeof(*a))
+	ret, err := objs.EgressdMerge.Run(&ebpf.RunOptions{Context: buf})
+	if err == nil && ret != 0 {
+		err = fmt.Errorf("slot %d not found", a.Slot)
+	}
+	return err
 }
 
 // waitForPrograms returns once every BPF program running when it was
@@ -473,7 +478,7 @@ func (d *Datapath) namedMaps() map[string]*ebpf.Map {
 		"config": o.Config, "rule_exact": o.RuleExact, "rule_prefixes": o.RulePrefixes, "scopes": o.Scopes,
 		"ports": o.Ports, "rules": o.Rules, "rule_metas": o.RuleMetas, "rule_states": o.RuleStates,
 		"latency": o.Latency, "rule_responses": o.RuleResponses, "global_counters": o.GlobalCounters, "sock_table": o.SockTable,
-		"sock_states": o.SockStates, "refusal_runs": o.RefusalRuns, "refusal_log": o.RefusalLog,
+		"sock_overflow": o.SockOverflow, "sock_states": o.SockStates, "refusal_runs": o.RefusalRuns, "refusal_log": o.RefusalLog,
 		"woken": o.Woken, "samples": o.Samples,
 	}
 }
@@ -491,6 +496,7 @@ func (d *Datapath) keepUnresized(objs *egressdObjects) {
 	}
 	o := &objs.egressdMaps
 	o.Config, o.Ports, o.GlobalCounters, o.SockTable, o.SockStates = mine["config"], mine["ports"], mine["global_counters"], mine["sock_table"], mine["sock_states"]
+	o.SockOverflow = mine["sock_overflow"]
 	o.RefusalRuns, o.RefusalLog, o.Woken, o.Samples = mine["refusal_runs"], mine["refusal_log"], mine["woken"], mine["samples"]
 }
 

@@ -4,6 +4,7 @@ package loader
 
 import (
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"os"
 	"strconv"
@@ -18,13 +19,14 @@ import (
 
 // BenchmarkTrackedSockets holds 1,000,000 sockets a rule admitted and
 // reports the kernel memory they cost egressd: the accounted kmalloc
-// objects the kernel allocated for them (socket storage) less what as many
-// untracked sockets take, plus the socket table. The sockets connect in a network namespace with no route, so that
-// connect() fails after the rule admitted it and the socket keeps its slot
-// until it is closed: no packet leaves. It reports too how many took
-// socket storage (their table entry held by another), the BPF run time of
-// a connect() while that many were tracked, and a recount pass over
-// 100,000 connected sockets (and their 100,000 peers).
+// objects the kernel allocated for them (overflow table entries) less what
+// as many untracked sockets take, plus the socket table and the overflow
+// table's buckets. The sockets connect in a network namespace with no
+// route, so that connect() fails after the rule admitted it and the socket
+// keeps its slot until it is closed: no packet leaves. It reports too how
+// many took an overflow table entry (their table entries held by others),
+// the BPF run time of a connect() while that many were tracked, and a
+// recount pass over 100,000 connected sockets (and their 100,000 peers).
 func BenchmarkTrackedSockets(b *testing.B) {
 	privtest.RequireRoot(b)
 	// A process may hold 20,000 descriptors here (no CAP_SYS_RESOURCE to
@@ -32,7 +34,7 @@ func BenchmarkTrackedSockets(b *testing.B) {
 	const total, helpers = 1_000_000, 64
 	ns := privtest.NewNetNS(b)
 	cg := privtest.Cgroup(b, "sockets")
-	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
+	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64, SockOverflow: total})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -85,7 +87,7 @@ func BenchmarkTrackedSockets(b *testing.B) {
 	}
 	defer stats.Close()
 	var untracked, tracked int64
-	var storage uint64
+	var inOverflow int
 	// leaked is the slots of closes the kernel ran no sock_release for
 	// (seen in 1 of 1,000,000 closes in some runs, only after the other
 	// loader benchmarks in the same process).
@@ -95,10 +97,6 @@ func BenchmarkTrackedSockets(b *testing.B) {
 		u, _ := hold("10.98.0.1:80", total) // no rule
 		release()
 		time.Sleep(time.Second) // the kernel frees them after RCU
-		storageBefore, err := d.StorageSockets()
-		if err != nil {
-			b.Fatal(err)
-		}
 		progsBefore, err := d.ProgramStats()
 		if err != nil {
 			b.Fatal(err)
@@ -111,7 +109,7 @@ func BenchmarkTrackedSockets(b *testing.B) {
 		if s, err := d.Stats("tracked"); err != nil || n != total || s.Live != leaked+total {
 			b.Fatalf("%d sockets held, the rule has %d live (%v); want %d", n, s.Live-leaked, err, total)
 		}
-		storageAfter, err := d.StorageSockets()
+		overflow, err := d.OverflowSockets()
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -137,15 +135,17 @@ func BenchmarkTrackedSockets(b *testing.B) {
 		}
 		time.Sleep(time.Second)
 		untracked, tracked = untracked+u, tracked+t
-		storage += storageAfter - storageBefore
+		inOverflow += overflow
 		c, c0 := progsAfter["connect4"], progsBefore["connect4"]
 		connectNs += float64(c.Runtime-c0.Runtime) / float64(c.Runs-c0.Runs)
 	}
 	rounds := float64(b.N)
-	table := float64(d.cfg.SockTable) * float64(unsafe.Sizeof(egressdSockState{}))
-	b.ReportMetric(float64(tracked-untracked)/rounds/total, "storage-bytes/socket")
+	// The hash's buckets: 16 bytes each, a power of two of them.
+	buckets := 16 * float64(uint64(1)<<bits.Len64(uint64(d.cfg.SockOverflow-1)))
+	table := float64(d.cfg.SockTable)*float64(unsafe.Sizeof(egressdSockState{})) + buckets
+	b.ReportMetric(float64(tracked-untracked)/rounds/total, "overflow-bytes/socket")
 	b.ReportMetric((float64(tracked-untracked)/rounds+table)/total, "kernel-bytes/socket")
-	b.ReportMetric(float64(storage)/rounds, "sockets-in-storage")
+	b.ReportMetric(float64(inOverflow)/rounds, "sockets-in-overflow")
 	b.ReportMetric(float64(leaked)/rounds, "closes-without-sock_release")
 	b.ReportMetric(connectNs/rounds, "connect4-ns")
 
@@ -192,9 +192,9 @@ func BenchmarkTrackedSockets(b *testing.B) {
 
 // slab is the kernel's accounted kmalloc objects in use now, in bytes:
 // active objects times their size over the kmalloc-cg caches
-// (/proc/slabinfo). Socket storage is allocated there (charged to the
-// map's memory cgroup); sockets, files and inodes have caches of their
-// own. Unlike the slab pages of /proc/meminfo, it does not count objects
+// (/proc/slabinfo). Overflow table entries are allocated there (charged
+// to the map's memory cgroup); sockets, files and inodes have caches of
+// their own. Unlike the slab pages of /proc/meminfo, it does not count objects
 // freed into slabs the kernel keeps.
 func slab(b *testing.B) int64 {
 	b.Helper()

@@ -86,11 +86,12 @@ func places(cookie uint64, size int) []uint32 {
 
 // TestSocketStatePlaces: a socket takes the entry its cookie picks in the
 // socket table's hot part, else the one it picks in the warm part, else in
-// the whole table, else socket storage; every program finds each socket's
-// state wherever it is (the requests on each counted, the recount sees
-// all, every slot comes back). An 8-entry table has a hot part of 2 and a
-// warm part of 4: sockets connect until the table is full and some are in
-// storage.
+// the whole table, else an entry of the overflow table; every program
+// finds each socket's state wherever it is (the requests on each counted,
+// the recount sees all, every slot comes back and the overflow table is
+// empty again). An 8-entry table has a hot part of 2 and a warm part of 4:
+// sockets connect until the table is full and some are in the overflow
+// table.
 func TestSocketStatePlaces(t *testing.T) {
 	const size = 8
 	d, cg := openSockTable(t, size)
@@ -99,19 +100,15 @@ func TestSocketStatePlaces(t *testing.T) {
 	}
 	srv := echoServer(t)
 	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1000, Requests: true})
-	storageBefore, err := d.StorageSockets()
-	if err != nil {
-		t.Fatal(err)
-	}
 	privtest.Join(t, cg)
 	var conns []*fdCloser
 	want := map[uint32]uint64{} // the places, as the kernel should pick them
-	wantStorage := uint64(0)
+	wantOverflow := 0
 	// Which entries a socket's cookie picks depends on where the
 	// kernel's cookies stand: connect until every kind of place is taken.
-	for len(want) < size || wantStorage < 8 {
+	for len(want) < size || wantOverflow < 8 {
 		if len(conns) == 1000 {
-			t.Fatalf("1,000 sockets and the table not full (%d held) or fewer than 8 in storage (%d)", len(want), wantStorage)
+			t.Fatalf("1,000 sockets and the table not full (%d held) or fewer than 8 in the overflow table (%d)", len(want), wantOverflow)
 		}
 		c := dial(t, srv).(*fdCloser)
 		conns = append(conns, c)
@@ -124,18 +121,18 @@ func TestSocketStatePlaces(t *testing.T) {
 			}
 		}
 		if !placed {
-			wantStorage++
+			wantOverflow++
 		}
 	}
 	for _, c := range conns {
 		roundTrip(t, c)
 	}
-	storageAfter, err := d.StorageSockets()
+	overflow, err := d.OverflowSockets()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if held := heldEntries(t, d); !maps.Equal(held, want) || storageAfter-storageBefore != wantStorage {
-		t.Errorf("table entries held %v and %d storages, want %v and %d", held, storageAfter-storageBefore, want, wantStorage)
+	if held := heldEntries(t, d); !maps.Equal(held, want) || overflow != wantOverflow {
+		t.Errorf("table entries held %v and %d in the overflow table, want %v and %d", held, overflow, want, wantOverflow)
 	}
 	s := stats(t, d, "r")
 	n := len(conns)
@@ -159,6 +156,25 @@ func TestSocketStatePlaces(t *testing.T) {
 	if held := heldEntries(t, d); len(held) != 0 {
 		t.Errorf("after close, entries still held: %v", held)
 	}
+	if n := overflowEntries(t, d); n != 0 {
+		t.Errorf("after close, %d entries left in the overflow table", n)
+	}
+}
+
+// overflowEntries counts the overflow table's entries, held or not.
+func overflowEntries(t *testing.T, d *Datapath) int {
+	t.Helper()
+	n := 0
+	var cookie uint64
+	var ss egressdSockState
+	it := d.maps().SockOverflow.Iterate()
+	for it.Next(&cookie, &ss) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestSocketStateOfBuildBefore: builds before put every socket unmarked,

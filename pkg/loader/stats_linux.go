@@ -215,12 +215,33 @@ func (d *Datapath) Lost() (Lost, error) {
 	return Lost{Refusals: d.lostRefusals.Load(), Samples: samples}, err
 }
 
-// StorageSockets reads how many tracked sockets have kept their state in
-// socket storage, because the socket table entry their cookie maps to was
-// held by another live socket. Many mean a socket table too small for the
-// connections the host keeps open.
-func (d *Datapath) StorageSockets() (uint64, error) {
-	return d.global(egressdGlobalCounterGLOBAL_STORAGE)
+// OverflowSockets counts the tracked sockets that keep their state in the
+// overflow table now, because the socket table entries their cookie maps
+// to were held by other live sockets. Many mean a socket table too small
+// for the connections the host keeps open.
+func (d *Datapath) OverflowSockets() (int, error) {
+	n := 0
+	var cookie uint64
+	var state egressdSockState
+	it := d.maps().SockOverflow.Iterate()
+	for it.Next(&cookie, &state) {
+		if state.Word&ssHeld != 0 {
+			n++
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read overflow table: %w", err)
+	}
+	return n, nil
+}
+
+// StorageUsed reports whether a build before this one ever kept a
+// socket's state in socket storage on this datapath, where no recount can
+// count it: Recount then gives back no drift, as it cannot tell those
+// sockets' slots from slots no socket holds.
+func (d *Datapath) StorageUsed() (bool, error) {
+	n, err := d.global(egressdGlobalCounterGLOBAL_STORAGE)
+	return n > 0, err
 }
 
 func (d *Datapath) global(i egressdGlobalCounter) (uint64, error) {

@@ -163,17 +163,26 @@ type Sample struct {
 }
 
 // Recount compares the kernel's live and in-flight counts of a rule with a
-// count of the sockets themselves.
+// count of the sockets themselves, and says what it gave back.
 type Recount struct {
-	// Live is the kernel's count when the walk began; Counted the sockets
-	// the walk found holding a slot.
+	// Live is the kernel's count when the walk began; Counted the live
+	// sockets the walk found holding a slot.
 	Live    int64
 	Counted int64
 	// Admitted and Released are the slots the kernel took and gave back
-	// while the sockets were walked.
+	// while the sockets were walked (Freed among them).
 	Admitted, Released int64
 	InFlight           int64
 	CountedInFlight    int64
+	// Freed is how many slots of sockets freed without giving them back
+	// the walks found, and gave back.
+	Freed int64
+	// GivenBack is how many slots counted that no socket held, at this
+	// recount and the one before, this recount gave back.
+	GivenBack int64
+	// Remarked is how many sockets holding a slot had their marks put
+	// back after another program took them off.
+	Remarked int64
 }
 
 // Drift is how far the sockets counted fall outside what the kernel's
