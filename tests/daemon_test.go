@@ -143,10 +143,10 @@ func TestDaemonLimitsAnyLanguage(t *testing.T) {
 	}
 
 	// The refusal reaches the event stream from the ring buffer shortly.
-	var ev control.Refusal
+	var ev control.Event
 	eventually(t, "the refusal in egressd events --json", func() bool {
 		for _, line := range lines(e.ok(t, "--json", "events")) {
-			var r control.Refusal
+			var r control.Event
 			if err := json.Unmarshal([]byte(line), &r); err != nil {
 				t.Fatalf("events --json line %q: %v", line, err)
 			}
@@ -165,7 +165,7 @@ func TestDaemonLimitsAnyLanguage(t *testing.T) {
 	}
 	select {
 	case line := <-followed:
-		var r control.Refusal
+		var r control.Event
 		if err := json.Unmarshal([]byte(line), &r); err != nil || r.PID != uint32(py.pid) || r.Rule != "web" {
 			t.Errorf("events --follow: %q (%v), want the refusal of pid %d by web", line, err, py.pid)
 		}

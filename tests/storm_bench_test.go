@@ -115,7 +115,7 @@ func BenchmarkRefusalStorm(b *testing.B) {
 				b.Fatalf("the rule counted %d refusals (%v), the client was refused %d times", l.Refused, err, refused)
 			}
 			var events, counted uint64
-			err = c.Events(context.Background(), false, func(r control.Refusal) error {
+			err = c.Events(context.Background(), false, func(r control.Event) error {
 				if r.Rule == "storm" {
 					events++
 					counted += r.Count

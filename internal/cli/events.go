@@ -13,7 +13,7 @@ import (
 func eventsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "events",
-		Usage: "show recent refused connections: an event per process and rule per second, the latest refusal with the count since the last event; a caller without write access sees only its own process's",
+		Usage: "show recent refused connections (an event per process and rule per second, the latest refusal with the count since the last event) and slots recounts gave back; a caller without write access sees only its own process's refusals",
 		Flags: []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing refusals as they happen"}, jsonFlag},
 		Action: func(c *cli.Context) error {
 			cl := client(c)
@@ -21,9 +21,14 @@ func eventsCommand() *cli.Command {
 				cl.Timeout = 0 // a follow stream lasts until interrupted
 			}
 			enc := json.NewEncoder(c.App.Writer)
-			return cl.Events(c.Context, c.Bool("follow"), func(r control.Refusal) error {
+			return cl.Events(c.Context, c.Bool("follow"), func(r control.Event) error {
 				if wantJSON(c) {
 					return enc.Encode(r)
+				}
+				if r.Kind == control.EventRecount {
+					_, err := fmt.Fprintf(c.App.Writer, "%s recount gave back %d slots of rule %s (%d of sockets freed holding them, %d held by no socket)\n",
+						r.Time.Format(time.RFC3339Nano), r.Count, r.Rule, r.Freed, r.GivenBack)
+					return err
 				}
 				mode := "refused"
 				if r.Shadow {

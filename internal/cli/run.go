@@ -44,6 +44,7 @@ func runCommand() *cli.Command {
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "remove the datapath when the daemon stops (fail-open)"},
 			&cli.StringFlag{Name: "host-id", DefaultText: "the host name", Usage: "this host's name to the hosts sharing a budget in Redis; unique among them"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.DurationFlag{Name: "recount-every", Value: daemon.DefaultRecount, Usage: "how often the sockets holding slots are recounted and slots no socket holds given back (at least " + daemon.MinRecount.String() + ")"},
 		},
 		Action: func(c *cli.Context) error {
 			var level slog.Level
@@ -76,6 +77,7 @@ func runCommand() *cli.Command {
 				MaxRules:     c.Int("max-rules"),
 				DetachOnExit: c.Bool("detach-on-exit"),
 				HostID:       c.String("host-id"),
+				RecountEvery: c.Duration("recount-every"),
 				Version:      Version,
 				Logger:       log,
 				Notify:       systemdNotifier{log},

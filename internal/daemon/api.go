@@ -312,17 +312,17 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	follow, _ := strconv.ParseBool(r.URL.Query().Get("follow"))
 	// A reader learns about its own connections only, as with
 	// attribution.
-	shown := func(loader.Refusal) bool { return true }
+	shown := func(event) bool { return true }
 	var who follower
 	if readOnly(r) {
 		peer, known := control.PeerFrom(r.Context())
 		if !known {
 			return control.Errorf(control.CodeForbidden, "the asking process is not known")
 		}
-		shown = func(e loader.Refusal) bool { return e.PID == uint32(peer.PID) }
+		shown = func(e event) bool { return e.gaveBack == nil && e.PID == uint32(peer.PID) }
 		who = follower{reader: true, uid: peer.UID}
 	}
-	var live <-chan loader.Refusal
+	var live <-chan event
 	if follow {
 		ch, cancel, err := d.events.follow(who)
 		if err != nil {
@@ -339,7 +339,7 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		if !shown(e) {
 			continue
 		}
-		if err := sw.Send(d.refusalView(e)); err != nil {
+		if err := sw.Send(d.eventView(e)); err != nil {
 			return err
 		}
 	}
@@ -363,24 +363,39 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 			if !shown(e) {
 				continue
 			}
-			if err := sw.Send(d.refusalView(e)); err != nil {
+			if err := sw.Send(d.eventView(e)); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// refusalView shows a refusal with its rule's shape as the policy gives
-// it, as limit ls does: the kernel enforces an adaptive rule as a
-// concurrency limit and a shared rate as granted permits.
-func (d *Daemon) refusalView(e loader.Refusal) control.Refusal {
+// eventView shows an event with its rule's shape as the policy gives it,
+// as limit ls does: the kernel enforces an adaptive rule as a concurrency
+// limit and a shared rate as granted permits.
+func (d *Daemon) eventView(e event) control.Event {
 	shape := e.Shape.String()
+	if e.gaveBack != nil {
+		shape = "" // a recount knows no shape; the rule may have gone
+	}
 	d.mu.Lock()
 	if en, ok := d.entries[e.Rule]; ok {
 		shape = shapeName(en)
 	}
 	d.mu.Unlock()
-	return control.Refusal{
+	if g := e.gaveBack; g != nil {
+		return control.Event{
+			Kind:      control.EventRecount,
+			Time:      e.Time,
+			Rule:      e.Rule,
+			Shape:     shape,
+			Count:     uint64(g.Freed + g.GivenBack),
+			Freed:     g.Freed,
+			GivenBack: g.GivenBack,
+		}
+	}
+	return control.Event{
+		Kind:              control.EventRefusal,
 		Time:              e.Time,
 		PID:               e.PID,
 		Cgroup:            e.Cgroup,

@@ -108,7 +108,7 @@ func (w *streamRecorder) String() string {
 func TestEventsShowReadersTheirOwn(t *testing.T) {
 	td := newTestDaemon(t)
 	refuse := func(pid int32, rule string) {
-		td.events.add(loader.Refusal{Time: time.Now(), PID: uint32(pid), Rule: rule, Dest: netip.MustParseAddrPort("10.0.0.1:80")})
+		td.events.add(event{Refusal: loader.Refusal{Time: time.Now(), PID: uint32(pid), Rule: rule, Dest: netip.MustParseAddrPort("10.0.0.1:80")}})
 	}
 	refuse(readerPeer.PID, "mine")
 	refuse(7, "theirs")
@@ -146,7 +146,7 @@ func TestEventsShowReadersTheirOwn(t *testing.T) {
 	for _, tt := range tests {
 		var rules []string
 		for line := range strings.Lines(tt.got) {
-			var r control.Refusal
+			var r control.Event
 			if err := json.Unmarshal([]byte(line), &r); err != nil {
 				t.Fatalf("%s: %q: %v", tt.name, line, err)
 			}
@@ -301,15 +301,15 @@ func TestLimitViewsWhileLimitMoves(t *testing.T) {
 func TestEventsShowPolicyShape(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, "rules:\n  - {name: ad, destination: 10.0.0.1, adaptive: {}}\n")
-	td.events.add(loader.Refusal{Time: time.Now(), PID: 7, Rule: "ad", Dest: netip.MustParseAddrPort("10.0.0.1:80"), Shape: loader.ShapeConcurrency, Shadow: true})
-	td.events.add(loader.Refusal{Time: time.Now(), PID: 7, Rule: "gone", Dest: netip.MustParseAddrPort("10.0.0.2:80"), Shape: loader.ShapePerWindow})
+	td.events.add(event{Refusal: loader.Refusal{Time: time.Now(), PID: 7, Rule: "ad", Dest: netip.MustParseAddrPort("10.0.0.1:80"), Shape: loader.ShapeConcurrency, Shadow: true}})
+	td.events.add(event{Refusal: loader.Refusal{Time: time.Now(), PID: 7, Rule: "gone", Dest: netip.MustParseAddrPort("10.0.0.2:80"), Shape: loader.ShapePerWindow}})
 	ctx := control.WithPeer(context.Background(), writerPeer)
 	req := httptest.NewRequestWithContext(ctx, "GET", control.Prefix+control.RouteEvents, nil)
 	w := &streamRecorder{header: http.Header{}}
 	td.server(t).ServeHTTP(w, req)
 	var shapes []string
 	for line := range strings.Lines(w.String()) {
-		var r control.Refusal
+		var r control.Event
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
 			t.Fatalf("%q: %v", line, err)
 		}

@@ -48,6 +48,10 @@ const (
 	DefaultStateDir    = "/var/lib/egressd"
 	DefaultMetricsAddr = "127.0.0.1:9464"
 	DefaultRefresh     = 30 * time.Second
+	DefaultRecount     = 30 * time.Second
+	// MinRecount is the shortest recount period: a recount walks every
+	// tracked socket's state.
+	MinRecount = 100 * time.Millisecond
 )
 
 // Config is how egressd run was started.
@@ -74,9 +78,14 @@ type Config struct {
 	// by default it stays and keeps enforcing (fail-static).
 	DetachOnExit bool
 	// Refresh is how often units are looked up again (a restarted unit
-	// gets a new cgroup) and the sockets recounted; host names are looked
-	// up again when their DNS TTL runs out.
+	// gets a new cgroup); host names are looked up again when their DNS
+	// TTL runs out.
 	Refresh time.Duration
+	// RecountEvery is how often the sockets holding slots are recounted,
+	// the slots no socket holds given back (within two periods of their
+	// loss) and marks other programs took off put back. 0 is
+	// DefaultRecount.
+	RecountEvery time.Duration
 	// Resolver looks host names up; nil is /etc/hosts then the servers of
 	// /etc/resolv.conf.
 	Resolver *dns.Resolver
@@ -133,6 +142,9 @@ func (c Config) withDefaults() Config {
 	if c.Refresh == 0 {
 		c.Refresh = DefaultRefresh
 	}
+	if c.RecountEvery == 0 {
+		c.RecountEvery = DefaultRecount
+	}
 	if c.Resolver == nil {
 		c.Resolver = &dns.Resolver{}
 	}
@@ -172,6 +184,9 @@ func (c *Config) validate() error {
 	}
 	if c.Refresh < 0 {
 		problems = append(problems, fmt.Sprintf("refresh %v is negative", c.Refresh))
+	}
+	if c.RecountEvery < MinRecount {
+		problems = append(problems, fmt.Sprintf("recount period %v is shorter than %v", c.RecountEvery, MinRecount))
 	}
 	if c.MaxRules < 0 || c.MaxRules > loader.MaxRules {
 		problems = append(problems, fmt.Sprintf("max rules %d is outside 1..%d", c.MaxRules, loader.MaxRules))

@@ -30,6 +30,8 @@ type datapath interface {
 	Status() ([]loader.RuleStatus, error)
 	Lost() (loader.Lost, error)
 	Recount() (map[string]loader.Recount, error)
+	// StorageUsed is whether Recount cannot give back drift.
+	StorageUsed() (bool, error)
 	// LastRefusal is the kernel's note of pid's latest refused connect()
 	// to dest.
 	LastRefusal(pid uint32, dest netip.AddrPort) (loader.Refusal, bool, error)

@@ -45,13 +45,22 @@ const (
 	followKeepalive = 10 * time.Second
 )
 
-// eventLog keeps recent refusals and hands new ones to followers.
+// event is what `egressd events` lists: a refusal, or the slots of a rule
+// a recount gave back.
+type event struct {
+	loader.Refusal
+	// gaveBack, when set, makes the event a recount's, of Refusal.Rule
+	// at Refusal.Time; the rest of Refusal is empty.
+	gaveBack *loader.Recount
+}
+
+// eventLog keeps recent events and hands new ones to followers.
 type eventLog struct {
 	mu        sync.Mutex
-	ring      []loader.Refusal
+	ring      []event
 	next      int
 	full      bool
-	followers map[chan loader.Refusal]follower
+	followers map[chan event]follower
 	closed    bool
 }
 
@@ -62,10 +71,10 @@ type follower struct {
 }
 
 func newEventLog() *eventLog {
-	return &eventLog{ring: make([]loader.Refusal, eventsKept), followers: map[chan loader.Refusal]follower{}}
+	return &eventLog{ring: make([]event, eventsKept), followers: map[chan event]follower{}}
 }
 
-func (l *eventLog) add(r loader.Refusal) {
+func (l *eventLog) add(r event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ring[l.next] = r
@@ -79,20 +88,20 @@ func (l *eventLog) add(r loader.Refusal) {
 	}
 }
 
-// recent returns the kept refusals, oldest first.
-func (l *eventLog) recent() []loader.Refusal {
+// recent returns the kept events, oldest first.
+func (l *eventLog) recent() []event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.full {
-		return append([]loader.Refusal(nil), l.ring[:l.next]...)
+		return append([]event(nil), l.ring[:l.next]...)
 	}
-	return append(append([]loader.Refusal(nil), l.ring[l.next:]...), l.ring[:l.next]...)
+	return append(append([]event(nil), l.ring[l.next:]...), l.ring[:l.next]...)
 }
 
-// follow subscribes who to new refusals until cancel is called, or says
+// follow subscribes who to new events until cancel is called, or says
 // why it may not (admitFollower).
-func (l *eventLog) follow(who follower) (_ <-chan loader.Refusal, cancel func(), err error) {
-	ch := make(chan loader.Refusal, 256)
+func (l *eventLog) follow(who follower) (_ <-chan event, cancel func(), err error) {
+	ch := make(chan event, 256)
 	l.mu.Lock()
 	if l.closed {
 		close(ch)
@@ -186,7 +195,7 @@ func (d *Daemon) followRefusals(rd reader[loader.Refusal]) {
 		if !r.Shadow {
 			d.constrained(r.Rule)
 		}
-		d.events.add(r)
+		d.events.add(event{Refusal: r})
 		b := bursts[r.Rule]
 		if b == nil {
 			b = &burst{}

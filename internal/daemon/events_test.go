@@ -31,9 +31,9 @@ func TestRefusalAttribution(t *testing.T) {
 	td.fake.refuse(loader.Refusal{Time: time.Now(), PID: pid, Rule: "web", Dest: web, Shape: loader.ShapeConcurrency, Shadow: true})
 	c := td.client()
 	ctx := context.Background()
-	var listed []control.Refusal
+	var listed []control.Event
 	td.fake.refusals.drain(t) // each is listed before the next is read
-	if err := c.Events(ctx, false, func(r control.Refusal) error { listed = append(listed, r); return nil }); err != nil {
+	if err := c.Events(ctx, false, func(r control.Event) error { listed = append(listed, r); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if len(listed) != 2 || listed[0].Rule != "db" || listed[1].Rule != "web" || !listed[1].Shadow {

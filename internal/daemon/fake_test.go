@@ -39,6 +39,9 @@ type fakeDatapath struct {
 	// noted are the refusals the kernel noted, which LastRefusal reads:
 	// every refusal a test sends.
 	noted []loader.Refusal
+	// recounted is what the next Recount says of each rule it names,
+	// beside the live count.
+	recounted map[string]loader.Recount
 
 	refusals *fakeReader[loader.Refusal]
 	samples  *fakeReader[loader.Sample]
@@ -243,13 +246,18 @@ func (f *fakeDatapath) Status() ([]loader.RuleStatus, error) {
 
 func (f *fakeDatapath) Lost() (loader.Lost, error) { return loader.Lost{}, nil }
 
+func (f *fakeDatapath) StorageUsed() (bool, error) { return false, nil }
+
 func (f *fakeDatapath) Recount() (map[string]loader.Recount, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string]loader.Recount{}
 	for name := range f.rules {
-		out[name] = loader.Recount{Live: f.stats[name].Live, Counted: f.stats[name].Live}
+		r := f.recounted[name]
+		r.Live, r.Counted = f.stats[name].Live, f.stats[name].Live
+		out[name] = r
 	}
+	f.recounted = nil
 	return out, nil
 }
 

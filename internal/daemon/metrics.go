@@ -21,12 +21,16 @@ type metrics struct {
 	d *Daemon
 
 	reloadsOK, reloadsFailed atomic.Uint64
-	driftMu                  sync.Mutex
-	drift                    map[string]int64
+	// recountMu guards what recounts found: each rule's drift at the
+	// last, and what all gave back and put back since the start.
+	recountMu sync.Mutex
+	drift     map[string]int64
+	recounted map[string]recounted
 
 	leases, live, inFlight, connectFailed, limit, baseline *prometheus.Desc
 	connectLatency, requestLatency                         *prometheus.Desc
 	lost, driftDesc, reloads, buildInfo, rules             *prometheus.Desc
+	released, remarked                                     *prometheus.Desc
 	loadOK                                                 *prometheus.Desc
 	shares                                                 shareDescs
 	probing, settled, probes                               *prometheus.Desc
@@ -38,6 +42,7 @@ func newMetrics(d *Daemon) *metrics {
 	return &metrics{
 		d:              d,
 		drift:          map[string]int64{},
+		recounted:      map[string]recounted{},
 		leases:         prometheus.NewDesc("egressd_leases_total", "Connections asked for, by outcome: acquired, denied (refused) or shadow_denied (would have been refused; admitted in shadow mode).", []string{"rule", "outcome"}, nil),
 		live:           prometheus.NewDesc("egressd_live_connections", "Connections holding a slot of the rule now.", rule, nil),
 		inFlight:       prometheus.NewDesc("egressd_in_flight_requests", "Requests sent and not yet answered on the rule's connections (rules that track requests).", rule, nil),
@@ -50,7 +55,9 @@ func newMetrics(d *Daemon) *metrics {
 		connectLatency: prometheus.NewDesc("egressd_connect_latency_seconds", "Time from the first SYN connect() sends to ESTABLISHED.", rule, nil),
 		requestLatency: prometheus.NewDesc("egressd_request_latency_seconds", "Time from a request's first outbound payload to the next inbound payload.", rule, nil),
 		lost:           prometheus.NewDesc("egressd_events_lost_total", "Events that never reached the daemon, by kind: refusal records the kernel overwrote before the daemon read them, latency samples dropped because the ring buffer was full.", []string{"kind"}, nil),
-		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "How far the sockets counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; nonzero for long means lost accounting.", rule, nil),
+		driftDesc:      prometheus.NewDesc("egressd_recount_drift", "How far the live sockets' states counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; a positive drift is given back by the next recount that sees it too, so nonzero for long means accounting the recount cannot repair.", rule, nil),
+		released:       prometheus.NewDesc("egressd_recount_released_total", "Slots the recounts gave back, by cause: freed_socket (held by a socket freed without giving it back) or drift (counted by the kernel and held by no socket at two recounts in a row).", []string{"rule", "cause"}, nil),
+		remarked:       prometheus.NewDesc("egressd_recount_remarked_total", "Sockets holding a slot whose marks another program had taken off, put back by the recounts.", rule, nil),
 		reloads:        prometheus.NewDesc("egressd_policy_reloads_total", "Policy loads, by outcome.", []string{"outcome"}, nil),
 		loadOK:         prometheus.NewDesc("egressd_policy_last_load_ok", "1 when the last load of the policy file (the start's or a reload) was applied whole; 0 when it was refused and the rules before it stay, or the run-time limits conflicted with it at start (until a run-time change puts them in force).", nil, nil),
 		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
@@ -69,27 +76,30 @@ func (m *metrics) reloaded(ok bool) {
 	}
 }
 
-// recount walks the sockets and keeps the drift for the next scrape.
-func (m *metrics) recount() {
-	rc, err := m.d.dp.Recount()
-	if err != nil {
-		m.d.log.Error("recount", "err", err)
-		return
-	}
-	drift := map[string]int64{}
+// recounted is what the recounts did for a rule since the daemon started.
+type recounted struct {
+	freed, givenBack, remarked uint64
+}
+
+// recorded keeps a recount's drift for the next scrape, and adds what it
+// gave back and put back to the rules' counts.
+func (m *metrics) recorded(rc map[string]loader.Recount) {
+	drift := make(map[string]int64, len(rc))
+	m.recountMu.Lock()
+	defer m.recountMu.Unlock()
 	for name, r := range rc {
 		drift[name] = r.Drift()
-		if r.Drift() != 0 {
-			m.d.log.Warn("recount drift", "rule", name, "kernel", r.Live, "sockets", r.Counted, "admitted", r.Admitted, "released", r.Released)
-		}
+		c := m.recounted[name]
+		c.freed += uint64(r.Freed)
+		c.givenBack += uint64(r.GivenBack)
+		c.remarked += uint64(r.Remarked)
+		m.recounted[name] = c
 	}
-	m.driftMu.Lock()
 	m.drift = drift
-	m.driftMu.Unlock()
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.reloads, m.loadOK, m.buildInfo, m.rules,
+	for _, d := range []*prometheus.Desc{m.leases, m.live, m.inFlight, m.connectFailed, m.limit, m.baseline, m.connectLatency, m.requestLatency, m.lost, m.driftDesc, m.released, m.remarked, m.reloads, m.loadOK, m.buildInfo, m.rules,
 		m.probing, m.settled, m.probes, m.ruleInfo, m.window} {
 		ch <- d
 	}
@@ -214,13 +224,27 @@ func (m *metrics) collectKernel(ch chan<- prometheus.Metric, t tableView) {
 	m.collectLimits(ch, status, t)
 	// The last recount may have counted rules removed since: per-rule
 	// series are the kernel's rules'.
-	m.driftMu.Lock()
+	m.recountMu.Lock()
 	each(func(s *loader.RuleStatus) {
 		if drift, ok := m.drift[s.Name]; ok {
 			ch <- prometheus.MustNewConstMetric(m.driftDesc, prometheus.GaugeValue, float64(drift), s.Name)
 		}
 	})
-	m.driftMu.Unlock()
+	for _, cause := range []struct {
+		name string
+		n    func(recounted) uint64
+	}{
+		{"drift", func(c recounted) uint64 { return c.givenBack }},
+		{"freed_socket", func(c recounted) uint64 { return c.freed }},
+	} {
+		each(func(s *loader.RuleStatus) {
+			ch <- prometheus.MustNewConstMetric(m.released, prometheus.CounterValue, float64(cause.n(m.recounted[s.Name])), s.Name, cause.name)
+		})
+	}
+	each(func(s *loader.RuleStatus) {
+		ch <- prometheus.MustNewConstMetric(m.remarked, prometheus.CounterValue, float64(m.recounted[s.Name].remarked), s.Name)
+	})
+	m.recountMu.Unlock()
 	each(func(s *loader.RuleStatus) { ch <- histogram(m.connectLatency, s.Stats.ConnectLatency, s.Name) })
 	// 31 series that stay empty for a rule that tracks no requests:
 	// with 100,000 rules, 3.1 million of them, 200 MB a scrape.

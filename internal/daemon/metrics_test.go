@@ -16,6 +16,8 @@ import (
 
 	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/internal/redistest"
+	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/loader"
 )
 
 // everyShape has a rule of each shape, a shadow rule and a rule whose unit
@@ -70,7 +72,7 @@ func TestMetricsLint(t *testing.T) {
 	if _, ok := ctrl.Baseline(); !ok {
 		t.Fatal("adaptive rule has no baseline after 20 samples")
 	}
-	d.metrics.recount()
+	d.recount()
 
 	problems, err := testutil.CollectAndLint(d.metrics)
 	if err != nil {
@@ -107,6 +109,8 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_policy_last_load_ok",
 		"egressd_policy_reloads_total",
 		"egressd_recount_drift",
+		"egressd_recount_released_total",
+		"egressd_recount_remarked_total",
 		"egressd_request_latency_seconds",
 		"egressd_rule_info",
 		"egressd_rules",
@@ -210,10 +214,10 @@ func TestPendingSharedRuleMetrics(t *testing.T) {
 func TestDriftOfRemovedRule(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, "rules:\n  - {name: gone, destination: 10.0.0.1, concurrency: 5}\n  - {name: kept, destination: 10.0.0.2, concurrency: 5}\n")
-	td.metrics.recount()
+	td.recount()
 	td.apply(t, "rules:\n  - {name: kept, destination: 10.0.0.2, concurrency: 5}\n")
 	want := `
-# HELP egressd_recount_drift How far the sockets counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; nonzero for long means lost accounting.
+# HELP egressd_recount_drift How far the live sockets' states counted at the last recount fall outside what the kernel's live count and the connections opened and closed during the walk allow; a positive drift is given back by the next recount that sees it too, so nonzero for long means accounting the recount cannot repair.
 # TYPE egressd_recount_drift gauge
 egressd_recount_drift{rule="kept"} 0
 `
@@ -247,5 +251,54 @@ egressd_policy_last_load_ok ` + s.want + "\n"
 		if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), "egressd_policy_last_load_ok"); err != nil {
 			t.Errorf("%s: %v", s.name, err)
 		}
+	}
+}
+
+// TestRecountGaveBack: what recounts gave back and put back adds up in
+// egressd_recount_released_total (by cause) and
+// egressd_recount_remarked_total, and each recount that gave slots back
+// lists an event of the rule's.
+func TestRecountGaveBack(t *testing.T) {
+	td := newTestDaemon(t)
+	td.start(t)
+	td.apply(t, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n  - {name: web, destination: 10.0.0.2, concurrency: 5}\n")
+	for _, r := range []map[string]loader.Recount{
+		{"db": {Freed: 1, GivenBack: 2, Remarked: 4}},
+		{},
+		{"db": {GivenBack: 1}, "web": {Remarked: 1}},
+	} {
+		td.fake.mu.Lock()
+		td.fake.recounted = r
+		td.fake.mu.Unlock()
+		td.recount()
+	}
+	want := `
+# HELP egressd_recount_released_total Slots the recounts gave back, by cause: freed_socket (held by a socket freed without giving it back) or drift (counted by the kernel and held by no socket at two recounts in a row).
+# TYPE egressd_recount_released_total counter
+egressd_recount_released_total{cause="drift",rule="db"} 3
+egressd_recount_released_total{cause="drift",rule="web"} 0
+egressd_recount_released_total{cause="freed_socket",rule="db"} 1
+egressd_recount_released_total{cause="freed_socket",rule="web"} 0
+# HELP egressd_recount_remarked_total Sockets holding a slot whose marks another program had taken off, put back by the recounts.
+# TYPE egressd_recount_remarked_total counter
+egressd_recount_remarked_total{rule="db"} 4
+egressd_recount_remarked_total{rule="web"} 1
+`
+	if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), "egressd_recount_released_total", "egressd_recount_remarked_total"); err != nil {
+		t.Error(err)
+	}
+	var listed []control.Event
+	if err := td.client().Events(context.Background(), false, func(e control.Event) error { listed = append(listed, e); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	wantEvents := []control.Event{
+		{Kind: control.EventRecount, Rule: "db", Shape: "concurrency", Count: 3, Freed: 1, GivenBack: 2},
+		{Kind: control.EventRecount, Rule: "db", Shape: "concurrency", Count: 1, GivenBack: 1},
+	}
+	for i := range listed {
+		listed[i].Time = time.Time{}
+	}
+	if !slices.Equal(listed, wantEvents) {
+		t.Errorf("events %+v, want %+v", listed, wantEvents)
 	}
 }

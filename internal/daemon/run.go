@@ -210,6 +210,11 @@ func (d *Daemon) openDatapath(pol *policy.Policy, early *earlyOpen, stack *clean
 	}
 	d.dp = dp
 	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", d.cfg.Cgroup)
+	if used, err := dp.StorageUsed(); used {
+		d.log.Warn("a build before this one kept sockets' states in socket storage, which recounts cannot count: they give back slots of freed sockets, never drift; `egressd uninstall` and a new start end this")
+	} else if err != nil {
+		d.log.Error("datapath", "err", err)
+	}
 	stack.push(func() error {
 		if *detach {
 			return dp.Uninstall()
@@ -263,6 +268,7 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server
 	}
 	wg.Go(func() { d.watchSaturation(ctx) })
 	wg.Go(func() { d.refreshLoop(ctx) })
+	wg.Go(func() { d.recountLoop(ctx) })
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil {
 			d.log.Error("control server", "err", err)

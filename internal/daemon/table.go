@@ -524,7 +524,7 @@ func (d *Daemon) saveBack() {
 
 // refreshLoop looks host names up again when their TTLs run out, and
 // units every Refresh (a restarted unit gets a new cgroup); either way the
-// table is planned again. Every Refresh it also recounts the sockets.
+// table is planned again.
 func (d *Daemon) refreshLoop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -540,7 +540,6 @@ func (d *Daemon) refreshLoop(ctx context.Context) {
 			d.refresh(ctx, now, units)
 			if units {
 				last = now
-				d.metrics.recount()
 			}
 		}
 	}

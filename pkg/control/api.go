@@ -173,25 +173,44 @@ type PolicyCheck struct {
 	Problems []string `json:"problems,omitempty"`
 }
 
-// Refusal is one refused (or, in shadow mode, would-be refused) connect().
-type Refusal struct {
+// Event kinds.
+const (
+	// EventRefusal is a refused (or, in shadow mode, would-be refused)
+	// connect().
+	EventRefusal = "refusal"
+	// EventRecount is the slots of a rule a recount gave back: held by
+	// sockets freed without giving them back, or counted by the kernel
+	// and held by no socket at two recounts in a row.
+	EventRecount = "recount"
+)
+
+// Event is one event `egressd events` lists: a refusal, or slots a
+// recount gave back. A recount's has Time, Rule, Shape, Count (the slots
+// given back), Freed and GivenBack.
+type Event struct {
+	Kind   string    `json:"kind"`
 	Time   time.Time `json:"time"`
-	PID    uint32    `json:"pid"`
-	Cgroup uint64    `json:"cgroup"`
+	PID    uint32    `json:"pid,omitempty"`
+	Cgroup uint64    `json:"cgroup,omitempty"`
 	Rule   string    `json:"rule"`
-	Dest   string    `json:"dest"`
+	Dest   string    `json:"dest,omitempty"`
 	// Shape is the rule's, as Limit's: adaptive for an adaptive rule (the
 	// kernel's concurrency), per_second for a shared rate; the kernel's
 	// for a rule removed since.
 	Shape  string `json:"shape"`
-	Shadow bool   `json:"shadow"`
+	Shadow bool   `json:"shadow,omitempty"`
 	// RetryAfterSeconds is when a permit is expected back; 0 when the
 	// shape gives no hint (concurrency).
 	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`
 	// Count is how many refusals of this process by this rule the event
 	// stands for: those since its previous event, at most one a second;
-	// Dest and the rest are the latest's.
+	// Dest and the rest are the latest's. A recount's: the slots it gave
+	// back.
 	Count uint64 `json:"count"`
+	// Freed and GivenBack are a recount's slots given back, of sockets
+	// freed holding them and counted by no socket.
+	Freed     int64 `json:"freed,omitempty"`
+	GivenBack int64 `json:"givenBack,omitempty"`
 }
 
 // Attribution answers "did egressd refuse this process's connect() to this
@@ -249,11 +268,11 @@ func (c *Client) CheckPolicy(ctx context.Context, text string) (PolicyCheck, err
 	return pc, c.Post(ctx, RoutePolicyCheck, PolicyCheckRequest{Policy: text}, &pc)
 }
 
-// Events calls fn with recent refusals and, with follow, new ones as they
+// Events calls fn with recent events and, with follow, new ones as they
 // happen until ctx ends or fn returns an error.
-func (c *Client) Events(ctx context.Context, follow bool, fn func(Refusal) error) error {
+func (c *Client) Events(ctx context.Context, follow bool, fn func(Event) error) error {
 	return c.Stream(ctx, RouteEvents+"?follow="+strconv.FormatBool(follow), func(raw json.RawMessage) error {
-		var r Refusal
+		var r Event
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return err
 		}
