@@ -688,12 +688,19 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	privtest.RequireRoot(t)
+	return newEnvOn(t, privtest.Cgroup(t, "daemon"))
+}
+
+// newEnvOn is newEnv whose daemon attaches to cg.
+func newEnvOn(t *testing.T, cg string) *env {
+	t.Helper()
+	privtest.RequireRoot(t)
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("skipping: needs python3 for a client that is not Go")
 	}
 	dir := t.TempDir()
 	e := &env{
-		cg:      privtest.Cgroup(t, "daemon"),
+		cg:      cg,
 		pins:    privtest.PinDir(t),
 		state:   filepath.Join(dir, "state"),
 		socket:  filepath.Join(dir, "egressd.sock"),

@@ -192,7 +192,7 @@ func TestRecountRemarks(t *testing.T) {
 		c.Close()
 	})
 	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 10})
-	detach := attachFlipper(t, below, flipClear)
+	detach := privtest.AttachFlipper(t, below, privtest.FlipClear)
 	privtest.Join(t, below)
 	c := dial(t, srv)
 	detach()
