@@ -305,7 +305,8 @@ enum rec_what {
 };
 
 /* A state for the recount's sweep to look at: user space sets cookie and
- * idx, the sweep the rest. */
+ * idx, the sweep the rest. User space hands it the held states, and the
+ * overflow table's others, which it removes if their socket was freed. */
 struct sweep_item {
 	__u64 cookie;
 	__u32 idx; /* its sock_table entry; SWEEP_OVERFLOW: its sock_overflow entry */
@@ -738,15 +739,22 @@ static __always_inline struct sock_state *find_state(void *sk, __u64 cookie, __u
 	return entry_of(hot, cookie);
 }
 
-/* Gives back the socket's slot; every path calls this, only the first
- * caller does anything. What the state says of the slot is read while the
- * socket holds it: once released, a table entry may pass to another
- * socket at once. Returns 1 if this call gave a slot back to its rule. */
-static __always_inline int release(struct sock_state *ss, __u64 cookie)
+/* Gives back the slot of the socket at addr; every path calls this, only
+ * the first caller does anything. What the state says of the slot is read
+ * while the socket holds it: once released, a table entry may pass to
+ * another socket at once. A table entry's address goes first, while the
+ * entry is still the socket's: the recount then never takes a later owner,
+ * whose address is not yet written, for this socket, freed. An overflow
+ * entry is the socket's for good (its key is the cookie), and keeps it.
+ * Returns 1 if this call gave a slot back to its rule. */
+static __always_inline int release(struct sock_state *ss, __u64 cookie, __u64 addr)
 {
+	__u8 overflow = ss->overflow;
+
+	if (!overflow)
+		__sync_val_compare_and_swap(&ss->sk, addr, 0);
 	__u64 w = ss->word;
 	__u32 slot = ss->rule, gen = ss->gen, established = ss->established;
-	__u8 overflow = ss->overflow;
 	int done = 0;
 
 	/* Bounded: each failed swap means the word changed under us, which
@@ -761,8 +769,6 @@ static __always_inline int release(struct sock_state *ss, __u64 cookie)
 	}
 	if (!done)
 		return 0; /* still held: the next path releases it */
-	if (overflow)
-		bpf_map_delete_elem(&sock_overflow, &cookie);
 
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 	if (!r || r->gen != gen)
@@ -1059,7 +1065,7 @@ static __always_inline struct sock_state *claim_state(__u64 cookie, struct sock_
 
 	/* Another socket may have taken our released table entry. Ours,
 	 * it keeps the mark it was found by. */
-	if (own && !own->overflow && __sync_val_compare_and_swap(&own->word, mine, mine | SS_HELD) == mine)
+	if (own && __sync_val_compare_and_swap(&own->word, mine, mine | SS_HELD) == mine)
 		return own;
 	*mark = 0;
 	if ((ss = take_entry(hot, mine)))
@@ -1078,11 +1084,9 @@ static __always_inline struct sock_state *claim_state(__u64 cookie, struct sock_
 /* unhold gives up a state claim_state held, before anything counted it. */
 static __always_inline void unhold(struct sock_state *ss, __u64 cookie)
 {
-	__u8 overflow = ss->overflow;
-
+	if (!ss->overflow)
+		ss->sk = 0;
 	__sync_lock_test_and_set(&ss->word, cookie << 2);
-	if (overflow)
-		bpf_map_delete_elem(&sock_overflow, &cookie);
 }
 
 static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key *key)
@@ -1101,7 +1105,7 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	if (cookie) {
 		own = find_state(sk, cookie, flags);
 		if (own)
-			release(own, cookie);
+			release(own, cookie, (__u64)sk);
 	}
 
 	struct datapath_config *cfg = get_config();
@@ -1280,7 +1284,7 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 		cookie = cookie_of(sk);
 		ss = find_state(sk, cookie, flags);
 		if (ss)
-			release(ss, cookie);
+			release(ss, cookie, (__u64)sk);
 		return 1;
 	case BPF_SOCK_OPS_NEEDS_ECN:
 		/* The connect latency starts at the first SYN (a retransmitted
@@ -1344,7 +1348,7 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 			return 1; /* not ours: its flags are whoever set them's */
 		__u8 off = ss->added & (TRACKED | BPF_SOCK_OPS_STATE_CB_FLAG);
 		if (skops->args[1] == BPF_TCP_CLOSE)
-			release(ss, cookie);
+			release(ss, cookie, (__u64)sk);
 		/* Released (usually by close() already): the socket's later
 		 * state changes need not call us. Only what this datapath
 		 * turned on goes off, and only while the entry is still this
@@ -1359,7 +1363,9 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 }
 
 /* Every socket with a cookie is looked for, whatever its flags: a socket
- * another program took the mark off still holds its slot. */
+ * another program took the mark off still holds its slot. Its overflow
+ * entry, if it has one, goes with it: a socket closing connects no more,
+ * where one that connects again takes its entry again. */
 SEC("cgroup/sock_release")
 int egressd_sock_release(struct bpf_sock *sk)
 {
@@ -1371,8 +1377,12 @@ int egressd_sock_release(struct bpf_sock *sk)
 		return 1;
 	struct sock_state *ss = find_state(sk, cookie, cb_flags(bpf_cast_to_kern_ctx(sk)));
 
-	if (ss)
-		release(ss, cookie);
+	if (!ss)
+		return 1;
+	__u8 overflow = ss->overflow;
+	release(ss, cookie, (__u64)sk);
+	if (overflow)
+		bpf_map_delete_elem(&sock_overflow, &cookie);
 	return 1;
 }
 
@@ -1541,22 +1551,36 @@ static long sweep_one(__u64 i, void *unused)
 		return 1;
 	__u64 cookie = it->cookie;
 	__u32 idx = it->idx;
-	struct sock_state *ss = idx == SWEEP_OVERFLOW ? bpf_map_lookup_elem(&sock_overflow, &cookie)
-						      : bpf_map_lookup_elem(&sock_table, &idx);
+	int overflow = idx == SWEEP_OVERFLOW;
+	struct sock_state *ss = overflow ? bpf_map_lookup_elem(&sock_overflow, &cookie)
+					 : bpf_map_lookup_elem(&sock_table, &idx);
 	it->what = 0;
 	if (!ss)
 		return 0;
-	__u64 w = ss->word, addr = ss->sk;
+	/* The word first: an address read after a word held is its holder's,
+	 * or 0 while the holder has not written it yet (see release). */
+	__u64 w = *(volatile __u64 *)&ss->word;
+	__u64 addr = *(volatile __u64 *)&ss->sk;
 	__u32 rule = ss->rule, gen = ss->gen;
-	if (w >> 2 != cookie || !(w & SS_HELD))
+	if (w >> 2 != cookie)
 		return 0;
+	/* No address: a state a build before took, or one whose holder has
+	 * not written it yet. Its socket is taken to be alive. */
+	int freed = addr && !sock_alive(addr, cookie);
+	if (!(w & SS_HELD)) {
+		/* An overflow entry of a socket freed without its
+		 * sock_release, which takes it away. */
+		if (overflow && freed)
+			bpf_map_delete_elem(&sock_overflow, &cookie);
+		return 0;
+	}
 	it->rule = rule;
 	it->gen = gen;
-	/* A state a build before took has no address: its socket is taken
-	 * to be alive. */
-	if (addr && !sock_alive(addr, cookie)) {
-		if (release(ss, cookie))
+	if (freed) {
+		if (release(ss, cookie, addr))
 			it->what = REC_FREED;
+		if (overflow)
+			bpf_map_delete_elem(&sock_overflow, &cookie);
 		return 0;
 	}
 	/* What was read is the holder's only if the word still says so. */

@@ -5,6 +5,7 @@ package loader
 import (
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,4 +207,57 @@ func TestRecountRemarks(t *testing.T) {
 	close(reset)
 	waitLive(t, d, "r", 0)
 	c.Close()
+}
+
+// TestSweepFreesNoLiveSocket: while clients open and close connections as
+// fast as they can, one after another (each takes the socket table entry
+// the one before gave back), the recount sweeps the states again and
+// again: it must find no socket freed without giving its slot back, for
+// there is none. A sweep that took a state's owner for the entry's owner
+// before it would give back the slot of a live connection.
+func TestSweepFreesNoLiveSocket(t *testing.T) {
+	// A small table: each sweep reads it in a moment, and looks at more
+	// states in passing.
+	d, cg := openSockTable(t, 16)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1 << 20})
+	privtest.Join(t, cg)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if c, err := connect(srv); err == nil {
+					c.Close()
+				}
+			}
+		})
+	}
+	var freed, swept int64
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		err := d.sweepStates(func(it *egressdSweepItem) {
+			swept++
+			if egressdRecWhat(it.What)&egressdRecWhatREC_FREED != 0 {
+				freed++
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if freed != 0 {
+		t.Errorf("the sweeps gave back %d slots of %d states looked at; no socket was freed holding one", freed, swept)
+	}
+	if swept == 0 {
+		t.Error("the sweeps found no state held: the test checked nothing")
+	}
+	t.Logf("%d states looked at", swept)
+	waitLive(t, d, "r", 0)
 }

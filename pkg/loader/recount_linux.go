@@ -206,8 +206,9 @@ var (
 const tableChunk = 8192
 
 // sweepStates hands fn what the sweep found of each state that held a slot
-// when it was read: those of the socket table, read from mapped memory,
-// and of the overflow table; the sweep looks at them a batch at a time.
+// when it was read, of the socket table (read from mapped memory), and of
+// each entry of the overflow table; the sweep looks at them a batch at a
+// time.
 func (d *Datapath) sweepStates(fn func(*egressdSweepItem)) error {
 	d.recountMu.Lock()
 	defer d.recountMu.Unlock()
@@ -267,13 +268,12 @@ func (d *Datapath) sweepStates(fn func(*egressdSweepItem)) error {
 			}
 		}
 	}
+	// The overflow table's entries that hold nothing too: the sweep
+	// removes those of sockets freed without their sock_release.
 	var cookie uint64
 	var state egressdSockState
 	it := m.SockOverflow.Iterate()
 	for it.Next(&cookie, &state) {
-		if state.Word&ssHeld == 0 {
-			continue
-		}
 		if err := add(cookie, sweepOverflow); err != nil {
 			return err
 		}

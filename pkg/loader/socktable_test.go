@@ -319,3 +319,37 @@ func TestTableParts(t *testing.T) {
 		}
 	}
 }
+
+// TestOverflowStateReconnects: a socket whose state is in the overflow
+// table, refused by the peer and connected again, takes its entry again
+// (it is not admitted untracked); its slot comes back once at each
+// refusal's next step, and the entry goes at close.
+func TestOverflowStateReconnects(t *testing.T) {
+	d, cg := openSockTable(t, 4)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	closed := closedPort(t)
+	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000})
+	privtest.Join(t, cg)
+	// Enough connections held to take every table entry.
+	for range 8 {
+		dial(t, srv)
+	}
+	held := len(heldEntries(t, d))
+	fd := socket4(t, 0)
+	for i := range 3 {
+		if err := unix.Connect(fd, sa4(closed)); err != unix.ECONNREFUSED {
+			t.Fatalf("connect %d to a closed port: %v", i, err)
+		}
+		if n, err := d.OverflowSockets(); err != nil || n == 0 {
+			t.Fatalf("connect %d: %d sockets in the overflow table (%v), want this one among them", i, n, err)
+		}
+	}
+	unix.Close(fd)
+	s := waitLive(t, d, "r", 8)
+	if s.Untracked != 0 || s.Admitted != 8+3 || s.Released != 3 {
+		t.Errorf("untracked %d, admitted %d, released %d; want 0, %d, 3 (%d table entries held)", s.Untracked, s.Admitted, s.Released, 8+3, held)
+	}
+	if n := overflowEntries(t, d); n != 8-held {
+		t.Errorf("%d overflow table entries after the close, want the %d held connections'", n, 8-held)
+	}
+}
