@@ -25,9 +25,11 @@ type HedgeOptions struct {
 	// (0, 1), e.g. 0.95) of the latencies of the recent first attempts of
 	// this hedge's calls that came to OK, or below it when the latencies
 	// show a slower mode starting there (see docs/sdk.md), never below
-	// MinDelay. A first attempt a hedge cut short counts as slower than any.
-	// It is learned from the last thousand or two latencies, older ones
-	// weighing less.
+	// MinDelay. A first attempt a hedge cut short is known only to be slower
+	// than it ran, so the delay moves only as far as such attempts let it
+	// be sure of: a few slow attempts seen in full never lift it into a slow
+	// mode. It is learned from the last thousand or two latencies, older
+	// ones weighing less.
 	Percentile float64
 	// MinDelay is the floor under a learned delay: hedging sooner would race
 	// every call a scheduling hiccup slows. Zero means 1ms.
@@ -325,7 +327,7 @@ func (h *Hedge) scan(now time.Time) (next time.Time, busy bool) {
 				if v := w >> phaseBits; v&1 == 0 {
 					h.lat.add(v >> 1)
 				} else {
-					h.lat.addCensored()
+					h.lat.addCensored(v >> 1)
 				}
 			}
 		case phaseClaimed, phaseFiring:
@@ -371,12 +373,13 @@ func (h *Hedge) scan(now time.Time) (next time.Time, busy bool) {
 }
 
 // latencies is a histogram of microseconds with about 6% resolution (16
-// buckets per power of two) that forgets its older half as it fills, plus
-// a count of censored latencies: first attempts a hedge cut short, known
-// only to have been slower than the delay. The watcher's alone.
+// buckets per power of two) that forgets its older half as it fills: the
+// latencies of first attempts seen in full, and beside them the censored
+// ones - first attempts a hedge cut short - by how long they ran, which is
+// all they say: that they would have taken longer. The watcher's alone.
 type latencies struct {
-	counts   [latencyBuckets]uint32 // weights
-	censored uint32                 // weight
+	counts   [latencyBuckets]uint32 // weights, seen in full
+	censored [latencyBuckets]uint32 // weights, censored, by how long they ran
 	total    uint32                 // weight, counts and censored
 	sinceQ   uint32                 // latencies added since delay last computed
 }
@@ -412,8 +415,9 @@ func (l *latencies) add(us uint64) {
 	l.count()
 }
 
-func (l *latencies) addCensored() {
-	l.censored += sampleWeight
+// addCensored counts a first attempt cut short after it ran us.
+func (l *latencies) addCensored(us uint64) {
+	l.censored[bucketOf(us)] += sampleWeight
 	l.count()
 }
 
@@ -424,29 +428,39 @@ func (l *latencies) count() {
 		return
 	}
 	l.total = 0
-	for i, c := range l.counts {
-		c /= 2
-		l.counts[i] = c
-		l.total += c
+	for i := range l.counts {
+		l.counts[i] /= 2
+		l.censored[i] /= 2
+		l.total += l.counts[i] + l.censored[i]
 	}
-	l.censored /= 2
-	l.total += l.censored
 }
 
-// delay returns the delay to hedge at, given the one in force, cur: the
-// q-quantile of the latencies at the top of its bucket, unless a bucket
-// below it and above the quantile less a margin - a quarter of the tail,
-// 1-q, and two standard deviations of sampling noise - is empty; then the
-// top of the bucket under the gap. The gap matters when the slowest 1-q of
-// a dependency's calls are a separate, slower mode, the shape hedging is
+// delay returns the delay to hedge at, given the one in force, cur. Its
+// target is the q-quantile of the latencies at the top of its bucket, unless
+// a bucket below it and above the quantile less a margin - a quarter of the
+// tail, 1-q, and two standard deviations of sampling noise - is empty; then
+// the top of the bucket under the gap. The gap matters when the slowest 1-q
+// of a dependency's calls are a separate, slower mode, the shape hedging is
 // for: the exact quantile then sits on the edge of that mode, and noise
 // alone would put it inside, where hedging stops helping. Stopping below
 // the gap hedges the slow mode and little else; the margin bounds how far
-// down a gap is looked for. A censored latency counts as slower than any,
-// which keeps the quantile exact as long as it is below the delay that
-// censored it; when it is not - clearly more first attempts ran past the
-// delay than 1-q - the delay grows by half. ok is false until minLatencies
-// have been seen, and between recomputations.
+// down a gap is looked for.
+//
+// Censored latencies are known only to be longer than they ran, and which
+// first attempts past the delay are seen in full depends on how slow they
+// were (a slow one is cut short by its hedge; one whose hedge the budget
+// held back, or that beat a slow hedge, is not), so those seen in full say
+// nothing of where the censored ones lie. The target is therefore only
+// bounded: counting the censored as slower than any gives the most it can
+// be, counting them as ending when they were cut short the least. The delay
+// moves no further than the bounds make it: down to the most when it is
+// above it; up when it is below the least, to the least or by half,
+// whichever is further, but not past the most; and otherwise it stays.
+// Without censored latencies the bounds agree and the delay is the target.
+// A few slow attempts seen in full thus never lift the delay into a slow
+// mode, while a dependency that got slower is followed, by half a delay a
+// recomputation at least. ok is false until minLatencies have been seen,
+// and between recomputations.
 func (l *latencies) delay(q float64, cur time.Duration) (time.Duration, bool) {
 	if l.total < minLatencies*sampleWeight || l.sinceQ < latencyWindow/20 && cur > 0 {
 		return 0, false
@@ -457,19 +471,42 @@ func (l *latencies) delay(q float64, cur time.Duration) (time.Duration, bool) {
 	// Ranks are in weight, as the counts are.
 	rank := uint32(max(math.Ceil((q-margin)*w), 1))
 	rankQ := uint32(max(math.Ceil(q*w), 1))
+	most := l.target(rank, rankQ, false)
+	if most <= cur || cur <= 0 {
+		return most, most != never
+	}
+	if least := min(l.target(rank, rankQ, true), most); least > cur {
+		return min(most, max(least, cur+cur/2)), true
+	}
+	return cur, true
+}
+
+// never is the target of latencies that do not reach its rank.
+const never = time.Duration(math.MaxInt64)
+
+// target is the target of delay at ranks rank to rankQ, in weight, of the
+// latencies seen in full and, with cut, of the censored ones at how long
+// they ran; never if they do not reach rank.
+func (l *latencies) target(rank, rankQ uint32, cut bool) time.Duration {
+	weight := func(b int) uint32 {
+		if cut {
+			return l.counts[b] + l.censored[b]
+		}
+		return l.counts[b]
+	}
 	var seen uint32
-	for b, c := range l.counts {
-		if seen += c; seen < rank {
+	for b := range latencyBuckets {
+		if seen += weight(b); seen < rank {
 			continue
 		}
 		// Up to the quantile itself, as long as no empty bucket says a
 		// slower mode starts past b.
-		for ; seen < rankQ && b+1 < latencyBuckets && l.counts[b+1] > 0; b++ {
-			seen += l.counts[b+1]
+		for ; seen < rankQ && b+1 < latencyBuckets && weight(b+1) > 0; b++ {
+			seen += weight(b + 1)
 		}
-		return time.Duration(bucketTop(b)) * time.Microsecond, true
+		return time.Duration(bucketTop(b)) * time.Microsecond
 	}
-	return cur + cur/2, cur > 0
+	return never
 }
 
 // hedgeContext is a first attempt's context on a hedged call for which the

@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -695,31 +696,133 @@ func TestLatenciesForget(t *testing.T) {
 	}
 }
 
-// Censored latencies count as slower than any: the quantile stays exact
-// while it is below them, noise at the edge of a slow mode allowed for, and
-// the delay grows when clearly too many calls ran past it.
-func TestLatenciesCensored(t *testing.T) {
+// fill is latencies to add to a histogram: n of them spread evenly over
+// [from, to) microseconds, added by add - seen in full or censored.
+type fill struct {
+	n        int
+	from, to uint64
+	add      func(*latencies, uint64)
+}
+
+func full(n int, from, to uint64) fill { return fill{n, from, to, (*latencies).add} }
+func cut(n int, from, to uint64) fill  { return fill{n, from, to, (*latencies).addCensored} }
+
+func (f fill) into(l *latencies) {
+	for i := range uint64(f.n) {
+		f.add(l, f.from+i*(f.to-f.from)/uint64(f.n))
+	}
+}
+
+// top is the top of the bucket of us, where a delay learned there lands.
+func top(us uint64) time.Duration { return time.Duration(bucketTop(bucketOf(us))) * time.Microsecond }
+
+// The delay at p95 over fast calls of 1 to 2ms, a slow mode at 100ms or
+// 200ms, and first attempts cut short by their hedges (censored) after
+// running past the delay in force: it goes to the target where nothing
+// censored hides it; it goes down to the most the target can be, censored
+// latencies counted slower than any; it grows when even the least it can
+// be, censored latencies counted as ending when cut short, is above the
+// delay, by half or to the least; and it stays otherwise. Slow first
+// attempts seen in full (a hedge held back by the budget, or slower than
+// the attempt) never lift it into the slow mode.
+func TestLatenciesDelay(t *testing.T) {
+	const fast, edge = 1000, 2000 // the fast mode, µs
 	tests := []struct {
-		name     string
-		fast     int // latencies of 1ms
-		censored int
-		want     time.Duration
+		name  string
+		fills []fill
+		cur   time.Duration
+		want  time.Duration
 	}{
-		{"few cut short: the quantile is among the fast", 100, 4, 1023 * time.Microsecond},
-		{"as many as 1-q, give or take noise", 100, 10, 1023 * time.Microsecond},
-		{"clearly more: the delay grows by half", 100, 50, 15 * time.Millisecond},
+		{"no censoring: the quantile", []fill{full(1000, fast, edge)}, 0, top(1950)},
+		{"no censoring, slow mode of 2%: the quantile among the fast", []fill{full(980, fast, edge), full(20, 100000, 100001)}, 0, top(1970)},
+		{"no censoring, slow mode of 5%: its edge", []fill{full(950, fast, edge), full(50, 100000, 100001)}, 0, top(1999)},
+		{"no censoring, slow mode of 10%: inside it, where p95 is", []fill{full(900, fast, edge), full(100, 100000, 100001)}, 0, top(100000)},
+
+		{"censored above the quantile: exact, the delay comes down to it", []fill{full(960, fast, edge), cut(40, 30000, 30001)}, 25 * time.Millisecond, top(1989)},
+		{"censored below the quantile: by half, all the target may be", []fill{full(500, fast, 1500), full(400, 1500, edge), cut(100, 1600, 1601)}, 1500 * time.Microsecond, 2250 * time.Microsecond},
+		{"censored below the quantile, fewer: up to the most it can be", []fill{full(500, fast, 1500), full(450, 1500, edge), cut(50, 1600, 1601)}, 1500 * time.Microsecond, top(1999)},
+
+		{"slow mode of 2%, cut short at the edge: the quantile among the fast", []fill{full(980, fast, edge), cut(20, 3000, 3001)}, top(1999), top(1970)},
+		{"slow mode of 5%, cut short at the edge: stays there", []fill{full(950, fast, edge), cut(50, 3000, 3001)}, top(1999), top(1999)},
+		{"slow mode of 5%, a few seen in full: stays at the edge", []fill{full(950, fast, edge), cut(45, 3000, 3001), full(5, 100000, 100001)}, top(1999), top(1999)},
+		{"slow mode of 10%, cut short at the edge: grows, to the least", []fill{full(900, fast, edge), cut(100, 3000, 3001)}, top(1999), top(3000)},
+		{"slow mode of 10%, the delay past it: inside it, where p95 is", []fill{full(900, fast, edge), full(100, 100000, 100001)}, 150 * time.Millisecond, top(100000)},
+
+		// Issue 46's case: 920 fast calls up to 6ms and 80 past the delay.
+		{"8% past the delay, all cut short: by half", []fill{full(920, fast, 6000), cut(80, 7000, 7001)}, top(6000), 9214500 * time.Nanosecond},
+		{"8% past the delay, 5 seen in full at 200ms: by half, not into the slow mode", []fill{full(920, fast, 6000), cut(75, 7000, 7001), full(5, 200000, 200001)}, top(6000), 9214500 * time.Nanosecond},
+		{"8% past the delay, half seen in full: by half", []fill{full(920, fast, 6000), cut(40, 7000, 7001), full(40, 200000, 200001)}, top(6000), 9214500 * time.Nanosecond},
+		{"cut short under a lower delay, some seen in full: stays", []fill{full(920, fast, 6000), cut(75, 5000, 5001), full(5, 200000, 200001)}, 9214500 * time.Nanosecond, 9214500 * time.Nanosecond},
+
+		{"drift up, seen in full: followed at once", []fill{full(400, fast, edge), full(1000, 5000, 10000)}, top(1999), top(9650)},
+		{"drift up, half cut short: at once to the least", []fill{full(400, fast, edge), full(500, 5000, 10000), cut(500, 6000, 6001)}, top(1999), top(9300)},
+		{"drift up by less than half, a few cut short: to the most", []fill{full(400, fast, edge), full(1000, 2100, 2300), cut(100, 2400, 2401)}, top(1999), top(2299)},
+		{"drift down: followed at once", []fill{full(50, 5000, 10000), full(1900, fast, edge)}, top(9999), top(1975)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var l latencies
-			for range tt.fast {
-				l.add(1000)
+			for _, f := range tt.fills {
+				f.into(&l)
 			}
-			for range tt.censored {
-				l.addCensored()
+			if got, ok := l.delay(0.95, tt.cur); !ok || got != tt.want {
+				t.Errorf("delay from %v = %v, %v; want %v", tt.cur, got, ok, tt.want)
 			}
-			if got, ok := l.delay(0.95, 10*time.Millisecond); !ok || got != tt.want {
-				t.Errorf("delay = %v, %v; want %v", got, ok, tt.want)
+		})
+	}
+}
+
+// The delay learned over many calls to a dependency with a slow mode at 100
+// to 200ms, each call's first attempt hedged at the delay in force: cut
+// short when its hedge, as slow as any call, answers first; seen in full
+// when it answers first, or when the hedge is held back (the budget) or
+// the fast mode has stragglers (a loaded machine). The delay never enters
+// a slow mode of 2 or 5%, and ends in one of 10%, where p95 is.
+func TestLatenciesClosedLoop(t *testing.T) {
+	const slowFrom = 100 * time.Millisecond
+	tests := []struct {
+		name              string
+		slow, held, strag float64 // shares of calls: slow; hedges held back; fast stragglers
+		maxBelow, lo, hi  time.Duration
+	}{
+		{"slow mode of 2%", 0.02, 0.1, 0.03, slowFrom, time.Millisecond, 10 * time.Millisecond},
+		{"slow mode of 5%", 0.05, 0.1, 0.03, slowFrom, time.Millisecond, 10 * time.Millisecond},
+		{"slow mode of 5%, hedges held back", 0.05, 0.3, 0.03, slowFrom, time.Millisecond, 10 * time.Millisecond},
+		{"slow mode of 5%, many stragglers", 0.05, 0.1, 0.06, slowFrom, time.Millisecond, 30 * time.Millisecond},
+		{"slow mode of 10%", 0.10, 0.1, 0.03, time.Hour, slowFrom, 2 * slowFrom},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for seed := range uint64(5) {
+				r := rand.New(rand.NewPCG(seed, 46))
+				draw := func() uint64 { // µs
+					switch v := r.Float64(); {
+					case v < tt.slow:
+						return uint64(slowFrom/time.Microsecond) + r.Uint64N(100000)
+					case v < tt.slow+tt.strag:
+						return 1000 + uint64(r.ExpFloat64()*10000)
+					default:
+						return 1000 + r.Uint64N(1000)
+					}
+				}
+				var l latencies
+				var cur, highest time.Duration
+				for range 20000 {
+					lat, d := draw(), uint64(cur/time.Microsecond)
+					switch hedge := draw(); {
+					case cur == 0 || lat <= d || r.Float64() < tt.held || d+hedge >= lat:
+						l.add(lat)
+					default:
+						l.addCensored(d + hedge)
+					}
+					if next, ok := l.delay(0.95, cur); ok {
+						cur = max(next, time.Millisecond)
+					}
+					highest = max(highest, cur)
+				}
+				if highest >= tt.maxBelow || cur < tt.lo || cur > tt.hi {
+					t.Errorf("seed %d: delay at most %v, at the end %v; want below %v, ending in [%v, %v]", seed, highest, cur, tt.maxBelow, tt.lo, tt.hi)
+				}
 			}
 		})
 	}
