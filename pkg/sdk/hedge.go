@@ -28,8 +28,9 @@ type HedgeOptions struct {
 	// MinDelay. A first attempt a hedge cut short is known only to be slower
 	// than it ran, so the delay moves only as far as such attempts let it
 	// be sure of: a few slow attempts seen in full never lift it into a slow
-	// mode. It is learned from the last thousand or two latencies, older
-	// ones weighing less.
+	// mode. It is learned from the last thousand or two latencies of first
+	// attempts sampled by when they start (see docs/sdk.md), older ones
+	// weighing less.
 	Percentile float64
 	// MinDelay is the floor under a learned delay: hedging sooner would race
 	// every call a scheduling hiccup slows. Zero means 1ms.
@@ -60,8 +61,17 @@ const (
 	// of them once it holds twice latencyWindow.
 	minLatencies  = 100
 	latencyWindow = 1000
-	// How often the watcher looks while no delay is known yet.
-	warmupTick = 10 * time.Millisecond
+	// The longest the watcher of a hedge that learns its delay waits
+	// between two looks while calls run, and how often it looks while no
+	// delay is known yet.
+	lookTick = 10 * time.Millisecond
+	// Sampled latencies wait for the watcher in a ring of sampleRing. The
+	// share of first attempts sampled is set so that about sampleTarget
+	// arrive between two looks, judged over adaptLooks looks, and halved at
+	// once when a look finds more than half a ring.
+	sampleRing   = 256
+	sampleTarget = 16
+	adaptLooks   = 64
 )
 
 // Hedge sends hedged attempts in the calls made with RunHedged or
@@ -109,10 +119,19 @@ type Hedge struct {
 	watching atomic.Bool
 	learned  atomic.Int64 // the delay in force, nanoseconds; 0: none
 
+	// The latencies of sampled first attempts (see sampled), on their way
+	// to the watcher: sampleNext counts those written, each to samples at
+	// that count modulo sampleRing, as a word of sample.
+	sampleMask atomic.Uint64
+	sampleNext atomic.Uint64
+	samples    [sampleRing]atomic.Uint64
+
 	// What scan keeps: one goroutine at a time, the watcher's.
-	scanMu sync.Mutex
-	lat    latencies
-	rounds []hedgeRound
+	scanMu         sync.Mutex
+	lat            latencies
+	rounds         []hedgeRound
+	sampleSeen     uint64 // sampleNext when the watcher last looked
+	looks, arrived uint64 // looks, and latencies sampled, since sampleMask last changed
 }
 
 // NewHedge returns a Hedge. It panics on options that cannot work: a
@@ -182,15 +201,14 @@ func hedgeGate(c Criticality, roundRefused, attemptsLeft, breakerClosed bool) ve
 
 // A slot's word is a value in microseconds shifted over a phase: a first
 // attempt registers there while it runs, so that the watcher can find it
-// when a hedge comes due, and leaves its latency behind when it is done.
+// when a hedge comes due.
 const (
 	phaseFree    = iota // nothing
-	phaseSample         // free, holding a latency the watcher has not read
 	phaseClaimed        // being filled in; the watcher ignores it
 	phaseActive         // a first attempt started at the value
 	phaseFiring         // a hedge came due: the round is the watcher's and the caller's
 
-	phaseBits = 3
+	phaseBits = 2
 	phaseMask = 1<<phaseBits - 1
 )
 
@@ -213,11 +231,70 @@ func (h *Hedge) micros(t time.Time) uint64 {
 	return uint64(max(t.Sub(h.origin), 0) / time.Microsecond)
 }
 
+// sampled reports whether the delay learns from the latency of a first
+// attempt that starts at startUS (microseconds). That is decided when the
+// attempt starts, by a hash of its start, never by how long it takes or
+// when it ends: a sampler that keeps what fits between two looks keeps a
+// quiet spell's latencies and loses most of a burst's, and a closed loop
+// calling a dependency with a slow mode makes bursts of fast calls
+// between slow ones. Every attempt is sampled until more than
+// sampleTarget arrive between two looks; then one start in two, four...
+// as the watcher sets sampleMask.
+func (h *Hedge) sampled(startUS uint64) bool {
+	return h.percentile > 0 && startUS*0x9e3779b97f4a7c15>>40&h.sampleMask.Load() == 0
+}
+
+// sample hands the watcher the latency d of a sampled first attempt,
+// censored if a hedge cut it short: in microseconds over two bits, the
+// censored one and one that marks a word as holding a latency.
+func (h *Hedge) sample(censored bool, d time.Duration) {
+	v := uint64(max(d, 0)/time.Microsecond)<<2 | 1
+	if censored {
+		v |= 2
+	}
+	h.samples[(h.sampleNext.Add(1)-1)%sampleRing].Store(v)
+}
+
+// readSamples adds the latencies sampled since the last look to the
+// histogram, sets the share of first attempts sampled (see sampled), and
+// reports whether there were any.
+func (h *Hedge) readSamples() bool {
+	for i := range h.samples {
+		if h.samples[i].Load() == 0 {
+			continue
+		}
+		if v := h.samples[i].Swap(0); v&2 == 0 {
+			h.lat.add(v >> 2)
+		} else {
+			h.lat.addCensored(v >> 2)
+		}
+	}
+	next := h.sampleNext.Load()
+	n := next - h.sampleSeen
+	h.sampleSeen = next
+	h.looks++
+	h.arrived += n
+	mask := h.sampleMask.Load()
+	switch {
+	case n > sampleRing/2:
+		mask = mask<<1 | 1
+	case h.looks < adaptLooks:
+		return n > 0
+	case h.arrived > sampleTarget*adaptLooks:
+		mask = mask<<1 | 1
+	case h.arrived < sampleTarget*adaptLooks/4:
+		mask >>= 1
+	}
+	h.looks, h.arrived = 0, 0
+	h.sampleMask.Store(mask)
+	return n > 0
+}
+
 // tryClaim takes s if it is free; hedged tries the slot an attempt's start
 // picks this way, and only then claim.
 func (s *slot) tryClaim() bool {
 	w := s.word.Load()
-	return w&phaseMask <= phaseSample && s.word.CompareAndSwap(w, phaseClaimed)
+	return w&phaseMask == phaseFree && s.word.CompareAndSwap(w, phaseClaimed)
 }
 
 // claim takes a free slot for an attempt starting at start (microseconds).
@@ -305,31 +382,24 @@ func (h *Hedge) watcher() {
 	}
 }
 
-// scan reads the latencies the slots hold, sends the hedges due at now,
+// scan sends the hedges due at now, learns from the latencies sampled,
 // and returns when it should look next and whether anything was running.
 func (h *Hedge) scan(now time.Time) (next time.Time, busy bool) {
 	h.scanMu.Lock()
 	defer h.scanMu.Unlock()
 	nowUS := h.micros(now)
 	d := h.Delay()
+	// A fixed delay needs a look only when a hedge comes due; a learned one
+	// also reads the latencies sampled meanwhile.
 	tick := d
-	if tick <= 0 {
-		tick = warmupTick
+	if h.percentile > 0 && (d <= 0 || d > lookTick) {
+		tick = lookTick
 	}
 	next = now.Add(tick)
 	dueUS := uint64(d / time.Microsecond)
 	for _, s := range *h.table.Load() {
 		w := s.word.Load()
 		switch w & phaseMask {
-		case phaseSample:
-			busy = true
-			if s.word.CompareAndSwap(w, phaseFree) {
-				if v := w >> phaseBits; v&1 == 0 {
-					h.lat.add(v >> 1)
-				} else {
-					h.lat.addCensored(v >> 1)
-				}
-			}
 		case phaseClaimed, phaseFiring:
 			busy = true
 		case phaseActive:
@@ -365,6 +435,9 @@ func (h *Hedge) scan(now time.Time) (next time.Time, busy bool) {
 		busy = true
 	}
 	if h.percentile > 0 {
+		if h.readSamples() {
+			busy = true
+		}
 		if d, ok := h.lat.delay(h.percentile, h.Delay()); ok {
 			h.learned.Store(int64(max(d, h.minDelay)))
 		}

@@ -618,6 +618,50 @@ func TestHedgeLearnsTheDelay(t *testing.T) {
 // scanNow does what the watcher does when it wakes.
 func (h *Hedge) scanNow() { h.scan(h.clock.Now()) }
 
+// Which first attempts the delay learns from depends on when they started,
+// never on how long they took or on how many ended between two looks of
+// the watcher: a burst is learned from whole, as far as the ring holds it,
+// and once a high rate has thinned the sample, slow and fast calls are in
+// it alike. Here the test looks, and no watcher does.
+func TestHedgeSamplesByStart(t *testing.T) {
+	clk := newFakeClock()
+	h := newHedge(HedgeOptions{Percentile: 0.95, MinDelay: time.Hour}, clk)
+	h.watching.Store(true)
+	p := testPolicy(clk)
+	p.Hedge = h
+	// calls makes n calls, one in twenty slow, and looks once they are done.
+	calls := func(n int) {
+		for i := range n {
+			d := 20 * time.Microsecond
+			if i%20 == 19 {
+				d = 100 * time.Millisecond
+			}
+			if _, err := RunHedged(context.Background(), p, func(context.Context) (int, error) { clk.Advance(d); return 0, nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.scanNow()
+	}
+	// slow returns the latencies learned from, in all and the slow ones.
+	slow := func() (slow, all uint32) {
+		for _, c := range h.lat.counts[bucketOf(50000):] {
+			slow += c
+		}
+		return slow / sampleWeight, h.lat.total / sampleWeight
+	}
+	calls(sampleRing / 2)
+	if s, n := slow(); s != sampleRing/40 || n != sampleRing/2 {
+		t.Errorf("a burst of %d calls, %d slow: %d learned from, %d slow", sampleRing/2, sampleRing/40, n, s)
+	}
+	for range 2 * adaptLooks {
+		calls(10 * sampleTarget)
+	}
+	s, n := slow()
+	if mask := h.sampleMask.Load(); mask == 0 || s*25 < n || s*15 > n {
+		t.Errorf("%d calls a look: sampleMask %#x, %d learned from, %d slow; want thinned, one in twenty slow", 10*sampleTarget, mask, n, s)
+	}
+}
+
 func TestLatencies(t *testing.T) {
 	var l latencies
 	if _, ok := l.delay(0.5, 0); ok {

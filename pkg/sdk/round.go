@@ -19,6 +19,7 @@ type hedgedCall[T any] struct {
 	start         time.Time
 	deadline      time.Time
 	deadlineIsCtx bool
+	sampled       bool // its latency is learned from (see Hedge.sampled)
 	// The first attempt's context is cancelled through cancel when the
 	// executor derived it, otherwise through hctx.
 	cancel context.CancelFunc
@@ -80,6 +81,7 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	p, clk, n, start := c.p, c.clk, c.made+1, c.now
 	h := p.Hedge
 	startUS := h.micros(start)
+	sampled := h.sampled(startUS)
 	t := *h.table.Load()
 	s := t[startUS&uint64(len(t)-1)]
 	if !s.tryClaim() { // calls side by side
@@ -100,7 +102,7 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 		actx = hctx
 	}
 	hc.ctx, hc.fn, hc.p, hc.n = ctx, fn, p, n
-	hc.start, hc.deadline, hc.deadlineIsCtx = start, c.deadline, c.deadlineIsCtx
+	hc.start, hc.deadline, hc.deadlineIsCtx, hc.sampled = start, c.deadline, c.deadlineIsCtx, sampled
 	hc.cancel = cancel
 	active := word(phaseActive, startUS)
 	s.word.Store(active) // publishes hc to the watcher
@@ -117,7 +119,10 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	}
 	took = clk.Since(start)
 	end = start.Add(took)
-	if s.word.CompareAndSwap(active, released(o.v.Kind() == verdict.OK, false, took)) {
+	if s.word.CompareAndSwap(active, phaseFree) {
+		if sampled && o.v.Kind() == verdict.OK {
+			h.sample(false, took)
+		}
 		return nil, end, took // hc is the next holder's now; it keeps ctx and fn until then
 	}
 	r, end = hc.join(s, o, end)
@@ -161,33 +166,21 @@ func (hc *hedgedCall[T]) takeRound() *round[T] {
 }
 
 // join is hedged once a hedge came due while the first attempt, which came
-// to o at end, ran: it waits for the round the watcher started, and gives
-// the slot back with the first attempt's latency. From then on hc is the
-// next holder's.
+// to o at end, ran: it waits for the round the watcher started, gives the
+// slot back, and hands the watcher the first attempt's latency if it is
+// sampled. From then on hc is the next holder's.
 func (hc *hedgedCall[T]) join(s *slot, o *outcome[T], end time.Time) (*round[T], time.Time) {
 	r := hc.takeRound()
 	*o = r.join(*o, end)
-	first := r.atts[0]
-	s.word.Store(released(first.lost || first.o.v.Kind() == verdict.OK, first.lost, first.end.Sub(first.start)))
+	first, sampled := r.atts[0], hc.sampled
+	s.word.Store(phaseFree) // hc is the next holder's
+	if sampled && (first.lost || first.o.v.Kind() == verdict.OK) {
+		r.h.sample(first.lost, first.end.Sub(first.start)) // a censored latency if lost
+	}
 	if r.panicked {
 		panic(r.panicValue) // a hedge's, on the caller's goroutine, as if fn had run there
 	}
 	return r, r.clk.Now()
-}
-
-// released is a slot's word once its attempt is done: the attempt's
-// latency, for the delay to learn from, if it is one. A censored latency -
-// an attempt cut short by a hedge that answered first - says only that the
-// attempt would have taken longer than it ran.
-func released(sample, censored bool, d time.Duration) uint64 {
-	if !sample {
-		return phaseFree
-	}
-	v := uint64(max(d, 0)/time.Microsecond) << 1
-	if censored {
-		v |= 1
-	}
-	return word(phaseSample, v)
 }
 
 // round is a first attempt and the hedges sent beside it.
