@@ -393,7 +393,9 @@ func TestNoProbeAfterDecrease(t *testing.T) {
 
 // After probeAge of probes that met a queue, with the limit at Minimum
 // throughout, the dependency is believed slower: the baseline is the
-// window's again, and the next probe is a first probe, at Minimum.
+// window's again, and the next probe is a first probe, at Minimum. A
+// loaded machine looks the same, and is believed alike; once calls are
+// fast again, nothing of it stays: probes bring the baseline back down.
 func TestSlowerIsBelievedAfterFiveMinutesAtTheFloor(t *testing.T) {
 	p := confirmed(t, adaptive.Options{ProbeEvery: 10, ProbeSeed: 1, Minimum: 2, Maximum: 64, Initial: 40})
 	// 3× slower: rounds decrease to the floor, probes meet a queue.
@@ -410,6 +412,10 @@ func TestSlowerIsBelievedAfterFiveMinutesAtTheFloor(t *testing.T) {
 	p.run(time.Second, 30*ms)
 	if l := p.c.State().Settled; l <= 2 {
 		t.Fatalf("settled at %d after believing; want growth", l)
+	}
+	p.run(time.Second, 10*ms)
+	if st := p.c.State(); st.Source != adaptive.FromProbes || !near(st.Baseline, 10*ms) {
+		t.Errorf("a fast second later: %+v; want 10ms again, from probes", st)
 	}
 }
 
