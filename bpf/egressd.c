@@ -60,7 +60,10 @@
 #include <bpf/bpf_core_read.h>
 
 #define SOCK_STREAM 1
+#define SOCK_DGRAM 2
 #define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define BPF_TCP_ESTABLISHED_STATE 1 /* a connected UDP socket's sk_state too */
 #define SOL_TCP 6
 #define TCP_BPF_SOCK_OPS_CB_FLAGS 1008
 #define ETH_P_IP 0x0800
@@ -117,10 +120,22 @@ enum sample_kind {
 #define RULE_F_SAMPLES (1 << 2)	 /* send latency samples to user space */
 #define RULE_F_REQUESTS (1 << 3) /* track in-flight requests */
 
+/* The transports a rule counts. A rule key's port field holds the port in
+ * its low 16 bits and the protocol above them, so that a rule's TCP keys
+ * and UDP keys are apart; TCP is 0, what every key of a build before UDP
+ * was. */
+enum proto {
+	PROTO_TCP,
+	PROTO_UDP,
+	PROTO_LEN,
+};
+#define PROTO_SHIFT 16
+
 /* Key classes, so that lookups that cannot match are skipped. Each class
  * has a bit for exact keys (a whole address: rule_exact) and one for
  * prefixes (rule_prefixes). config.classes holds the classes in use;
- * scopes holds those of the rules scoped to one cgroup. */
+ * scopes holds those of the rules scoped to one cgroup. Each protocol has
+ * CLASS_BITS of them: TCP's the low ones, as in builds before UDP. */
 #define CLASS_SCOPED_PORT 0
 #define CLASS_SCOPED_ANY 1
 #define CLASS_HOST_PORT 2
@@ -131,6 +146,9 @@ enum sample_kind {
 #define ANY_KEY(c) (EXACT(c) | PREFIX(c))
 #define SCOPED_CLASSES (ANY_KEY(CLASS_SCOPED_PORT) | ANY_KEY(CLASS_SCOPED_ANY))
 #define PORT_CLASSES (ANY_KEY(CLASS_SCOPED_PORT) | ANY_KEY(CLASS_HOST_PORT))
+#define ANYPORT_CLASSES (ANY_KEY(CLASS_SCOPED_ANY) | ANY_KEY(CLASS_HOST_ANY))
+#define CLASS_BITS 8
+#define CLASS_MASK ((1u << CLASS_BITS) - 1)
 
 struct datapath_config {
 	__u32 classes;
@@ -243,6 +261,29 @@ struct sock_state {
 	__u64 _line[2];
 };
 
+/* A UDP socket's flows: one per destination it connect()ed to or sent a
+ * datagram to with an address, each holding a slot of its rule as a TCP
+ * connection does. word is as sock_state's, which makes each flow's
+ * release happen once. */
+#define UDP_FLOWS 8
+#define FLOW_CONNECTED 1 /* udp_flow.flags: the flow of connect(), which does not idle out */
+
+struct udp_flow {
+	__u64 word;
+	__u32 rule;
+	__u32 gen;
+	__u64 active_ns; /* bpf_ktime_get_coarse_ns: a datagram egressd last saw go or come */
+	__u8 addr[16];
+	__u16 port;
+	__u8 flags;
+	__u8 _pad[5];
+};
+
+struct udp_sock {
+	__u64 sk; /* the socket's address, as sock_state.sk */
+	struct udp_flow flows[UDP_FLOWS];
+};
+
 /* A run of refusals of one process to one destination by one rule, on one
  * CPU. A cache line. */
 struct refusal_note {
@@ -256,9 +297,11 @@ struct refusal_note {
 	__u32 gen;
 	__u16 port;
 	__u8 shape;
-	__u8 shadow;
+	__u8 shadow; /* NOTE_SHADOW, NOTE_UDP */
 	__u8 addr[16];
 };
+#define NOTE_SHADOW 2 /* would have been refused; admitted in shadow mode (RULE_F_SHADOW, as builds before wrote it) */
+#define NOTE_UDP 4    /* a UDP flow's (a send or a connect()), not a TCP connection's */
 
 /* A CPU's run in progress; it goes into refusal_log when another starts.
  * Two cache lines, so that CPUs do not share one. */
@@ -302,6 +345,7 @@ enum rec_what {
 	REC_AWAITING = 2, /* and a request is in flight */
 	REC_FREED = 4,	  /* its socket was freed holding a slot, which the sweep gave back */
 	REC_REMARKED = 8, /* the marks another program took off are back */
+	REC_EXPIRED = 16, /* a UDP flow idle for longer than its idle time, which the sweep ended */
 };
 
 /* A state for the recount's sweep to look at: user space sets cookie and
@@ -309,12 +353,17 @@ enum rec_what {
  * overflow table's others, which it removes if their socket was freed. */
 struct sweep_item {
 	__u64 cookie;
-	__u32 idx; /* its sock_table entry; SWEEP_OVERFLOW: its sock_overflow entry */
+	/* its sock_table entry; SWEEP_OVERFLOW: its sock_overflow entry;
+	 * SWEEP_UDP | i: flow i of its udp_socks entry, SWEEP_UDP |
+	 * UDP_FLOWS: that entry, which goes if its socket was freed */
+	__u32 idx;
 	__u32 what; /* enum rec_what; 0: not held (any more) */
 	__u32 rule;
 	__u32 gen;
+	__u64 idle_ns; /* a UDP flow's idle time; 0: none */
 };
 #define SWEEP_OVERFLOW 0xffffffffu
+#define SWEEP_UDP 0x80000000u
 
 /* sweep_args is egressd_sweep's context. */
 struct sweep_args {
@@ -346,6 +395,8 @@ const struct sample *unused_sample __attribute__((unused));
 const struct iter_rec *unused_iter_rec __attribute__((unused));
 const struct sweep_item *unused_sweep_item __attribute__((unused));
 const struct sweep_args *unused_sweep_args __attribute__((unused));
+const struct udp_sock *unused_udp_sock __attribute__((unused));
+const enum proto *unused_proto __attribute__((unused));
 const struct sock_state *unused_sock_state __attribute__((unused));
 const struct merge_args *unused_merge_args __attribute__((unused));
 const enum shape *unused_shape __attribute__((unused));
@@ -404,7 +455,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } scopes SEC(".maps");
 
-/* bit p set: some rule names port p */
+/* bit p set: some TCP rule names port p */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 65536 / 64);
@@ -412,6 +463,15 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ports SEC(".maps");
+
+/* bit p set: some UDP rule names port p */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536 / 64);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} udp_ports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -489,6 +549,18 @@ struct {
 	__type(value, struct sock_state);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_overflow SEC(".maps");
+
+/* The flows of UDP sockets, by cookie: an entry from a socket's first flow
+ * a rule admitted to its release. The loader sets max_entries; a flow
+ * admitted when it is full goes untracked. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 16);
+	__type(key, __u64);
+	__type(value, struct udp_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} udp_socks SEC(".maps");
 
 /* Where builds before put those states; kept so that their sockets are
  * still found. */
@@ -805,12 +877,20 @@ static __always_inline long lookup_class(struct rule_key *key, __u32 cls, int c,
 	return -1;
 }
 
-static __always_inline int port_has_rules(__u32 port)
+static __always_inline int port_has_rules(__u32 port, int proto)
 {
 	__u32 word = port / 64;
-	__u64 *bits = bpf_map_lookup_elem(&ports, &word);
+	__u64 *bits = bpf_map_lookup_elem(proto == PROTO_UDP ? (void *)&udp_ports : (void *)&ports, &word);
 
 	return bits && (*bits & (1ULL << (port % 64)));
+}
+
+/* DNS (53) and DNS over TLS (853) are limited only by rules that name the
+ * port: a rule on any port of an address that is also the host's resolver
+ * must not keep names from resolving. */
+static __always_inline int dns_port(__u32 port)
+{
+	return port == 53 || port == 853;
 }
 
 /* scope_walk carries find_rule's scoped lookups through bpf_loop: one
@@ -820,7 +900,8 @@ struct scope_walk {
 	struct rule_key key;
 	__u32 classes;
 	__u32 levels;
-	__u32 port;
+	__u32 port; /* with the protocol above it, as in rule_key */
+	__u32 shift; /* the protocol's classes in scopes' values */
 	long slot;
 };
 
@@ -836,10 +917,10 @@ static long scope_step(__u64 i, struct scope_walk *w)
 	__u32 *cls = bpf_map_lookup_elem(&scopes, &id);
 	if (!cls)
 		return 0;
-	__u32 c = *cls & w->classes;
+	__u32 c = (*cls >> (w->shift & 31)) & w->classes;
 	long slot = lookup_class(&w->key, c, CLASS_SCOPED_PORT, id, w->port);
 	if (slot < 0)
-		slot = lookup_class(&w->key, c, CLASS_SCOPED_ANY, id, 0);
+		slot = lookup_class(&w->key, c, CLASS_SCOPED_ANY, id, w->port & ~0xffffu);
 	if (slot < 0)
 		return 0;
 	w->slot = slot;
@@ -848,28 +929,32 @@ static long scope_step(__u64 i, struct scope_walk *w)
 
 /* Most specific first: a deeper scope over a shallower one over host-wide,
  * a port over any port, and within each the longest prefix (a whole
- * address in rule_exact over the trie's prefixes). The scope is the cgroup
- * of the process calling connect(); cgroup/connect programs cannot read
- * the socket's own cgroup, which differs only for a socket created before
- * its process moved. */
-static __always_inline long find_rule(struct rule_key *key, const struct datapath_config *cfg)
+ * address in rule_exact over the trie's prefixes), among the rules of the
+ * protocol. The scope is the cgroup of the process calling connect() or
+ * sending; these programs cannot read the socket's own cgroup, which
+ * differs only for a socket created before its process moved. */
+static __always_inline long find_rule(struct rule_key *key, const struct datapath_config *cfg, int proto)
 {
 	__u32 port = key->port;
-	__u32 classes = cfg->classes;
+	__u32 shift = proto * CLASS_BITS;
+	__u32 classes = (cfg->classes >> (shift & 31)) & CLASS_MASK;
+	__u32 tagged = port | (__u32)proto << PROTO_SHIFT, any = (__u32)proto << PROTO_SHIFT;
 	long slot;
 
-	if (!((classes & PORT_CLASSES) && port_has_rules(port)))
+	if (!((classes & PORT_CLASSES) && port_has_rules(port, proto)))
 		classes &= ~PORT_CLASSES;
+	if (dns_port(port))
+		classes &= ~ANYPORT_CLASSES;
 	if (classes & SCOPED_CLASSES) {
-		struct scope_walk w = {.key = *key, .classes = classes, .levels = cfg->scope_levels, .port = port, .slot = -1};
+		struct scope_walk w = {.key = *key, .classes = classes, .levels = cfg->scope_levels, .port = tagged, .shift = shift, .slot = -1};
 
 		bpf_loop(MAX_SCOPE_LEVEL, scope_step, &w, 0);
 		if (w.slot >= 0)
 			return w.slot;
 	}
-	if ((slot = lookup_class(key, classes, CLASS_HOST_PORT, 0, port)) >= 0)
+	if ((slot = lookup_class(key, classes, CLASS_HOST_PORT, 0, tagged)) >= 0)
 		return slot;
-	return lookup_class(key, classes, CLASS_HOST_ANY, 0, 0);
+	return lookup_class(key, classes, CLASS_HOST_ANY, 0, any);
 }
 
 /* Token bucket: returns 0 to admit, else the nanoseconds to the next token. */
@@ -985,7 +1070,7 @@ static __always_inline int same_addr(const __u8 *a, const __u8 *b)
  * (the rule's counts do not). A run's seq is 0 while it is written and set
  * last, with a barrier, for user space reading along. */
 static __always_inline void note_refusal(const struct rule_key *key, __u16 port, __u32 slot,
-					 const struct rule *r, __u64 now, __u64 wait, int shadow)
+					 const struct rule *r, __u64 now, __u64 wait, __u8 shadow)
 {
 	__u32 cpu = bpf_get_smp_processor_id();
 	struct refusal_run *run = bpf_map_lookup_elem(&refusal_runs, &cpu);
@@ -1089,46 +1174,43 @@ static __always_inline void unhold(struct sock_state *ss, __u64 cookie)
 	__sync_lock_test_and_set(&ss->word, cookie << 2);
 }
 
-static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key *key)
+/* active_rule finds the rule of proto that applies to a new connection or
+ * flow to key, with its state; -1 if none does, or if a program that ran
+ * before this one (another datapath's, on a cgroup below) refused: the
+ * call fails whatever this one says, so it takes nothing and counts
+ * nothing. The lookups write the port of each class they try into the
+ * key. */
+static __always_inline long active_rule(struct rule_key *key, int proto, struct rule **rp, struct rule_state **stp)
 {
-	struct bpf_sock *sk = ctx->sk;
-	struct sock_state *own = 0;
-	__u64 cookie = 0;
-
-	if (!sk)
-		return 1;
-	int flags = cb_flags(sk);
-	/* connect() runs this hook only on an unconnected socket, so a slot
-	 * still held belongs to an attempt that already failed. Found by the
-	 * cookie, not the mark, which another program may have cleared. */
-	cookie = cookie_of(sk);
-	if (cookie) {
-		own = find_state(sk, cookie, flags);
-		if (own)
-			release(own, cookie, (__u64)sk);
-	}
-
 	struct datapath_config *cfg = get_config();
+
 	if (!cfg || !cfg->classes)
-		return 1;
-	/* The lookups write the port of each class they try into the key. */
-	__u16 port = key->port;
-	long found = find_rule(key, cfg);
+		return -1;
+	long found = find_rule(key, cfg, proto);
 	if (found < 0)
-		return 1;
+		return -1;
 	__u32 slot = found;
 	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 	if (!r || !(r->flags & RULE_F_ACTIVE))
-		return 1;
+		return -1;
 	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
 	if (!st)
-		return 1;
-	/* A program that ran before this one (another datapath's, on a cgroup
-	 * below) refused: connect() fails whatever this one says, so it takes
-	 * nothing and counts nothing. */
+		return -1;
 	if (bpf_get_retval() < 0)
-		return 1;
+		return -1;
+	*rp = r;
+	*stp = st;
+	return slot;
+}
 
+/* take_slot runs the rule's shape for one new TCP connection or UDP flow
+ * to port: 1 if it takes a slot (counted live; the caller gives it back
+ * if it can keep no state for it), 0 if it refuses (counted and noted,
+ * the rule's errno set). In shadow mode a refusal is noted and the slot
+ * taken. */
+static __always_inline int take_slot(struct rule_key *key, __u16 port, __u32 slot, struct rule *r,
+				     struct rule_state *st, int proto)
+{
 	/* The clock only where the shape needs it, or at a refusal: a read
 	 * costs about 0.1 us here, a tenth of an admission. */
 	__u64 now = 0;
@@ -1177,20 +1259,51 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 			__sync_fetch_and_add(&st->live, 1);
 		break;
 	default:
-		return 1;
+		return 0;
 	}
 
 	if (refuse) {
 		if (!now)
 			now = bpf_ktime_get_ns();
 		count(st, shadow ? COUNTER_SHADOW_REFUSED : COUNTER_REFUSED, 1);
-		note_refusal(key, port, slot, r, now, wait, shadow);
+		note_refusal(key, port, slot, r, now, wait, (shadow ? NOTE_SHADOW : 0) | (proto == PROTO_UDP ? NOTE_UDP : 0));
 		if (!shadow) {
 			if (r->refuse_errno)
 				bpf_set_retval(-(int)r->refuse_errno);
 			return 0;
 		}
 	}
+	return 1;
+}
+
+static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key *key)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sock_state *own = 0;
+	__u64 cookie = 0;
+
+	if (!sk)
+		return 1;
+	int flags = cb_flags(sk);
+	/* connect() runs this hook only on an unconnected socket, so a slot
+	 * still held belongs to an attempt that already failed. Found by the
+	 * cookie, not the mark, which another program may have cleared. */
+	cookie = cookie_of(sk);
+	if (cookie) {
+		own = find_state(sk, cookie, flags);
+		if (own)
+			release(own, cookie, (__u64)sk);
+	}
+
+	__u16 port = key->port;
+	struct rule *r;
+	struct rule_state *st;
+	long found = active_rule(key, PROTO_TCP, &r, &st);
+	if (found < 0)
+		return 1;
+	__u32 slot = found;
+	if (!take_slot(key, port, slot, r, st, PROTO_TCP))
+		return 0;
 
 	/* Admitted: the socket takes its state only now. */
 	if (!cookie)
@@ -1221,41 +1334,340 @@ static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct rule_key
 	return 1;
 }
 
+/* give_back gives a UDP flow's slot back; every path calls this, only the
+ * first caller does anything (as release, for a socket's state). Returns
+ * 1 if this call gave a slot back to its rule. */
+static __always_inline int give_back(struct udp_flow *f, __u64 cookie)
+{
+	__u64 held = cookie << 2 | SS_HELD;
+	__u32 slot = f->rule, gen = f->gen;
+
+	if (f->word != held || __sync_val_compare_and_swap(&f->word, held, cookie << 2) != held)
+		return 0;
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	if (!r || r->gen != gen)
+		return 0;
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+	if (!st)
+		return 0;
+	__sync_fetch_and_add(&st->live, -1);
+	count(st, COUNTER_RELEASED, 1);
+	return 1;
+}
+
+/* udp_dest reports whether f is the flow to addr and port. */
+static __always_inline int udp_dest(const struct udp_flow *f, const __u8 *addr, __u16 port)
+{
+	return f->port == port && same_addr(f->addr, addr);
+}
+
+/* udp_walk carries a scan of a socket's flows through bpf_loop. */
+struct udp_walk {
+	struct udp_sock *us;
+	__u64 cookie;
+	__u8 addr[16];
+	__u16 port;
+	__u8 give_back; /* give back what the scan passes (see udp_scan) */
+	__u8 connected; /* the socket is connected: keep its connect() flow */
+	int found;	/* the flow to addr:port */
+	int free;	/* a flow that holds nothing */
+	int oldest;	/* the flow idle longest, of those not connect()'s */
+	__u64 oldest_ns;
+};
+
+/* udp_step looks at flow i: the one to the walk's destination, one that
+ * holds nothing, the one idle longest. With give_back set it gives back
+ * every flow's slot (the socket's release); otherwise that of a connect()
+ * flow of a socket no longer connected (a connect(AF_UNSPEC), which runs
+ * no hook). */
+static long udp_step(__u64 i, struct udp_walk *w)
+{
+	if (i >= UDP_FLOWS)
+		return 1;
+	struct udp_flow *f = &w->us->flows[i];
+	__u64 held = w->cookie << 2 | SS_HELD;
+
+	if (w->give_back || ((f->flags & FLOW_CONNECTED) && !w->connected)) {
+		give_back(f, w->cookie);
+		if (w->give_back)
+			return 0;
+	}
+	if (f->word != held) {
+		if (w->free < 0)
+			w->free = i;
+		return 0;
+	}
+	if (w->found < 0 && !(f->flags & FLOW_CONNECTED) && udp_dest(f, w->addr, w->port))
+		w->found = i;
+	if (!(f->flags & FLOW_CONNECTED) && (w->oldest < 0 || f->active_ns < w->oldest_ns)) {
+		w->oldest = i;
+		w->oldest_ns = f->active_ns;
+	}
+	return 0;
+}
+
+/* What a UDP socket's entry starts as. */
+const struct udp_sock empty_udp_sock = {};
+
+/* udp_flow_of returns flow i of us; none for a negative i. */
+static __always_inline struct udp_flow *udp_flow_of(struct udp_sock *us, int i)
+{
+	__u32 k = i;
+
+	if (k >= UDP_FLOWS)
+		return 0;
+	return &us->flows[k & (UDP_FLOWS - 1)];
+}
+
+/* udp_admit runs a rule for a new UDP flow of the socket, to key's
+ * destination, and gives it a place among the socket's flows: one that
+ * holds nothing, else the one idle longest, whose slot it gives back (its
+ * next datagram is a new flow). Returns 0 if refused. */
+static __always_inline int udp_admit(struct bpf_sock_addr *ctx, struct rule_key *key, __u64 cookie,
+				     struct udp_sock *us, struct udp_walk *w, __u8 flags)
+{
+	__u16 port = key->port;
+	struct rule *r;
+	struct rule_state *st;
+	long found = active_rule(key, PROTO_UDP, &r, &st);
+	if (found < 0)
+		return 1;
+	__u32 slot = found;
+	if (!take_slot(key, port, slot, r, st, PROTO_UDP))
+		return 0;
+
+	if (!cookie)
+		cookie = bpf_get_socket_cookie(ctx);
+	if (!us) {
+		bpf_map_update_elem(&udp_socks, &cookie, &empty_udp_sock, BPF_NOEXIST);
+		us = bpf_map_lookup_elem(&udp_socks, &cookie);
+		if (us)
+			us->sk = (__u64)ctx->sk;
+		w->free = 0;
+		w->oldest = -1;
+	}
+	struct udp_flow *f = 0;
+	if (us) {
+		int i = w->free >= 0 ? w->free : w->oldest;
+
+		f = udp_flow_of(us, i);
+		if (f && w->free < 0)
+			give_back(f, cookie);
+	}
+	if (!f) {
+		/* Fail open rather than refuse for want of memory. */
+		__sync_fetch_and_add(&st->live, -1);
+		count(st, COUNTER_UNTRACKED, 1);
+		return 1;
+	}
+	f->rule = slot;
+	f->gen = r->gen;
+	f->active_ns = bpf_ktime_get_coarse_ns();
+	__builtin_memcpy(f->addr, key->addr, sizeof(f->addr));
+	f->port = port;
+	f->flags = flags;
+	__sync_lock_test_and_set(&f->word, cookie << 2 | SS_HELD);
+	count(st, COUNTER_ADMITTED, 1);
+	return 1;
+}
+
+/* on_udp_connect admits a connected UDP socket's flow: the one it had
+ * before (an earlier connect()) ends, the new one is admitted or refused
+ * as a TCP connection is. It ends at the next connect(), the socket's
+ * release, or, after a connect(AF_UNSPEC) (which runs no hook), at the
+ * socket's next send to an address, or its release. */
+static __always_inline int on_udp_connect(struct bpf_sock_addr *ctx, struct rule_key *key)
+{
+	struct bpf_sock *sk = ctx->sk;
+
+	if (!sk)
+		return 1;
+	__u64 cookie = cookie_of(sk);
+	struct udp_sock *us = cookie ? bpf_map_lookup_elem(&udp_socks, &cookie) : 0;
+	struct udp_walk w = {.us = us, .cookie = cookie, .free = -1, .found = -1, .oldest = -1};
+
+	if (us)
+		bpf_loop(UDP_FLOWS, udp_step, &w, 0);
+	return udp_admit(ctx, key, cookie, us, &w, FLOW_CONNECTED);
+}
+
+/* on_sendmsg runs for a datagram sent to an address (unconnected UDP, as
+ * most QUIC stacks send): the first to a destination opens the socket's
+ * flow to it, admitted or refused; the later ones only say it is active. */
+static __always_inline int on_sendmsg(struct bpf_sock_addr *ctx, struct rule_key *key)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct datapath_config *cfg = get_config();
+
+	if (!sk || !cfg)
+		return 1;
+	/* Sends no UDP rule could limit cost a test or two. */
+	__u32 udp = cfg->classes >> CLASS_BITS & CLASS_MASK;
+	__u16 port = key->port;
+	if (!udp)
+		return 1;
+	if (!((udp & ANYPORT_CLASSES) && !dns_port(port)) && !((udp & PORT_CLASSES) && port_has_rules(port, PROTO_UDP)))
+		return 1;
+	__u64 cookie = cookie_of(sk);
+	struct udp_sock *us = cookie ? bpf_map_lookup_elem(&udp_socks, &cookie) : 0;
+	struct udp_walk w = {.us = us, .cookie = cookie, .port = port, .free = -1, .found = -1, .oldest = -1};
+
+	if (us) {
+		w.connected = sk->state == BPF_TCP_ESTABLISHED_STATE;
+		__builtin_memcpy(w.addr, key->addr, sizeof(w.addr));
+		bpf_loop(UDP_FLOWS, udp_step, &w, 0);
+		struct udp_flow *f = udp_flow_of(us, w.found);
+		if (f) {
+			/* A flow of a rule deleted or replaced since is counted
+			 * anew. */
+			__u32 slot = f->rule;
+			struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+
+			if (r && r->gen == f->gen) {
+				f->active_ns = bpf_ktime_get_coarse_ns();
+				return 1;
+			}
+			give_back(f, cookie);
+			w.free = w.found;
+		}
+	}
+	return udp_admit(ctx, key, cookie, us, &w, 0);
+}
+
+/* on_recvmsg runs for a datagram received with its source asked for:
+ * the flow to that source is active. */
+static __always_inline int on_recvmsg(struct bpf_sock_addr *ctx, struct rule_key *key)
+{
+	struct bpf_sock *sk = ctx->sk;
+
+	if (!sk)
+		return 1;
+	__u64 cookie = cookie_of(sk);
+	struct udp_sock *us = cookie ? bpf_map_lookup_elem(&udp_socks, &cookie) : 0;
+	if (!us)
+		return 1;
+	struct udp_walk w = {.us = us, .cookie = cookie, .port = key->port, .connected = 1, .free = -1, .found = -1, .oldest = -1};
+
+	__builtin_memcpy(w.addr, key->addr, sizeof(w.addr));
+	bpf_loop(UDP_FLOWS, udp_step, &w, 0);
+	struct udp_flow *f = udp_flow_of(us, w.found);
+	if (f)
+		f->active_ns = bpf_ktime_get_coarse_ns();
+	return 1;
+}
+
+/* key4 and key6 are the rule key of a sock_addr hook's address. */
+static __always_inline void key4(struct rule_key *key, struct bpf_sock_addr *ctx)
+{
+	__u32 ip = ctx->user_ip4;
+
+	key->prefixlen = RULE_KEY_FULL_BITS;
+	key->addr[10] = 0xff;
+	key->addr[11] = 0xff;
+	__builtin_memcpy(&key->addr[12], &ip, 4);
+	key->port = bpf_ntohs((__u16)ctx->user_port);
+}
+
+static __always_inline void key6(struct rule_key *key, struct bpf_sock_addr *ctx)
+{
+	__u32 w;
+
+	key->prefixlen = RULE_KEY_FULL_BITS;
+	w = ctx->user_ip6[0];
+	__builtin_memcpy(&key->addr[0], &w, 4);
+	w = ctx->user_ip6[1];
+	__builtin_memcpy(&key->addr[4], &w, 4);
+	w = ctx->user_ip6[2];
+	__builtin_memcpy(&key->addr[8], &w, 4);
+	w = ctx->user_ip6[3];
+	__builtin_memcpy(&key->addr[12], &w, 4);
+	key->port = bpf_ntohs((__u16)ctx->user_port);
+}
+
+static __always_inline int is_tcp(struct bpf_sock_addr *ctx)
+{
+	return ctx->type == SOCK_STREAM && ctx->protocol == IPPROTO_TCP;
+}
+
+static __always_inline int is_udp(struct bpf_sock_addr *ctx)
+{
+	return ctx->type == SOCK_DGRAM && ctx->protocol == IPPROTO_UDP;
+}
+
 SEC("cgroup/connect4")
 int egressd_connect4(struct bpf_sock_addr *ctx)
 {
-	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
-		return 1;
 	struct rule_key key = {};
-	__u32 ip = ctx->user_ip4;
 
-	key.prefixlen = RULE_KEY_FULL_BITS;
-	key.addr[10] = 0xff;
-	key.addr[11] = 0xff;
-	__builtin_memcpy(&key.addr[12], &ip, 4);
-	key.port = bpf_ntohs((__u16)ctx->user_port);
-	return on_connect(ctx, &key);
+	if (is_tcp(ctx)) {
+		key4(&key, ctx);
+		return on_connect(ctx, &key);
+	}
+	if (is_udp(ctx)) {
+		key4(&key, ctx);
+		return on_udp_connect(ctx, &key);
+	}
+	return 1;
 }
 
 SEC("cgroup/connect6")
 int egressd_connect6(struct bpf_sock_addr *ctx)
 {
-	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
-		return 1;
 	struct rule_key key = {};
-	__u32 w;
 
-	key.prefixlen = RULE_KEY_FULL_BITS;
-	w = ctx->user_ip6[0];
-	__builtin_memcpy(&key.addr[0], &w, 4);
-	w = ctx->user_ip6[1];
-	__builtin_memcpy(&key.addr[4], &w, 4);
-	w = ctx->user_ip6[2];
-	__builtin_memcpy(&key.addr[8], &w, 4);
-	w = ctx->user_ip6[3];
-	__builtin_memcpy(&key.addr[12], &w, 4);
-	key.port = bpf_ntohs((__u16)ctx->user_port);
-	return on_connect(ctx, &key);
+	if (is_tcp(ctx)) {
+		key6(&key, ctx);
+		return on_connect(ctx, &key);
+	}
+	if (is_udp(ctx)) {
+		key6(&key, ctx);
+		return on_udp_connect(ctx, &key);
+	}
+	return 1;
+}
+
+SEC("cgroup/sendmsg4")
+int egressd_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	struct rule_key key = {};
+
+	if (!is_udp(ctx))
+		return 1;
+	key4(&key, ctx);
+	return on_sendmsg(ctx, &key);
+}
+
+SEC("cgroup/sendmsg6")
+int egressd_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	struct rule_key key = {};
+
+	if (!is_udp(ctx))
+		return 1;
+	key6(&key, ctx);
+	return on_sendmsg(ctx, &key);
+}
+
+SEC("cgroup/recvmsg4")
+int egressd_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	struct rule_key key = {};
+
+	if (!is_udp(ctx))
+		return 1;
+	key4(&key, ctx);
+	return on_recvmsg(ctx, &key);
+}
+
+SEC("cgroup/recvmsg6")
+int egressd_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	struct rule_key key = {};
+
+	if (!is_udp(ctx))
+		return 1;
+	key6(&key, ctx);
+	return on_recvmsg(ctx, &key);
 }
 
 /* Runs for every socket below the cgroup, five times per connection
@@ -1362,6 +1774,19 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
+/* A UDP socket's release ends its flows, and its entry of udp_socks goes. */
+static __always_inline int udp_release(__u64 cookie)
+{
+	struct udp_sock *us = bpf_map_lookup_elem(&udp_socks, &cookie);
+
+	if (!us)
+		return 1;
+	struct udp_walk w = {.us = us, .cookie = cookie, .give_back = 1, .free = -1, .found = -1, .oldest = -1};
+	bpf_loop(UDP_FLOWS, udp_step, &w, 0);
+	bpf_map_delete_elem(&udp_socks, &cookie);
+	return 1;
+}
+
 /* Every socket with a cookie is looked for, whatever its flags: a socket
  * another program took the mark off still holds its slot. Its overflow
  * entry, if it has one, goes with it: a socket closing connects no more,
@@ -1369,12 +1794,16 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 SEC("cgroup/sock_release")
 int egressd_sock_release(struct bpf_sock *sk)
 {
-	if (sk->type != SOCK_STREAM || sk->protocol != IPPROTO_TCP)
+	int udp = sk->type == SOCK_DGRAM && sk->protocol == IPPROTO_UDP;
+
+	if (!udp && (sk->type != SOCK_STREAM || sk->protocol != IPPROTO_TCP))
 		return 1;
 	__u64 cookie = cookie_of(sk);
 
 	if (!cookie)
 		return 1;
+	if (udp)
+		return udp_release(cookie);
 	struct sock_state *ss = find_state(sk, cookie, cb_flags(bpf_cast_to_kern_ctx(sk)));
 
 	if (!ss)
@@ -1542,6 +1971,47 @@ static __always_inline int sock_alive(__u64 addr, __u64 cookie)
 	return refs > 0;
 }
 
+/* sweep_flow looks at flow i of the socket with cookie, or with i
+ * UDP_FLOWS at its entry: a flow of a socket freed is given back (and the
+ * entry removed), one idle longer than idle_ns ends; otherwise it counts. */
+static __always_inline void sweep_flow(struct sweep_item *it, __u64 cookie, __u32 i)
+{
+	struct udp_sock *us = bpf_map_lookup_elem(&udp_socks, &cookie);
+
+	if (!us)
+		return;
+	__u64 addr = us->sk;
+	int freed = addr && !sock_alive(addr, cookie);
+	if (i >= UDP_FLOWS) {
+		if (freed) {
+			struct udp_walk w = {.us = us, .cookie = cookie, .give_back = 1, .free = -1, .found = -1, .oldest = -1};
+
+			bpf_loop(UDP_FLOWS, udp_step, &w, 0);
+			bpf_map_delete_elem(&udp_socks, &cookie);
+		}
+		return;
+	}
+	struct udp_flow *f = &us->flows[i];
+	__u64 w = *(volatile __u64 *)&f->word;
+	if (w != (cookie << 2 | SS_HELD))
+		return;
+	it->rule = f->rule;
+	it->gen = f->gen;
+	if (freed) {
+		if (give_back(f, cookie))
+			it->what = REC_FREED;
+		return;
+	}
+	__u64 idle = it->idle_ns;
+	/* The flows' coarse clock is CLOCK_MONOTONIC's, a tick behind. */
+	if (idle && !(f->flags & FLOW_CONNECTED) && bpf_ktime_get_ns() - f->active_ns > idle) {
+		if (give_back(f, cookie))
+			it->what = REC_EXPIRED;
+		return;
+	}
+	it->what = REC_HELD;
+}
+
 static long sweep_one(__u64 i, void *unused)
 {
 	__u32 k = i;
@@ -1551,10 +2021,14 @@ static long sweep_one(__u64 i, void *unused)
 		return 1;
 	__u64 cookie = it->cookie;
 	__u32 idx = it->idx;
+	it->what = 0;
+	if (idx != SWEEP_OVERFLOW && (idx & SWEEP_UDP)) {
+		sweep_flow(it, cookie, idx & ~SWEEP_UDP);
+		return 0;
+	}
 	int overflow = idx == SWEEP_OVERFLOW;
 	struct sock_state *ss = overflow ? bpf_map_lookup_elem(&sock_overflow, &cookie)
 					 : bpf_map_lookup_elem(&sock_table, &idx);
-	it->what = 0;
 	if (!ss)
 		return 0;
 	/* The word first: an address read after a word held is its holder's,

@@ -72,6 +72,65 @@ var allowedErrnos = map[syscall.Errno]bool{
 	syscall.ENETUNREACH:  true,
 }
 
+// Protocols are the transports a rule counts: TCP connections, UDP flows
+// (a socket and one destination), or both, from one budget. The zero value
+// is TCP alone, which every rule counted before UDP was.
+type Protocols uint8
+
+const (
+	ProtoTCP Protocols = 1 << iota
+	ProtoUDP
+	// ProtoAll is every protocol a rule may count.
+	ProtoAll = ProtoTCP | ProtoUDP
+)
+
+// protocolNames is indexed by a protocol's bit.
+var protocolNames = [...]string{"tcp", "udp"}
+
+// String lists the protocols as a policy writes them, "tcp,udp".
+func (p Protocols) String() string {
+	var names []string
+	for i, name := range protocolNames {
+		if p.Normal()&(1<<i) != 0 {
+			names = append(names, name)
+		}
+	}
+	if unknown := p &^ ProtoAll; unknown != 0 {
+		names = append(names, fmt.Sprintf("protocols(%#x)", uint8(unknown)))
+	}
+	return strings.Join(names, ",")
+}
+
+// Normal is p with the zero value made TCP.
+func (p Protocols) Normal() Protocols {
+	if p == 0 {
+		return ProtoTCP
+	}
+	return p
+}
+
+// Has reports whether p counts q.
+func (p Protocols) Has(q Protocols) bool { return p.Normal()&q != 0 }
+
+// ParseProtocol returns the protocol a name (tcp, udp) stands for.
+func ParseProtocol(name string) (Protocols, bool) {
+	for i, n := range protocolNames {
+		if n == name {
+			return 1 << i, true
+		}
+	}
+	return 0, false
+}
+
+// DefaultFlowIdle is how long a UDP flow sent to an address may see no
+// datagram, by default, before it ends: conntrack's timeout for a UDP
+// flow that has seen datagrams both ways (nf_conntrack_udp_timeout_stream).
+// A flow's idle time is kept in whole seconds, up to MaxFlowIdle.
+const (
+	DefaultFlowIdle = 120 * time.Second
+	MaxFlowIdle     = 65535 * time.Second
+)
+
 // Scope limits a rule to the sockets of one cgroup and its descendants.
 // The zero Scope is host-wide: every socket below the attach cgroup.
 type Scope struct {
@@ -122,6 +181,12 @@ type Rule struct {
 	Samples bool
 	// Requests tracks in-flight requests on the rule's connections.
 	Requests bool
+	// Protocols are what the rule counts; the zero value is TCP alone.
+	Protocols Protocols
+	// FlowIdle ends a UDP flow sent to an address (not one of connect())
+	// that saw no datagram for it; 0 means DefaultFlowIdle. The recount
+	// ends such flows, so one ends within a recount period after.
+	FlowIdle time.Duration
 }
 
 // SameLimit reports whether r and o limit alike: the same shape and the
@@ -173,6 +238,11 @@ func (r Rule) WithDefaults() Rule {
 	if r.Errno == 0 {
 		r.Errno = syscall.EPERM
 	}
+	r.Protocols = r.Protocols.Normal()
+	if r.FlowIdle == 0 {
+		r.FlowIdle = DefaultFlowIdle
+	}
+	r.FlowIdle = r.FlowIdle.Truncate(time.Second)
 	return r
 }
 
@@ -259,6 +329,15 @@ func (r Rule) Validate() error {
 	}
 	if r.Errno != 0 && !allowedErrnos[r.Errno] {
 		add("errno %q is not one a refusal may use", r.Errno.Error())
+	}
+	if r.Protocols&^ProtoAll != 0 {
+		add("unknown protocols %#x", uint8(r.Protocols&^ProtoAll))
+	}
+	if r.Protocols.Has(ProtoUDP) && (r.Samples || r.Requests) {
+		add("latency samples and requests are measured on TCP connections: a rule that counts UDP takes neither")
+	}
+	if r.FlowIdle != 0 && (r.FlowIdle < time.Second || r.FlowIdle > MaxFlowIdle) {
+		add("flow idle time %v is outside %v..%v", r.FlowIdle, time.Second, MaxFlowIdle)
 	}
 	if len(problems) == 0 {
 		return nil

@@ -34,6 +34,19 @@ var (
 		{"ingress", ebpf.AttachCGroupInetIngress, func(o *egressdObjects) *ebpf.Program { return o.EgressdIngress }},
 		{"egress", ebpf.AttachCGroupInetEgress, func(o *egressdObjects) *ebpf.Program { return o.EgressdEgress }},
 	}
+	udpPrograms = []program{
+		{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(o *egressdObjects) *ebpf.Program { return o.EgressdRecvmsg4 }},
+		{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(o *egressdObjects) *ebpf.Program { return o.EgressdRecvmsg6 }},
+		{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(o *egressdObjects) *ebpf.Program { return o.EgressdSendmsg4 }},
+		{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(o *egressdObjects) *ebpf.Program { return o.EgressdSendmsg6 }},
+	}
+	// optionalPrograms attach only while some rule needs them, as
+	// uses.needs says: they run for every packet (requests), or every UDP
+	// datagram sent or received with an address (UDP flows), below the
+	// cgroup.
+	optionalPrograms = [optionalLen][]program{requestPrograms, udpPrograms}
+	// allPrograms are every program that attaches to the cgroup.
+	allPrograms = slices.Concat(connPrograms, requestPrograms, udpPrograms)
 )
 
 // attachAll attaches each program, or points an existing pinned link at
@@ -109,11 +122,16 @@ func (d *Datapath) detach(progs []program, adopting bool) error {
 	return errors.Join(errs...)
 }
 
-// syncRequestPrograms attaches the per-packet programs only while some
-// rule tracks requests: they run for every packet below the cgroup.
-func (d *Datapath) syncRequestPrograms(tracking int, adopting bool) error {
-	if tracking > 0 {
-		return d.attachAll(requestPrograms)
+// syncOptional attaches each set of optionalPrograms while need says some
+// rule needs it, and detaches it otherwise.
+func (d *Datapath) syncOptional(need [optionalLen]bool, adopting bool) error {
+	var errs []error
+	for set, progs := range optionalPrograms {
+		if need[set] {
+			errs = append(errs, d.attachAll(progs))
+		} else {
+			errs = append(errs, d.detach(progs, adopting))
+		}
 	}
-	return d.detach(requestPrograms, adopting)
+	return errors.Join(errs...)
 }

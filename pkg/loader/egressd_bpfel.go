@@ -76,6 +76,14 @@ type egressdMergeArgs struct {
 	HistBuckets  [2][28]uint64
 }
 
+type egressdProto uint32
+
+const (
+	egressdProtoPROTO_TCP egressdProto = 0
+	egressdProtoPROTO_UDP egressdProto = 1
+	egressdProtoPROTO_LEN egressdProto = 2
+)
+
 type egressdRecWhat uint32
 
 const (
@@ -83,6 +91,7 @@ const (
 	egressdRecWhatREC_AWAITING egressdRecWhat = 2
 	egressdRecWhatREC_FREED    egressdRecWhat = 4
 	egressdRecWhatREC_REMARKED egressdRecWhat = 8
+	egressdRecWhatREC_EXPIRED  egressdRecWhat = 16
 )
 
 type egressdRefusalNote struct {
@@ -219,6 +228,25 @@ type egressdSweepItem struct {
 	What   uint32
 	Rule   uint32
 	Gen    uint32
+	IdleNs uint64
+}
+
+type egressdUdpFlow struct {
+	_        structs.HostLayout
+	Word     uint64
+	Rule     uint32
+	Gen      uint32
+	ActiveNs uint64
+	Addr     [16]uint8
+	Port     uint16
+	Flags    uint8
+	Pad      [5]uint8
+}
+
+type egressdUdpSock struct {
+	_     structs.HostLayout
+	Sk    uint64
+	Flows [8]egressdUdpFlow
 }
 
 // Names of all BPF objects in the ELF.
@@ -243,16 +271,23 @@ const (
 	egressdMapSockStates          = "sock_states"
 	egressdMapSockTable           = "sock_table"
 	egressdMapSweep               = "sweep"
+	egressdMapUdpPorts            = "udp_ports"
+	egressdMapUdpSocks            = "udp_socks"
 	egressdMapWoken               = "woken"
 	egressdProgEgressdConnect4    = "egressd_connect4"
 	egressdProgEgressdConnect6    = "egressd_connect6"
 	egressdProgEgressdEgress      = "egressd_egress"
 	egressdProgEgressdIngress     = "egressd_ingress"
 	egressdProgEgressdMerge       = "egressd_merge"
+	egressdProgEgressdRecvmsg4    = "egressd_recvmsg4"
+	egressdProgEgressdRecvmsg6    = "egressd_recvmsg6"
 	egressdProgEgressdRemark      = "egressd_remark"
+	egressdProgEgressdSendmsg4    = "egressd_sendmsg4"
+	egressdProgEgressdSendmsg6    = "egressd_sendmsg6"
 	egressdProgEgressdSockRelease = "egressd_sock_release"
 	egressdProgEgressdSockops     = "egressd_sockops"
 	egressdProgEgressdSweep       = "egressd_sweep"
+	egressdVarEmptyUdpSock        = "empty_udp_sock"
 	egressdVarLogCpus             = "log_cpus"
 	egressdVarSockHotMask         = "sock_hot_mask"
 	egressdVarSockTableMask       = "sock_table_mask"
@@ -261,6 +296,7 @@ const (
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
 	egressdVarUnusedIterRec       = "unused_iter_rec"
 	egressdVarUnusedMergeArgs     = "unused_merge_args"
+	egressdVarUnusedProto         = "unused_proto"
 	egressdVarUnusedRecWhat       = "unused_rec_what"
 	egressdVarUnusedRefusalNote   = "unused_refusal_note"
 	egressdVarUnusedResponseCount = "unused_response_count"
@@ -272,6 +308,7 @@ const (
 	egressdVarUnusedSockState     = "unused_sock_state"
 	egressdVarUnusedSweepArgs     = "unused_sweep_args"
 	egressdVarUnusedSweepItem     = "unused_sweep_item"
+	egressdVarUnusedUdpSock       = "unused_udp_sock"
 )
 
 // loadEgressd returns the embedded CollectionSpec for egressd.
@@ -321,7 +358,11 @@ type egressdProgramSpecs struct {
 	EgressdEgress      *ebpf.ProgramSpec `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.ProgramSpec `ebpf:"egressd_ingress"`
 	EgressdMerge       *ebpf.ProgramSpec `ebpf:"egressd_merge"`
+	EgressdRecvmsg4    *ebpf.ProgramSpec `ebpf:"egressd_recvmsg4"`
+	EgressdRecvmsg6    *ebpf.ProgramSpec `ebpf:"egressd_recvmsg6"`
 	EgressdRemark      *ebpf.ProgramSpec `ebpf:"egressd_remark"`
+	EgressdSendmsg4    *ebpf.ProgramSpec `ebpf:"egressd_sendmsg4"`
+	EgressdSendmsg6    *ebpf.ProgramSpec `ebpf:"egressd_sendmsg6"`
 	EgressdSockRelease *ebpf.ProgramSpec `ebpf:"egressd_sock_release"`
 	EgressdSockops     *ebpf.ProgramSpec `ebpf:"egressd_sockops"`
 	EgressdSweep       *ebpf.ProgramSpec `ebpf:"egressd_sweep"`
@@ -349,6 +390,8 @@ type egressdMapSpecs struct {
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SockTable      *ebpf.MapSpec `ebpf:"sock_table"`
 	Sweep          *ebpf.MapSpec `ebpf:"sweep"`
+	UdpPorts       *ebpf.MapSpec `ebpf:"udp_ports"`
+	UdpSocks       *ebpf.MapSpec `ebpf:"udp_socks"`
 	Woken          *ebpf.MapSpec `ebpf:"woken"`
 }
 
@@ -356,6 +399,7 @@ type egressdMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressdVariableSpecs struct {
+	EmptyUdpSock        *ebpf.VariableSpec `ebpf:"empty_udp_sock"`
 	LogCpus             *ebpf.VariableSpec `ebpf:"log_cpus"`
 	SockHotMask         *ebpf.VariableSpec `ebpf:"sock_hot_mask"`
 	SockTableMask       *ebpf.VariableSpec `ebpf:"sock_table_mask"`
@@ -364,6 +408,7 @@ type egressdVariableSpecs struct {
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.VariableSpec `ebpf:"unused_merge_args"`
+	UnusedProto         *ebpf.VariableSpec `ebpf:"unused_proto"`
 	UnusedRecWhat       *ebpf.VariableSpec `ebpf:"unused_rec_what"`
 	UnusedRefusalNote   *ebpf.VariableSpec `ebpf:"unused_refusal_note"`
 	UnusedResponseCount *ebpf.VariableSpec `ebpf:"unused_response_count"`
@@ -375,6 +420,7 @@ type egressdVariableSpecs struct {
 	UnusedSockState     *ebpf.VariableSpec `ebpf:"unused_sock_state"`
 	UnusedSweepArgs     *ebpf.VariableSpec `ebpf:"unused_sweep_args"`
 	UnusedSweepItem     *ebpf.VariableSpec `ebpf:"unused_sweep_item"`
+	UnusedUdpSock       *ebpf.VariableSpec `ebpf:"unused_udp_sock"`
 }
 
 // egressdObjects contains all objects after they have been loaded into the kernel.
@@ -415,6 +461,8 @@ type egressdMaps struct {
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SockTable      *ebpf.Map `ebpf:"sock_table"`
 	Sweep          *ebpf.Map `ebpf:"sweep"`
+	UdpPorts       *ebpf.Map `ebpf:"udp_ports"`
+	UdpSocks       *ebpf.Map `ebpf:"udp_socks"`
 	Woken          *ebpf.Map `ebpf:"woken"`
 }
 
@@ -438,6 +486,8 @@ func (m *egressdMaps) Close() error {
 		m.SockStates,
 		m.SockTable,
 		m.Sweep,
+		m.UdpPorts,
+		m.UdpSocks,
 		m.Woken,
 	)
 }
@@ -446,6 +496,7 @@ func (m *egressdMaps) Close() error {
 //
 // It can be passed to loadEgressdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressdVariables struct {
+	EmptyUdpSock        *ebpf.Variable `ebpf:"empty_udp_sock"`
 	LogCpus             *ebpf.Variable `ebpf:"log_cpus"`
 	SockHotMask         *ebpf.Variable `ebpf:"sock_hot_mask"`
 	SockTableMask       *ebpf.Variable `ebpf:"sock_table_mask"`
@@ -454,6 +505,7 @@ type egressdVariables struct {
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.Variable `ebpf:"unused_merge_args"`
+	UnusedProto         *ebpf.Variable `ebpf:"unused_proto"`
 	UnusedRecWhat       *ebpf.Variable `ebpf:"unused_rec_what"`
 	UnusedRefusalNote   *ebpf.Variable `ebpf:"unused_refusal_note"`
 	UnusedResponseCount *ebpf.Variable `ebpf:"unused_response_count"`
@@ -465,6 +517,7 @@ type egressdVariables struct {
 	UnusedSockState     *ebpf.Variable `ebpf:"unused_sock_state"`
 	UnusedSweepArgs     *ebpf.Variable `ebpf:"unused_sweep_args"`
 	UnusedSweepItem     *ebpf.Variable `ebpf:"unused_sweep_item"`
+	UnusedUdpSock       *ebpf.Variable `ebpf:"unused_udp_sock"`
 }
 
 // egressdPrograms contains all programs after they have been loaded into the kernel.
@@ -476,7 +529,11 @@ type egressdPrograms struct {
 	EgressdEgress      *ebpf.Program `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.Program `ebpf:"egressd_ingress"`
 	EgressdMerge       *ebpf.Program `ebpf:"egressd_merge"`
+	EgressdRecvmsg4    *ebpf.Program `ebpf:"egressd_recvmsg4"`
+	EgressdRecvmsg6    *ebpf.Program `ebpf:"egressd_recvmsg6"`
 	EgressdRemark      *ebpf.Program `ebpf:"egressd_remark"`
+	EgressdSendmsg4    *ebpf.Program `ebpf:"egressd_sendmsg4"`
+	EgressdSendmsg6    *ebpf.Program `ebpf:"egressd_sendmsg6"`
 	EgressdSockRelease *ebpf.Program `ebpf:"egressd_sock_release"`
 	EgressdSockops     *ebpf.Program `ebpf:"egressd_sockops"`
 	EgressdSweep       *ebpf.Program `ebpf:"egressd_sweep"`
@@ -489,7 +546,11 @@ func (p *egressdPrograms) Close() error {
 		p.EgressdEgress,
 		p.EgressdIngress,
 		p.EgressdMerge,
+		p.EgressdRecvmsg4,
+		p.EgressdRecvmsg6,
 		p.EgressdRemark,
+		p.EgressdSendmsg4,
+		p.EgressdSendmsg6,
 		p.EgressdSockRelease,
 		p.EgressdSockops,
 		p.EgressdSweep,

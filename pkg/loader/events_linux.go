@@ -301,10 +301,25 @@ func (d *Datapath) refusal(n *egressdRefusalNote) Refusal {
 		Rule:       d.ruleName(n.Rule, n.Gen),
 		Dest:       netip.AddrPortFrom(netip.AddrFrom16(n.Addr).Unmap(), n.Port),
 		Shape:      Shape(n.Shape),
-		Shadow:     n.Shadow != 0,
+		Shadow:     n.Shadow&noteShadow != 0,
+		Protocol:   notedProtocol(n.Shadow),
 		RetryAfter: time.Duration(n.RetryAfterNs),
 		Count:      1,
 	}
+}
+
+// Bits of refusal_note.shadow; they mirror NOTE_* in egressd.c.
+const (
+	noteShadow = 2
+	noteUDP    = 4
+)
+
+// notedProtocol is the protocol a refusal note says it refused.
+func notedProtocol(bits uint8) Protocols {
+	if bits&noteUDP != 0 {
+		return ProtoUDP
+	}
+	return ProtoTCP
 }
 
 // logSlots is LOG_SLOTS of egressd.c: finished runs kept per CPU.

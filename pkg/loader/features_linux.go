@@ -201,12 +201,14 @@ func helperName(fn asm.BuiltinFunc) string {
 // syscall program, which is run (BPF_PROG_TEST_RUN), never attached.
 func probeAttach(p *ebpf.ProgramSpec) error {
 	prog, err := ebpf.NewProgramWithOptions(&ebpf.ProgramSpec{
-		Type:         p.Type,
-		AttachType:   p.AttachType,
-		AttachTo:     p.AttachTo,
-		Flags:        p.Flags, // a syscall program must be sleepable
-		License:      "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		Type:       p.Type,
+		AttachType: p.AttachType,
+		AttachTo:   p.AttachTo,
+		Flags:      p.Flags, // a syscall program must be sleepable
+		License:    "GPL",
+		// 1, which every hook takes: a recvmsg program may return
+		// nothing else.
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
 	}, ebpf.ProgramOptions{LogDisabled: true})
 	if errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("%w: load with attach type %s: %w", ErrNotSupported, p.AttachType, err)

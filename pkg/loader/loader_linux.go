@@ -212,7 +212,7 @@ func Open(cfg *Config) (*Datapath, error) {
 		d.closeFDs()
 		return nil, err
 	}
-	if err := d.syncRequestPrograms(d.t.uses.requests, true); err != nil {
+	if err := d.syncOptional(d.t.uses.needs(), true); err != nil {
 		d.closeFDs()
 		return nil, err
 	}
@@ -496,7 +496,7 @@ func (d *Datapath) Uninstall() error {
 		}
 		return nil
 	}
-	errs := []error{d.detach(requestPrograms, false), d.detach(connPrograms, false), d.closeFDs()}
+	errs := []error{d.detach(udpPrograms, false), d.detach(requestPrograms, false), d.detach(connPrograms, false), d.closeFDs()}
 	errs = append(errs, os.RemoveAll(d.cfg.PinDir))
 	return errors.Join(errs...)
 }

@@ -23,7 +23,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	privtest.Main(m, privtest.Role{Name: "datapath", Run: runDatapath})
+	privtest.Main(m, privtest.Role{Name: "datapath", Run: runDatapath}, privtest.Role{Name: "udpflows", Run: runUDPFlows})
 }
 
 // runDatapath is a daemon stand-in: it opens the datapath pinned at

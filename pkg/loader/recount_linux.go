@@ -62,10 +62,11 @@ func (d *Datapath) Recount() (map[string]Recount, error) {
 				continue
 			}
 			a.Freed += r.Freed
+			a.Expired += r.Expired
 			if r.Drift() > 0 && abs(a.Drift()) < r.Drift() {
 				r = a
 			}
-			r.Freed = a.Freed
+			r.Freed, r.Expired = a.Freed, a.Expired
 			out[name] = r
 		}
 	}
@@ -156,7 +157,7 @@ func (d *Datapath) recount() (map[string]Recount, error) {
 	if err != nil {
 		return nil, err
 	}
-	type tally struct{ live, inFlight, freed int64 }
+	type tally struct{ live, inFlight, freed, expired int64 }
 	counted := map[uint32]tally{}
 	err = d.sweepStates(func(it *egressdSweepItem) {
 		if d.slotGen(it.Rule) != it.Gen {
@@ -167,6 +168,8 @@ func (d *Datapath) recount() (map[string]Recount, error) {
 		switch {
 		case what&egressdRecWhatREC_FREED != 0:
 			t.freed++
+		case what&egressdRecWhatREC_EXPIRED != 0:
+			t.expired++
 		case what&egressdRecWhatREC_HELD != 0:
 			t.live++
 			if what&egressdRecWhatREC_AWAITING != 0 {
@@ -191,7 +194,7 @@ func (d *Datapath) recount() (map[string]Recount, error) {
 		out[d.t.slots[idx].rule.Name] = Recount{
 			Live: b.live, Counted: t.live, InFlight: st.InFlight, CountedInFlight: t.inFlight,
 			Admitted: int64(st.Admitted - b.admitted), Released: int64(st.Released - b.released),
-			Freed: t.freed,
+			Freed: t.freed, Expired: t.expired,
 		}
 	})
 	return out, err
@@ -244,8 +247,8 @@ func (d *Datapath) sweepStates(fn func(*egressdSweepItem)) error {
 		batch = batch[:0]
 		return nil
 	}
-	add := func(cookie uint64, idx uint32) error {
-		batch = append(batch, egressdSweepItem{Cookie: cookie, Idx: idx})
+	add := func(cookie uint64, idx uint32, idle time.Duration) error {
+		batch = append(batch, egressdSweepItem{Cookie: cookie, Idx: idx, IdleNs: uint64(idle)})
 		if len(batch) == cap(batch) {
 			return flush()
 		}
@@ -263,7 +266,7 @@ func (d *Datapath) sweepStates(fn func(*egressdSweepItem)) error {
 			if e.Word&ssHeld == 0 {
 				continue
 			}
-			if err := add(e.Word>>2, uint32(from+i)); err != nil {
+			if err := add(e.Word>>2, uint32(from+i), 0); err != nil {
 				return err
 			}
 		}
@@ -274,21 +277,60 @@ func (d *Datapath) sweepStates(fn func(*egressdSweepItem)) error {
 	var state egressdSockState
 	it := m.SockOverflow.Iterate()
 	for it.Next(&cookie, &state) {
-		if err := add(cookie, sweepOverflow); err != nil {
+		if err := add(cookie, sweepOverflow, 0); err != nil {
 			return err
 		}
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("read overflow table: %w", err)
 	}
+	// Each UDP socket's flows holding a slot, with their rule's idle
+	// time, and then the socket's entry, which goes if it was freed.
+	idle := d.flowIdles()
+	var us egressdUdpSock
+	it = m.UdpSocks.Iterate()
+	for it.Next(&cookie, &us) {
+		for i, f := range us.Flows {
+			if f.Word != cookie<<2|ssHeld {
+				continue
+			}
+			if err := add(cookie, sweepUDP|uint32(i), idle[slotGen{f.Rule, f.Gen}]); err != nil {
+				return err
+			}
+		}
+		if err := add(cookie, sweepUDP|uint32(len(us.Flows)), 0); err != nil {
+			return err
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read UDP sockets: %w", err)
+	}
 	return flush()
 }
 
+// slotGen names a rule's slot in one of its generations.
+type slotGen struct{ slot, gen uint32 }
+
+// flowIdles are the idle times of the UDP flows of each active rule that
+// counts them.
+func (d *Datapath) flowIdles() map[slotGen]time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[slotGen]time.Duration{}
+	for i, s := range d.t.slots {
+		if s.active && s.rule.Protocols.Has(ProtoUDP) {
+			out[slotGen{uint32(i), s.gen}] = s.rule.FlowIdle
+		}
+	}
+	return out
+}
+
 // Mirrors of egressd.c: a state's held bit, and the sweep's index of a
-// state in the overflow table.
+// state in the overflow table and of a UDP flow.
 const (
 	ssHeld        = 1
 	sweepOverflow = ^uint32(0)
+	sweepUDP      = 1 << 31
 )
 
 // walk runs an iterator program and hands fn each record of a state of a

@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 // readTable rebuilds the rule table from the kernel's maps: what the
@@ -49,12 +52,17 @@ func (d *Datapath) readTable() (*table, error) {
 			if int(idx) >= n || !t.slots[idx].active {
 				continue
 			}
+			// A rule of two protocols has each destination twice:
+			// its first protocol's keys say them.
+			r := &t.slots[idx].rule
+			if uint8(key.Port>>16) != firstProto(r.Protocols) {
+				continue
+			}
 			addr := netip.AddrFrom16(key.Addr)
 			bits := int(key.Prefixlen) - ruleKeyFixedBits
 			if addr.Is4In6() && bits >= 96 {
 				addr, bits = addr.Unmap(), bits-96
 			}
-			r := &t.slots[idx].rule
 			r.Dests = append(r.Dests, netip.PrefixFrom(addr, bits))
 		}
 		if err := it.Err(); err != nil {
@@ -75,15 +83,17 @@ func ruleFromKernel(kr *egressdRule, meta *egressdRuleMeta) Rule {
 		name = name[:i]
 	}
 	r := Rule{
-		Name:     string(name),
-		Port:     uint16(meta.Port),
-		Scope:    Scope{CgroupID: meta.Scope, Level: meta.ScopeLevel},
-		Shape:    Shape(kr.Shape),
-		Limit:    kr.Limit,
-		Shadow:   kr.Flags&flagShadow != 0,
-		Samples:  kr.Flags&flagSamples != 0,
-		Requests: kr.Flags&flagRequests != 0,
-		Errno:    syscall.Errno(kr.RefuseErrno),
+		Name:      string(name),
+		Port:      uint16(meta.Port),
+		Scope:     Scope{CgroupID: meta.Scope, Level: meta.ScopeLevel & 0xffff},
+		Protocols: Protocols(meta.Port >> 16).Normal(),
+		FlowIdle:  cmp.Or(time.Duration(meta.ScopeLevel>>16)*time.Second, kernelrule.DefaultFlowIdle),
+		Shape:     Shape(kr.Shape),
+		Limit:     kr.Limit,
+		Shadow:    kr.Flags&flagShadow != 0,
+		Samples:   kr.Flags&flagSamples != 0,
+		Requests:  kr.Flags&flagRequests != 0,
+		Errno:     syscall.Errno(kr.RefuseErrno),
 	}
 	switch r.Shape {
 	case ShapeConcurrency:
@@ -135,17 +145,35 @@ func encodeRule(r *Rule, gen, epoch uint32) egressdRule {
 	return kr
 }
 
+// kernel is the key as the kernel has it: the protocol above the port.
 func (k ruleKey) kernel() egressdRuleKey {
 	return egressdRuleKey{
 		Prefixlen: uint32(ruleKeyFixedBits + k.dest.Bits()),
-		Port:      uint32(k.port),
+		Port:      uint32(k.port) | uint32(k.proto)<<16,
 		Scope:     k.scope,
 		Addr:      k.dest.Addr().As16(),
 	}
 }
 
+// firstProto is the kernel's number of a rule's first protocol.
+func firstProto(p Protocols) uint8 {
+	for _, kp := range kernelProtos {
+		if p.Has(kp.bit) {
+			return kp.kernel
+		}
+	}
+	return 0
+}
+
+// encodeMeta keeps what the kernel's keys and rule do not say of r: the
+// protocols above the port and the flow idle time, in seconds, above the
+// scope level (builds before left both zero: TCP, the default idle).
 func encodeMeta(r Rule) egressdRuleMeta {
-	m := egressdRuleMeta{Scope: r.Scope.CgroupID, ScopeLevel: r.Scope.Level, Port: uint32(r.Port)}
+	m := egressdRuleMeta{
+		Scope:      r.Scope.CgroupID,
+		ScopeLevel: r.Scope.Level | uint32(r.FlowIdle/time.Second)<<16,
+		Port:       uint32(r.Port) | uint32(r.Protocols.Normal())<<16,
+	}
 	copy(m.Name[:], r.Name)
 	return m
 }
@@ -348,7 +376,7 @@ func (d *Datapath) reread() error {
 		return fmt.Errorf("read back: %w", err)
 	}
 	d.t = t
-	return errors.Join(d.syncHints(), d.syncRequestPrograms(d.t.uses.requests, false))
+	return errors.Join(d.syncHints(), d.syncOptional(d.t.uses.needs(), false))
 }
 
 // syncHints rewrites the kernel's lookup hints from the table, dropping
@@ -452,9 +480,9 @@ func (d *Datapath) write(w *writer, p *plan, want hints) error {
 			return err
 		}
 	}
-	if requests := d.t.requestsAfter(p); requests != d.t.uses.requests {
-		return w.do("request programs", func() error { return d.syncRequestPrograms(requests, false) },
-			func() error { return d.syncRequestPrograms(d.t.uses.requests, false) })
+	if need := d.t.needsAfter(p); need != d.t.uses.needs() {
+		return w.do("optional programs", func() error { return d.syncOptional(need, false) },
+			func() error { return d.syncOptional(d.t.uses.needs(), false) })
 	}
 	return nil
 }
@@ -563,9 +591,11 @@ func (d *Datapath) readHints() (hints, error) {
 	if err := it.Err(); err != nil {
 		return h, fmt.Errorf("read scopes: %w", err)
 	}
-	for i := range h.ports {
-		if err := d.objs.Ports.Lookup(uint32(i), &h.ports[i]); err != nil {
-			return h, fmt.Errorf("read ports: %w", err)
+	for proto, m := range d.portMaps() {
+		for i := range h.ports[proto] {
+			if err := m.Lookup(uint32(i), &h.ports[proto][i]); err != nil {
+				return h, fmt.Errorf("read ports: %w", err)
+			}
 		}
 	}
 	return h, nil
@@ -589,12 +619,14 @@ func (d *Datapath) writeHints(old, want hints, all bool) error {
 			return fmt.Errorf("write scope: %w", err)
 		}
 	}
-	for i, bits := range want.ports {
-		if old.ports[i] == bits && !all {
-			continue
-		}
-		if err := d.objs.Ports.Update(uint32(i), bits, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write ports: %w", err)
+	for proto, m := range d.portMaps() {
+		for i, bits := range want.ports[proto] {
+			if old.ports[proto][i] == bits && !all {
+				continue
+			}
+			if err := m.Update(uint32(i), bits, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("write ports: %w", err)
+			}
 		}
 	}
 	for id := range old.scopes {
@@ -610,6 +642,11 @@ func (d *Datapath) writeHints(old, want hints, all bool) error {
 		return fmt.Errorf("write config: %w", err)
 	}
 	return nil
+}
+
+// portMaps are the kernel's maps of the ports rules name, by protocol.
+func (d *Datapath) portMaps() [protoCount]*ebpf.Map {
+	return [protoCount]*ebpf.Map{d.objs.Ports, d.objs.UdpPorts}
 }
 
 func (d *Datapath) kernelConfig(h hints) egressdDatapathConfig {

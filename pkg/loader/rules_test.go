@@ -69,7 +69,7 @@ func TestRefusalErrnoAndEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Refusal{Time: e.Time, PID: uint32(os.Getpid()), Cgroup: cgID, Rule: "busy", Dest: srv, Shape: ShapeConcurrency, Count: 1}
+	want := Refusal{Time: e.Time, PID: uint32(os.Getpid()), Cgroup: cgID, Rule: "busy", Dest: srv, Shape: ShapeConcurrency, Protocol: ProtoTCP, Count: 1}
 	if e != want {
 		t.Fatalf("event %+v, want %+v", e, want)
 	}

@@ -4,7 +4,6 @@ package loader
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -272,7 +271,7 @@ func (d *Datapath) ProgramStats() (map[string]ProgramStats, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string]ProgramStats{}
-	for _, p := range append(slices.Clone(connPrograms), requestPrograms...) {
+	for _, p := range allPrograms {
 		if _, ok := d.links[p.name]; !ok {
 			continue
 		}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-
-	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 // slot is user space's view of one entry of the rule tables.
@@ -45,8 +43,8 @@ const keysPerRule = 4
 func SlotsFor(rules []Rule) int {
 	var exact, prefixes int
 	for i := range rules {
-		for _, d := range rules[i].Dests {
-			if (ruleKey{dest: kernelrule.Mapped(d)}).exact() {
+		for _, k := range ruleKeys(&rules[i]) {
+			if k.exact() {
 				exact++
 			} else {
 				prefixes++
@@ -155,17 +153,35 @@ func (t *table) hintsAfter(p *plan) hints {
 	return u.hints()
 }
 
-// requestsAfter returns how many rules track requests once p is applied.
-func (t *table) requestsAfter(p *plan) int {
-	n := t.uses.requests
-	for i := range p.changes {
-		n += tracks(&p.changes[i].new) - tracks(p.changes[i].old)
-	}
-	return n
+// The sets of programs attached only while some rule needs them.
+const (
+	optionalRequests = iota // the per-packet programs, for rules that track requests
+	optionalUDP             // the UDP send and receive programs, for rules that count UDP
+	optionalLen
+)
+
+// needs says which optional program sets the rules need.
+func (u *uses) needs() [optionalLen]bool {
+	return [optionalLen]bool{optionalRequests: u.requests > 0, optionalUDP: u.udp > 0}
 }
 
-func tracks(s *slot) int {
-	if s.active && s.rule.Requests {
+// needsAfter says which optional program sets the rules need once p is
+// applied.
+func (t *table) needsAfter(p *plan) [optionalLen]bool {
+	requests, udp := t.uses.requests, t.uses.udp
+	for i := range p.changes {
+		c := &p.changes[i]
+		requests += needing(&c.new, func(r *Rule) bool { return r.Requests }) - needing(c.old, func(r *Rule) bool { return r.Requests })
+		udp += needing(&c.new, udpRule) - needing(c.old, udpRule)
+	}
+	return [optionalLen]bool{optionalRequests: requests > 0, optionalUDP: udp > 0}
+}
+
+func udpRule(r *Rule) bool { return r.Protocols.Has(ProtoUDP) }
+
+// needing is 1 if s holds an active rule for which need is true.
+func needing(s *slot, need func(*Rule) bool) int {
+	if s.active && need(&s.rule) {
 		return 1
 	}
 	return 0
@@ -440,7 +456,7 @@ func sameRule(a, b *Rule) bool {
 	return a.Name == b.Name && a.Scope == b.Scope && a.Port == b.Port && a.Shape == b.Shape &&
 		a.Limit == b.Limit && a.Burst == b.Burst && a.Window == b.Window && a.Segments == b.Segments &&
 		a.Granted == b.Granted && a.Until.Equal(b.Until) && a.LimitAfter == b.LimitAfter && a.Shadow == b.Shadow && a.Errno == b.Errno && a.Samples == b.Samples &&
-		a.Requests == b.Requests && slices.Equal(a.Dests, b.Dests)
+		a.Requests == b.Requests && a.Protocols == b.Protocols && a.FlowIdle == b.FlowIdle && slices.Equal(a.Dests, b.Dests)
 }
 
 // restartsState reports whether moving from old to new parameters must
@@ -451,15 +467,21 @@ func restartsState(old, new *Rule) bool {
 
 // Key classes, so that connect() skips lookups that cannot match: scoped
 // or host-wide, a port or any port, each with a bit for whole addresses
-// (exact keys) and one for shorter prefixes. They mirror CLASS_*, EXACT
-// and PREFIX in egressd.c.
+// (exact keys) and one for shorter prefixes, for each protocol apart
+// (classBits of them each, the kernel's protocol number times classBits
+// up). They mirror CLASS_*, EXACT, PREFIX and CLASS_BITS in egressd.c.
 const (
 	classScopedPort = iota
 	classScopedAny
 	classHostPort
 	classHostAny
 	classLen
+
+	classBits = 8
 )
+
+// protoCount is how many protocols rules count.
+const protoCount = len(kernelProtos)
 
 // classBit is the hint bit of a key of class c.
 func classBit(c int, exact bool) int {
@@ -487,28 +509,36 @@ func (k ruleKey) exact() bool { return k.dest.Bits() == 128 }
 
 // uses counts what the active rules use, so that the lookup hints and the
 // key tables' occupancy follow a change without a walk over every rule.
+// Classes and ports are counted by protocol.
 type uses struct {
-	bits     [2 * classLen]int
+	bits     [protoCount][2 * classLen]int
 	levels   [MaxScopeLevel + 1]int
-	scopes   map[uint64]*[2 * classLen]int
-	ports    map[uint16]int
+	scopes   map[uint64]*[protoCount][2 * classLen]int
+	ports    [protoCount]map[uint16]int
 	requests int // rules that track requests
+	udp      int // rules that count UDP flows
 	exact    int // keys in the kernel's hash
 	prefixes int // keys in its trie
 }
 
 func newUses() uses {
-	return uses{scopes: map[uint64]*[2 * classLen]int{}, ports: map[uint16]int{}}
+	u := uses{scopes: map[uint64]*[protoCount][2 * classLen]int{}}
+	for p := range u.ports {
+		u.ports[p] = map[uint16]int{}
+	}
+	return u
 }
 
 func (u *uses) clone() uses {
 	c := *u
-	c.scopes = make(map[uint64]*[2 * classLen]int, len(u.scopes))
+	c.scopes = make(map[uint64]*[protoCount][2 * classLen]int, len(u.scopes))
 	for id, n := range u.scopes {
 		cp := *n
 		c.scopes[id] = &cp
 	}
-	c.ports = maps.Clone(u.ports)
+	for p := range u.ports {
+		c.ports[p] = maps.Clone(u.ports[p])
+	}
 	return c
 }
 
@@ -527,10 +557,13 @@ func (u *uses) add(r *Rule, keys []ruleKey, n int) {
 	if r.Requests {
 		u.requests += n
 	}
+	if r.Protocols.Has(ProtoUDP) {
+		u.udp += n
+	}
 	class := classOf(r)
 	for _, k := range keys {
 		bit := classBit(class, k.exact())
-		u.bits[bit] += n
+		u.bits[k.proto][bit] += n
 		if k.exact() {
 			u.exact += n
 		} else {
@@ -539,11 +572,11 @@ func (u *uses) add(r *Rule, keys []ruleKey, n int) {
 		if !r.Scope.HostWide() {
 			sc := u.scopes[r.Scope.CgroupID]
 			if sc == nil {
-				sc = new([2 * classLen]int)
+				sc = new([protoCount][2 * classLen]int)
 				u.scopes[r.Scope.CgroupID] = sc
 			}
-			sc[bit] += n
-			if *sc == ([2 * classLen]int{}) {
+			sc[k.proto][bit] += n
+			if *sc == ([protoCount][2 * classLen]int{}) {
 				delete(u.scopes, r.Scope.CgroupID)
 			}
 		}
@@ -551,27 +584,36 @@ func (u *uses) add(r *Rule, keys []ruleKey, n int) {
 	if !r.Scope.HostWide() {
 		u.levels[r.Scope.Level] += n
 	}
-	if r.Port != 0 {
-		u.ports[r.Port] += n
-		if u.ports[r.Port] == 0 {
-			delete(u.ports, r.Port)
+	if r.Port == 0 {
+		return
+	}
+	for p, kp := range kernelProtos {
+		if !r.Protocols.Has(kp.bit) {
+			continue
+		}
+		u.ports[p][r.Port] += n
+		if u.ports[p][r.Port] == 0 {
+			delete(u.ports[p], r.Port)
 		}
 	}
 }
 
-// hints are what connect() reads to skip lookups that cannot match.
+// hints are what connect() and a UDP send read to skip lookups that
+// cannot match: each protocol's classes classBits apart.
 type hints struct {
 	classes uint32
 	levels  uint32 // bit L: some scoped rule names a cgroup at depth L
 	scopes  map[uint64]uint32
-	ports   [65536 / 64]uint64 // bit p: some rule names port p
+	ports   [protoCount][65536 / 64]uint64 // bit p: some rule of the protocol names port p
 }
 
 func (u *uses) hints() hints {
 	h := hints{scopes: make(map[uint64]uint32, len(u.scopes))}
-	for bit, n := range u.bits {
-		if n > 0 {
-			h.classes |= 1 << bit
+	for proto, bits := range u.bits {
+		for bit, n := range bits {
+			if n > 0 {
+				h.classes |= 1 << (proto*classBits + bit)
+			}
 		}
 	}
 	for lvl, n := range u.levels {
@@ -580,14 +622,18 @@ func (u *uses) hints() hints {
 		}
 	}
 	for id, sc := range u.scopes {
-		for bit, n := range sc {
-			if n > 0 {
-				h.scopes[id] |= 1 << bit
+		for proto, bits := range sc {
+			for bit, n := range bits {
+				if n > 0 {
+					h.scopes[id] |= 1 << (proto*classBits + bit)
+				}
 			}
 		}
 	}
-	for p := range u.ports {
-		h.ports[p/64] |= 1 << (p % 64)
+	for proto, ports := range u.ports {
+		for p := range ports {
+			h.ports[proto][p/64] |= 1 << (p % 64)
+		}
 	}
 	return h
 }

@@ -215,7 +215,7 @@ func TestCommit(t *testing.T) {
 		t.Fatalf("hints %+v, want %+v", got, want.hints())
 	}
 	prefixBits := uint32(1<<classBit(classHostAny, false) | 1<<classBit(classHostPort, false))
-	if h := tb.uses.hints(); h.classes != prefixBits || h.ports[80/64] != 1<<(80%64) || h.ports[443/64] != 0 {
+	if h := tb.uses.hints(); h.classes != prefixBits || h.ports[0][80/64] != 1<<(80%64) || h.ports[0][443/64] != 0 || h.ports[1] != ([65536 / 64]uint64{}) {
 		t.Fatalf("hints %+v", h)
 	}
 	if tb.uses.exact != 0 || tb.uses.prefixes != 2 {

@@ -23,6 +23,7 @@ func TestTablesMatchKernelEnums(t *testing.T) {
 		{"counters", len(egressdRuleState{}.Counters), int(egressdCounterCOUNTER_LEN)},
 		{"MaxSegments", MaxSegments, len(egressdRuleState{}.SegmentCount)},
 		{"ruleKeyFixedBits", ruleKeyFixedBits, int(unsafe.Sizeof(egressdRuleKey{}.Port)+unsafe.Sizeof(egressdRuleKey{}.Scope)) * 8},
+		{"kernelProtos", len(kernelProtos), int(egressdProtoPROTO_LEN)},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
@@ -34,5 +35,10 @@ func TestTablesMatchKernelEnums(t *testing.T) {
 	}
 	if SampleConnect != SampleKind(egressdSampleKindSAMPLE_CONNECT) || SampleRequest != SampleKind(egressdSampleKindSAMPLE_REQUEST) {
 		t.Error("SampleKind constants differ from the kernel's enum sample_kind")
+	}
+	for i, p := range kernelProtos {
+		if int(p.kernel) != i || p.kernel != [...]uint8{uint8(egressdProtoPROTO_TCP), uint8(egressdProtoPROTO_UDP)}[i] {
+			t.Errorf("kernelProtos[%d] is protocol %d, the kernel's enum proto says otherwise", i, p.kernel)
+		}
 	}
 }

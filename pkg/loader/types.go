@@ -16,6 +16,7 @@ type (
 	Rule       = kernelrule.Rule
 	RuleError  = kernelrule.RuleError
 	SampleKind = kernelrule.SampleKind
+	Protocols  = kernelrule.Protocols
 )
 
 const (
@@ -27,6 +28,9 @@ const (
 	SampleConnect = kernelrule.SampleConnect
 	SampleRequest = kernelrule.SampleRequest
 
+	ProtoTCP = kernelrule.ProtoTCP
+	ProtoUDP = kernelrule.ProtoUDP
+
 	MaxNameLen      = kernelrule.MaxNameLen
 	MaxSegments     = kernelrule.MaxSegments
 	MaxRate         = kernelrule.MaxRate
@@ -36,20 +40,42 @@ const (
 	DefaultSegments = kernelrule.DefaultSegments
 )
 
-// ruleKey is one (scope, destination, port) a rule matches; two rules may
-// not share one.
+// ruleKey is one (scope, destination, port, protocol) a rule matches; two
+// rules may not share one. proto is the kernel's: egressdProtoPROTO_TCP or
+// PROTO_UDP.
 type ruleKey struct {
 	scope uint64
 	dest  netip.Prefix
 	port  uint16
+	proto uint8
 }
 
+// ruleKeys are a rule's keys: one per destination for each protocol it
+// counts, its first protocol's first.
 func ruleKeys(r *Rule) []ruleKey {
-	keys := make([]ruleKey, len(r.Dests))
-	for i, d := range r.Dests {
-		keys[i] = ruleKey{scope: r.Scope.CgroupID, dest: kernelrule.Mapped(d), port: r.Port}
+	var protos []uint8
+	for _, p := range kernelProtos {
+		if r.Protocols.Has(p.bit) {
+			protos = append(protos, p.kernel)
+		}
+	}
+	keys := make([]ruleKey, 0, len(r.Dests)*len(protos))
+	for _, p := range protos {
+		for _, d := range r.Dests {
+			keys = append(keys, ruleKey{scope: r.Scope.CgroupID, dest: kernelrule.Mapped(d), port: r.Port, proto: p})
+		}
 	}
 	return keys
+}
+
+// kernelProtos are a rule's protocols, indexed by the kernel's numbers of
+// them (enum proto).
+var kernelProtos = [...]struct {
+	bit    Protocols
+	kernel uint8
+}{
+	{ProtoTCP, 0},
+	{ProtoUDP, 1},
 }
 
 // Errors. Each sentinel is matched by errors.Is; typed errors carry detail.
@@ -144,6 +170,9 @@ type Refusal struct {
 	Dest   netip.AddrPort
 	Shape  Shape
 	Shadow bool
+	// Protocol is what was refused: a TCP connect(), or a UDP flow's
+	// connect() or first send (ProtoUDP).
+	Protocol Protocols
 	// RetryAfter is when a permit is expected back; 0 when the shape has
 	// no such hint (concurrency).
 	RetryAfter time.Duration
@@ -177,6 +206,9 @@ type Recount struct {
 	// Freed is how many slots of sockets freed without giving them back
 	// the walks found, and gave back.
 	Freed int64
+	// Expired is how many UDP flows sent to an address the walks ended,
+	// idle for longer than their rule's FlowIdle.
+	Expired int64
 	// GivenBack is how many slots counted that no socket held, at this
 	// recount and the one before, this recount gave back.
 	GivenBack int64

@@ -1,0 +1,396 @@
+//go:build linux
+
+package loader
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/privtest"
+)
+
+// udpSocket opens a UDP socket, closed when the test ends.
+func udpSocket(t testing.TB) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// udpServer is a loopback UDP port that reads and drops what it gets.
+func udpServer(t testing.TB) netip.AddrPort {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := c.ReadFrom(buf); err != nil {
+				return
+			}
+		}
+	}()
+	return netip.MustParseAddrPort(c.LocalAddr().String())
+}
+
+func sendto(fd int, ap netip.AddrPort) error {
+	return unix.Sendto(fd, []byte{1}, 0, sa4udp(ap))
+}
+
+func sa4udp(ap netip.AddrPort) *unix.SockaddrInet4 {
+	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+}
+
+// TestUDPConnectedFlows: a connected UDP socket holds a flow from its
+// connect() (refused past the limit, with EPERM) to its release; a
+// connect() to another destination moves it; after connect(AF_UNSPEC) the
+// socket's next send to an address ends it.
+func TestUDPConnectedFlows(t *testing.T) {
+	d, cg := open(t)
+	a, b := udpServer(t), udpServer(t)
+	put(t, d, Rule{Name: "udp", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 2, Protocols: ProtoUDP})
+	privtest.Join(t, cg)
+	x, y, z := udpSocket(t), udpSocket(t), udpSocket(t)
+	for _, fd := range []int{x, y} {
+		if err := unix.Connect(fd, sa4udp(a)); err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+	}
+	if err := unix.Connect(z, sa4udp(a)); err != unix.EPERM {
+		t.Fatalf("third connect: %v, want EPERM", err)
+	}
+	// Connected again elsewhere: still one flow.
+	if err := unix.Connect(y, sa4udp(b)); err != nil {
+		t.Fatalf("connect elsewhere: %v", err)
+	}
+	if s := stats(t, d, "udp"); s.Live != 2 || s.Admitted != 3 || s.Released != 1 {
+		t.Fatalf("after a reconnect: live %d, admitted %d, released %d; want 2, 3, 1", s.Live, s.Admitted, s.Released)
+	}
+	// Disconnected: the next send to an address ends the flow of
+	// connect() and opens one of its own.
+	if err := disconnect(y); err != nil {
+		t.Fatalf("disconnect: %v", err)
+	}
+	if err := sendto(y, b); err != nil {
+		t.Fatalf("send after disconnect: %v", err)
+	}
+	if s := stats(t, d, "udp"); s.Live != 2 || s.Released != 2 {
+		t.Fatalf("after a disconnect and a send: live %d, released %d; want 2, 2", s.Live, s.Released)
+	}
+	unix.Close(x)
+	if err := unix.Connect(z, sa4udp(a)); err != nil {
+		t.Fatalf("connect after a close: %v", err)
+	}
+	unix.Close(y)
+	unix.Close(z)
+	waitLive(t, d, "udp", 0)
+	checkRecount(t, d, "udp", 0)
+}
+
+// TestUDPUnconnectedFlows: one socket sending to several destinations
+// holds a flow to each from its first datagram; a send that would open
+// one past the limit fails with EPERM, and is noted as a UDP refusal;
+// datagrams on an open flow pass; the socket's close ends them all.
+func TestUDPUnconnectedFlows(t *testing.T) {
+	d, cg := open(t)
+	var dests []netip.AddrPort
+	for range 4 {
+		dests = append(dests, udpServer(t))
+	}
+	put(t, d, Rule{Name: "udp", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 3, Protocols: ProtoUDP})
+	privtest.Join(t, cg)
+	fd := udpSocket(t)
+	for i, dest := range dests[:3] {
+		for range 3 {
+			if err := sendto(fd, dest); err != nil {
+				t.Fatalf("send %d: %v", i, err)
+			}
+		}
+	}
+	if err := sendto(fd, dests[3]); err != unix.EPERM {
+		t.Fatalf("a send opening a 4th flow: %v, want EPERM", err)
+	}
+	r, ok, err := d.LastRefusal(uint32(unix.Getpid()), dests[3])
+	if err != nil || !ok || r.Rule != "udp" || r.Protocol != ProtoUDP || r.Shadow {
+		t.Errorf("last refusal: %+v, %v, %v; want rule udp's, of UDP", r, ok, err)
+	}
+	if s := stats(t, d, "udp"); s.Live != 3 || s.Admitted != 3 || s.Refused != 1 {
+		t.Fatalf("live %d, admitted %d, refused %d; want 3, 3, 1", s.Live, s.Admitted, s.Refused)
+	}
+	checkRecount(t, d, "udp", 3)
+	unix.Close(fd)
+	waitLive(t, d, "udp", 0)
+	if n := udpEntries(t, d); n != 0 {
+		t.Errorf("%d UDP socket entries after the close", n)
+	}
+}
+
+// udpEntries counts the entries of the UDP sockets' table.
+func udpEntries(t *testing.T, d *Datapath) int {
+	t.Helper()
+	n := 0
+	var cookie uint64
+	var us egressdUdpSock
+	it := d.maps().UdpSocks.Iterate()
+	for it.Next(&cookie, &us) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestUDPFlowsPerSocket: a socket sending to more destinations than it
+// keeps flows for gives back the slot of the one idle longest for each
+// new one: its next datagram opens a flow again.
+func TestUDPFlowsPerSocket(t *testing.T) {
+	d, cg := open(t)
+	const n = 10
+	put(t, d, Rule{Name: "udp", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 1000, Protocols: ProtoUDP})
+	privtest.Join(t, cg)
+	fd := udpSocket(t)
+	flows := len(egressdUdpSock{}.Flows)
+	for i := range n {
+		if err := sendto(fd, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(20000+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := stats(t, d, "udp"); s.Live != int64(flows) || s.Admitted != n || s.Released != uint64(n-flows) {
+		t.Fatalf("live %d, admitted %d, released %d; want %d, %d, %d", s.Live, s.Admitted, s.Released, flows, n, n-flows)
+	}
+	// The first destination's flow went first; a datagram opens it again.
+	if err := sendto(fd, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 20000)); err != nil {
+		t.Fatal(err)
+	}
+	if s := stats(t, d, "udp"); s.Live != int64(flows) || s.Admitted != n+1 {
+		t.Fatalf("after the first destination again: live %d, admitted %d; want %d, %d", s.Live, s.Admitted, flows, n+1)
+	}
+}
+
+// TestUDPFlowIdle: a flow sent to an address that sees no datagram for
+// its rule's idle time is ended by the next recount; its next datagram
+// opens it again. A flow of connect() does not idle out.
+func TestUDPFlowIdle(t *testing.T) {
+	d, cg := open(t)
+	srv := udpServer(t)
+	put(t, d, Rule{Name: "udp", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 10, Protocols: ProtoUDP, FlowIdle: time.Second})
+	privtest.Join(t, cg)
+	sent, connected := udpSocket(t), udpSocket(t)
+	if err := sendto(sent, srv); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Connect(connected, sa4udp(srv)); err != nil {
+		t.Fatal(err)
+	}
+	var expired int64
+	for deadline := time.Now().Add(5 * time.Second); expired == 0 && time.Now().Before(deadline); {
+		rc, err := d.Recount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expired += rc["udp"].Expired
+		time.Sleep(100 * time.Millisecond)
+	}
+	if s := stats(t, d, "udp"); expired != 1 || s.Live != 1 {
+		t.Fatalf("%d flows idled out, live %d; want the one sent to an address, and connect()'s left", expired, s.Live)
+	}
+	if err := sendto(sent, srv); err != nil {
+		t.Fatal(err)
+	}
+	if s := stats(t, d, "udp"); s.Live != 2 || s.Admitted != 3 {
+		t.Fatalf("after a datagram on the idled flow: live %d, admitted %d; want 2, 3", s.Live, s.Admitted)
+	}
+}
+
+// TestUDPAndTCPOneBudget: a rule of both protocols counts TCP connections
+// and UDP flows from one budget, whichever comes first.
+func TestUDPAndTCPOneBudget(t *testing.T) {
+	d, cg := open(t)
+	tcpSrv, udpSrv := listen(t, "tcp4", "127.0.0.1:0"), udpServer(t)
+	put(t, d, Rule{Name: "both", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 2, Protocols: ProtoTCP | ProtoUDP})
+	privtest.Join(t, cg)
+	c := dial(t, tcpSrv)
+	fd := udpSocket(t)
+	if err := sendto(fd, udpSrv); err != nil {
+		t.Fatalf("a UDP flow beside one connection: %v", err)
+	}
+	dialRefused(t, tcpSrv, unix.EPERM)
+	if err := unix.Connect(udpSocket(t), sa4udp(udpSrv)); err != unix.EPERM {
+		t.Fatalf("a connected UDP flow past the limit: %v, want EPERM", err)
+	}
+	c.Close()
+	waitLive(t, d, "both", 1)
+	if err := unix.Connect(udpSocket(t), sa4udp(udpSrv)); err != nil {
+		t.Fatalf("a UDP flow once the connection closed: %v", err)
+	}
+}
+
+// TestDNSLeftAlone: a rule on any port of an address limits no send to
+// its DNS ports (53, 853); one that names the port does.
+func TestDNSLeftAlone(t *testing.T) {
+	d, cg := open(t)
+	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	put(t, d, Rule{Name: "any", Dests: local, Limit: 0, Protocols: ProtoUDP | ProtoTCP})
+	privtest.Join(t, cg)
+	fd := udpSocket(t)
+	for _, port := range []uint16{53, 853} {
+		if err := sendto(fd, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)); err != nil {
+			t.Errorf("send to port %d under a rule on any port: %v", port, err)
+		}
+	}
+	if err := sendto(fd, netip.MustParseAddrPort("127.0.0.1:5353")); err != unix.EPERM {
+		t.Errorf("send to port 5353: %v, want EPERM", err)
+	}
+	put(t, d, Rule{Name: "dns", Dests: local, Port: 53, Limit: 0, Protocols: ProtoUDP})
+	if err := sendto(udpSocket(t), netip.MustParseAddrPort("127.0.0.1:53")); err != unix.EPERM {
+		t.Errorf("send to port 53 under a rule that names it: %v, want EPERM", err)
+	}
+}
+
+// TestUDPTCPRulesApart: a TCP rule and a UDP rule for the same
+// destination are two budgets.
+func TestUDPTCPRulesApart(t *testing.T) {
+	d, cg := open(t)
+	tcpSrv, udpSrv := listen(t, "tcp4", "127.0.0.1:0"), udpServer(t)
+	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	put(t, d, Rule{Name: "tcp", Dests: local, Limit: 1})
+	put(t, d, Rule{Name: "udp", Dests: local, Limit: 1, Protocols: ProtoUDP})
+	privtest.Join(t, cg)
+	dial(t, tcpSrv)
+	if err := sendto(udpSocket(t), udpSrv); err != nil {
+		t.Fatalf("a UDP flow beside a TCP rule's connection: %v", err)
+	}
+	dialRefused(t, tcpSrv, unix.EPERM)
+	if err := sendto(udpSocket(t), udpSrv); err != unix.EPERM {
+		t.Fatalf("a second UDP flow: %v, want EPERM", err)
+	}
+	if r, err := d.Rule("udp"); err != nil || r.Protocols != ProtoUDP {
+		t.Errorf("rule udp: %+v, %v", r, err)
+	}
+}
+
+// TestUDPFlowsOfFreedSockets: a UDP socket freed without its sock_release
+// keeps its flows' slots until a recount finds it freed and gives them
+// back; its entry goes.
+func TestUDPFlowsOfFreedSockets(t *testing.T) {
+	d, cg := open(t)
+	a, b := udpServer(t), udpServer(t)
+	put(t, d, Rule{Name: "udp", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 10, Protocols: ProtoUDP})
+	privtest.Join(t, cg)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dest := range []netip.AddrPort{a, b} {
+		if err := sendto(fd, dest); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withoutSockRelease(t, d, func() { unix.Close(fd) })
+	freed := recountUntil(t, d, "udp", func(freed int64, _ Recount) bool { return freed == 2 })
+	if s := stats(t, d, "udp"); s.Live != 0 || freed != 2 {
+		t.Errorf("live %d, freed %d; want 0, 2", s.Live, freed)
+	}
+	if n := udpEntries(t, d); n != 0 {
+		t.Errorf("%d UDP socket entries left", n)
+	}
+}
+
+// TestUDPKilledHolder: a process killed -9 holding UDP flows, connected
+// and sent to addresses, gives every slot back.
+func TestUDPKilledHolder(t *testing.T) {
+	d, cg := open(t)
+	srv := udpServer(t)
+	put(t, d, Rule{Name: "udp", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Limit: 100, Protocols: ProtoUDP})
+	c := privtest.Spawn(t, cg, "udpflows", srv.String(), "5")
+	if line := c.Line(t); line != "ok" {
+		t.Fatalf("helper: %s", line)
+	}
+	if s := stats(t, d, "udp"); s.Live != 10 {
+		t.Fatalf("live %d with the helper's flows open, want 10", s.Live)
+	}
+	c.Kill(t)
+	waitLive(t, d, "udp", 0)
+}
+
+// runUDPFlows opens args[1] connected UDP sockets to args[0] and as many
+// that send it a datagram, says "ok" and waits to be killed.
+func runUDPFlows(args []string) error {
+	dest, err := netip.ParseAddrPort(args[0])
+	if err != nil {
+		return err
+	}
+	var n int
+	if _, err := fmt.Sscan(args[1], &n); err != nil {
+		return err
+	}
+	for range n {
+		for _, connected := range []bool{true, false} {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return err
+			}
+			if connected {
+				err = unix.Connect(fd, sa4udp(dest))
+			} else {
+				err = sendto(fd, dest)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Println("ok")
+	select {}
+}
+
+// TestUDPRuleAdopted: a datapath adopted from pins reads back a rule's
+// protocols, its flows' idle time and its destinations once each, and
+// keeps counting its flows.
+func TestUDPRuleAdopted(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg := privtest.Cgroup(t, "udpadopt")
+	pins := privtest.PinDir(t)
+	srv := udpServer(t)
+	want := Rule{Name: "both", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("10.9.0.0/16")}, Port: srv.Port(), Limit: 5, Protocols: ProtoTCP | ProtoUDP, FlowIdle: 7 * time.Second}
+	d, err := Open(&Config{Cgroup: cg, PinDir: pins, MaxRules: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, d, want)
+	privtest.Join(t, cg)
+	fd := udpSocket(t)
+	if err := sendto(fd, srv); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d, err = Open(&Config{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+	got, err := d.Rule("both")
+	if err != nil || !sameRule(&got, new(want.WithDefaults())) {
+		t.Fatalf("adopted %+v (%v), want %+v", got, err, want.WithDefaults())
+	}
+	unix.Close(fd)
+	waitLive(t, d, "both", 0)
+}
