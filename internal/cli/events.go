@@ -42,8 +42,14 @@ func eventsCommand() *cli.Command {
 				if r.Count > 1 {
 					times = fmt.Sprintf(" %d times", r.Count)
 				}
+				// A UDP flow's destination is marked so; a TCP
+				// connection's, as before UDP was counted.
+				dest := r.Dest
+				if r.Protocol == "udp" {
+					dest += "/udp"
+				}
 				_, err := fmt.Fprintf(c.App.Writer, "%s %s pid %d -> %s by rule %s (%s%s)%s\n",
-					r.Time.Format(time.RFC3339Nano), mode, r.PID, r.Dest, r.Rule, r.Shape, retry, times)
+					r.Time.Format(time.RFC3339Nano), mode, r.PID, dest, r.Rule, r.Shape, retry, times)
 				return err
 			})
 		},

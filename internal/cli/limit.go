@@ -112,7 +112,7 @@ func printLimit(w io.Writer, l control.Limit) {
 		fmt.Fprintf(w, "pending: %s\n", l.Pending)
 		return
 	}
-	fmt.Fprintf(w, "destinations: %s\n", strings.Join(l.Destinations, ", "))
+	fmt.Fprintf(w, "destinations: %s  protocols: %s\n", strings.Join(l.Destinations, ", "), strings.Join(l.Protocols, ","))
 	fmt.Fprintf(w, "limit: %d  live: %d  in flight: %d\n", l.Limit, l.Live, l.InFlight)
 	fmt.Fprintf(w, "admitted: %d  refused: %d  shadow refused: %d\n", l.Admitted, l.Refused, l.ShadowRefused)
 	if l.Shape == "adaptive" {
@@ -197,9 +197,9 @@ func ago(now, then time.Time) time.Duration {
 
 func printLimits(w io.Writer, ls []control.Limit) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSHAPE\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED\tREFUSED\tSOURCE\tSTATE")
+	fmt.Fprintln(tw, "NAME\tSHAPE\tPROTOCOLS\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED\tREFUSED\tSOURCE\tSTATE")
 	for _, l := range ls {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, l.Shape, l.Limit, l.Live, l.InFlight, l.Admitted, l.Refused, l.Source, limitState(l))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, l.Shape, strings.Join(l.Protocols, ","), l.Limit, l.Live, l.InFlight, l.Admitted, l.Refused, l.Source, limitState(l))
 	}
 	tw.Flush()
 }

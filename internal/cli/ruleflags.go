@@ -73,6 +73,22 @@ func ruleFlags() ruleFlagList {
 				}
 				b.rule.Port = uint16(v)
 			}),
+		flagOf(&cli.StringFlag{Name: "protocols", DefaultText: "tcp", Usage: "what the limit counts, from one budget: tcp (connections), udp (flows: a socket and one destination) or tcp,udp"}, (*cli.Context).String,
+			func(b *ruleBuilder, flag string, v string) {
+				for _, name := range strings.Split(v, ",") {
+					p, ok := kernelrule.ParseProtocol(strings.TrimSpace(name))
+					switch {
+					case !ok:
+						b.problem("%s: %q is not tcp or udp", flag, name)
+					case b.rule.Protocols&p != 0:
+						b.problem("%s names %s twice", flag, name)
+					}
+					b.rule.Protocols |= p
+				}
+			}),
+		flagOf(&cli.DurationFlag{Name: "udp-idle", DefaultText: kernelrule.DefaultFlowIdle.String(), Usage: "with udp: how long a UDP flow sent to an address may see no datagram before it ends"}, (*cli.Context).Duration,
+			func(b *ruleBuilder, flag string, v time.Duration) { b.rule.UDPIdle = nonZero(b, flag, v) }).
+			needing("protocols"),
 		flagOf(&cli.StringFlag{Name: "scope", DefaultText: "the whole host", Usage: "cgroup path inside the cgroup2 hierarchy"}, (*cli.Context).String,
 			func(b *ruleBuilder, flag string, v string) {
 				b.rule.Scope.Cgroup = nonEmpty(b, flag, v, "the whole host")

@@ -17,6 +17,7 @@ import (
 	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/internal/sdnotify"
 	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
 )
 
@@ -44,6 +45,7 @@ func runCommand() *cli.Command {
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "remove the datapath when the daemon stops (fail-open)"},
 			&cli.StringFlag{Name: "host-id", DefaultText: "the host name", Usage: "this host's name to the hosts sharing a budget in Redis; unique among them"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.DurationFlag{Name: "udp-idle", Value: kernelrule.DefaultFlowIdle, Usage: "how long a UDP flow sent to an address may see no datagram before it ends, for rules that do not set udpIdle"},
 			&cli.DurationFlag{Name: "recount-every", Value: daemon.DefaultRecount, Usage: "how often the sockets holding slots are recounted and slots no socket holds given back (at least " + daemon.MinRecount.String() + ")"},
 		},
 		Action: func(c *cli.Context) error {
@@ -78,6 +80,7 @@ func runCommand() *cli.Command {
 				DetachOnExit: c.Bool("detach-on-exit"),
 				HostID:       c.String("host-id"),
 				RecountEvery: c.Duration("recount-every"),
+				UDPIdle:      c.Duration("udp-idle"),
 				Version:      Version,
 				Logger:       log,
 				Notify:       systemdNotifier{log},

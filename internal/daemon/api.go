@@ -192,6 +192,7 @@ func view(v viewed, st loader.Stats, kr loader.Rule, forReader bool) (control.Li
 		Shadow:       e.spec.Shadow,
 		Pending:      e.pending,
 		Destinations: []string{},
+		Protocols:    strings.Split(e.spec.Protocols.String(), ","),
 	}
 	if !e.installed() {
 		return l, nil
@@ -403,6 +404,7 @@ func (d *Daemon) eventView(e event) control.Event {
 		Dest:              e.Dest.String(),
 		Shape:             shape,
 		Shadow:            e.Shadow,
+		Protocol:          e.Protocol.String(),
 		RetryAfterSeconds: e.RetryAfter.Seconds(),
 		Count:             e.Count,
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/internal/hugeheap"
 	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -81,6 +82,10 @@ type Config struct {
 	// gets a new cgroup); host names are looked up again when their DNS
 	// TTL runs out.
 	Refresh time.Duration
+	// UDPIdle is how long a UDP flow sent to an address may see no
+	// datagram before it ends, for rules that do not say (udpIdle); 0 is
+	// kernelrule.DefaultFlowIdle.
+	UDPIdle time.Duration
 	// RecountEvery is how often the sockets holding slots are recounted,
 	// the slots no socket holds given back (within two periods of their
 	// loss) and marks other programs took off put back. 0 is
@@ -145,6 +150,9 @@ func (c Config) withDefaults() Config {
 	if c.RecountEvery == 0 {
 		c.RecountEvery = DefaultRecount
 	}
+	if c.UDPIdle == 0 {
+		c.UDPIdle = kernelrule.DefaultFlowIdle
+	}
 	if c.Resolver == nil {
 		c.Resolver = &dns.Resolver{}
 	}
@@ -187,6 +195,9 @@ func (c *Config) validate() error {
 	}
 	if c.RecountEvery < MinRecount {
 		problems = append(problems, fmt.Sprintf("recount period %v is shorter than %v", c.RecountEvery, MinRecount))
+	}
+	if c.UDPIdle < time.Second || c.UDPIdle > kernelrule.MaxFlowIdle || c.UDPIdle%time.Second != 0 {
+		problems = append(problems, fmt.Sprintf("UDP flow idle time %v is not a whole number of seconds between 1s and %v", c.UDPIdle, kernelrule.MaxFlowIdle))
 	}
 	if c.MaxRules < 0 || c.MaxRules > loader.MaxRules {
 		problems = append(problems, fmt.Sprintf("max rules %d is outside 1..%d", c.MaxRules, loader.MaxRules))

@@ -62,7 +62,7 @@ func newMetrics(d *Daemon) *metrics {
 		loadOK:         prometheus.NewDesc("egressd_policy_last_load_ok", "1 when the last load of the policy file (the start's or a reload) was applied whole; 0 when it was refused and the rules before it stay, or the run-time limits conflicted with it at start (until a run-time change puts them in force).", nil, nil),
 		buildInfo:      prometheus.NewDesc("egressd_build_info", "Always 1; labels say which build runs.", []string{"version", "goversion"}, nil),
 		rules:          prometheus.NewDesc("egressd_rules", "Rules by state: installed in the kernel or pending (unit not running, host name not resolved).", []string{"state"}, nil),
-		ruleInfo:       prometheus.NewDesc("egressd_rule_info", "Always 1; shape says what egressd_limit counts: concurrency, adaptive, perSecond or perWindow, as in the policy.", []string{"rule", "shape"}, nil),
+		ruleInfo:       prometheus.NewDesc("egressd_rule_info", "Always 1; shape says what egressd_limit counts: concurrency, adaptive, perSecond or perWindow, as in the policy; protocols what the rule counts: tcp, udp or tcp,udp.", []string{"rule", "shape", "protocols"}, nil),
 		window:         prometheus.NewDesc("egressd_limit_window_seconds", "The window a perWindow rule's egressd_limit is per.", rule, nil),
 		shares:         newShareDescs(),
 	}
@@ -274,7 +274,7 @@ func (m *metrics) collectLimits(ch chan<- prometheus.Metric, status []loader.Rul
 		if _, ok := t.loops[status[i].Name]; ok {
 			shape = "adaptive"
 		}
-		ch <- prometheus.MustNewConstMetric(m.ruleInfo, prometheus.GaugeValue, 1, status[i].Name, shape)
+		ch <- prometheus.MustNewConstMetric(m.ruleInfo, prometheus.GaugeValue, 1, status[i].Name, shape, status[i].Protocols.String())
 	}
 	for i := range status {
 		if r := asked(&status[i]); r.Shape == loader.ShapePerWindow {

@@ -140,15 +140,15 @@ func TestMetricsLint(t *testing.T) {
 # HELP egressd_limit_window_seconds The window a perWindow rule's egressd_limit is per.
 # TYPE egressd_limit_window_seconds gauge
 egressd_limit_window_seconds{rule="window"} 60
-# HELP egressd_rule_info Always 1; shape says what egressd_limit counts: concurrency, adaptive, perSecond or perWindow, as in the policy.
+# HELP egressd_rule_info Always 1; shape says what egressd_limit counts: concurrency, adaptive, perSecond or perWindow, as in the policy; protocols what the rule counts: tcp, udp or tcp,udp.
 # TYPE egressd_rule_info gauge
-egressd_rule_info{rule="adapt",shape="adaptive"} 1
-egressd_rule_info{rule="conc",shape="concurrency"} 1
-egressd_rule_info{rule="rate",shape="perSecond"} 1
-egressd_rule_info{rule="shadow",shape="concurrency"} 1
-egressd_rule_info{rule="shared-pool",shape="concurrency"} 1
-egressd_rule_info{rule="shared-rate",shape="perSecond"} 1
-egressd_rule_info{rule="window",shape="perWindow"} 1
+egressd_rule_info{protocols="tcp",rule="adapt",shape="adaptive"} 1
+egressd_rule_info{protocols="tcp",rule="conc",shape="concurrency"} 1
+egressd_rule_info{protocols="tcp",rule="rate",shape="perSecond"} 1
+egressd_rule_info{protocols="tcp",rule="shadow",shape="concurrency"} 1
+egressd_rule_info{protocols="tcp",rule="shared-pool",shape="concurrency"} 1
+egressd_rule_info{protocols="tcp",rule="shared-rate",shape="perSecond"} 1
+egressd_rule_info{protocols="tcp",rule="window",shape="perWindow"} 1
 `), "egressd_rule_info", "egressd_limit_window_seconds"); err != nil {
 		t.Error(err)
 	}

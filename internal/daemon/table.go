@@ -352,6 +352,9 @@ func (d *Daemon) plan(e, old *entry, f found) error {
 		}
 	}
 	e.kernel = e.spec.LoaderRule(sc.scope, addrs)
+	if e.kernel.FlowIdle == 0 && e.kernel.Protocols.Has(loader.ProtoUDP) {
+		e.kernel.FlowIdle = d.cfg.UDPIdle
+	}
 	if len(e.kernel.Dests) == 0 {
 		e.pending = "host name has no addresses"
 		return nil

@@ -78,6 +78,8 @@ type Limit struct {
 	// Destinations are the prefixes in the kernel: a host name's
 	// addresses as last resolved.
 	Destinations []string `json:"destinations"`
+	// Protocols are what the rule counts: tcp, udp or both.
+	Protocols []string `json:"protocols"`
 	// Pending says why the rule is not in the kernel, when it is not.
 	Pending       string `json:"pending,omitempty"`
 	Live          int64  `json:"live"`
@@ -199,6 +201,9 @@ type Event struct {
 	// for a rule removed since.
 	Shape  string `json:"shape"`
 	Shadow bool   `json:"shadow,omitempty"`
+	// Protocol is what a refusal refused: tcp (a connect()) or udp (a
+	// UDP flow's connect() or first datagram to its destination).
+	Protocol string `json:"protocol,omitempty"`
 	// RetryAfterSeconds is when a permit is expected back; 0 when the
 	// shape gives no hint (concurrency).
 	RetryAfterSeconds float64 `json:"retryAfterSeconds,omitempty"`

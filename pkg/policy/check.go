@@ -382,6 +382,16 @@ func (c checker) check(r Rule) {
 	if r.Errno != "" && errnos[r.Errno] == 0 {
 		c.add("errno", "errno %q is not one a refusal may use: %s", r.Errno, strings.Join(errnoNames(), ", "))
 	}
+	if _, ok := r.Limit.(Adaptive); ok && r.Protocols.Has(kernelrule.ProtoUDP) {
+		c.add("protocols", "an adaptive rule cannot count UDP: its loop judges latency the kernel measures on TCP connections (their handshake or their requests), and a UDP flow shows none it can trust; use protocols: [tcp], or a fixed limit")
+	}
+	switch {
+	case r.UDPIdle == 0:
+	case !r.Protocols.Has(kernelrule.ProtoUDP):
+		c.add("udpIdle", "udpIdle is for UDP flows, and protocols has no udp")
+	case r.UDPIdle < time.Second || r.UDPIdle > kernelrule.MaxFlowIdle || r.UDPIdle%time.Second != 0:
+		c.add("udpIdle", "udpIdle %v is not a whole number of seconds between 1s and %v", r.UDPIdle, kernelrule.MaxFlowIdle)
+	}
 }
 
 // maxSharedKey bounds a shared budget's key; Redis takes far longer ones,

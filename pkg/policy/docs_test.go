@@ -26,7 +26,7 @@ func TestDocsListProblems(t *testing.T) {
 		{"rules: []\n---\nrules: []\n", "a policy is one YAML document; this is a second"},
 		{"- a\n", "a policy must be a mapping of rules, maxRules"},
 		{"rules: 5\n", "rules must be a list"},
-		{"rules: [5]\n", "a rule must be a mapping of name, destination, port, unit, cgroup, shadow, errno, concurrency, perSecond, perWindow, adaptive, shared"},
+		{"rules: [5]\n", "a rule must be a mapping of name, destination, port, protocols, unit, cgroup, shadow, errno, udpIdle, concurrency, perSecond, perWindow, adaptive, shared"},
 		{rule("concurrency: 1, shared: 5"), "shared must be a mapping of redis, key, failureMode, durability, lease, replicas"},
 		{rule("perSecond: 5"), "perSecond must be a mapping of permits, burst"},
 		{rule("perWindow: 5"), "perWindow must be a mapping of permits, window, segments"},

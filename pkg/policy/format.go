@@ -3,6 +3,7 @@ package policy
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
@@ -53,6 +54,8 @@ type (
 		Name        string         `yaml:"name"`
 		Destination string         `yaml:"destination"`
 		Port        uint16         `yaml:"port,omitempty"`
+		Protocols   []string       `yaml:"protocols,omitempty,flow"`
+		UDPIdle     time.Duration  `yaml:"udpIdle,omitempty"`
 		Unit        string         `yaml:"unit,omitempty"`
 		Cgroup      string         `yaml:"cgroup,omitempty"`
 		Concurrency int            `yaml:"concurrency,omitempty"`
@@ -103,6 +106,10 @@ func formatRule(r Rule) ruleYAML {
 		Cgroup:      r.Scope.Cgroup,
 		Shadow:      r.Shadow,
 		Errno:       r.Errno,
+		UDPIdle:     r.UDPIdle,
+	}
+	if r.Protocols != 0 {
+		y.Protocols = strings.Split(r.Protocols.String(), ",")
 	}
 	if r.IsShared() {
 		s := r.Shared

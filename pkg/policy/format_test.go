@@ -11,6 +11,7 @@ import (
 
 	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/pkg/adaptive"
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 func TestFormat(t *testing.T) {
@@ -52,7 +53,8 @@ func TestFormat(t *testing.T) {
 func everyField(t *testing.T) []Rule {
 	return []Rule{
 		{Name: "a", Destination: mustDest(t, "10.0.0.0/8"), Port: 1, Scope: Scope{Unit: "a@1.service"}, Limit: Concurrency(1), Shadow: true, Errno: "EAGAIN"},
-		{Name: "b", Destination: mustDest(t, "db.internal."), Scope: Scope{Cgroup: "/x.slice/y"}, Limit: PerSecond{Permits: 3, Burst: 4}},
+		{Name: "b", Destination: mustDest(t, "db.internal."), Scope: Scope{Cgroup: "/x.slice/y"}, Limit: PerSecond{Permits: 3, Burst: 4}, Protocols: kernelrule.ProtoTCP | kernelrule.ProtoUDP, UDPIdle: 45 * time.Second},
+		{Name: "i", Destination: mustDest(t, "10.9.0.4"), Port: 443, Limit: Concurrency(7), Protocols: kernelrule.ProtoUDP},
 		{Name: "c", Destination: mustDest(t, "::1"), Limit: PerWindow{Permits: 9, Window: 1500 * time.Microsecond, Segments: 1}},
 		{Name: "d", Destination: mustDest(t, "::ffff:10.1.2.3"), Limit: Adaptive{Minimum: 1, Maximum: 3, Initial: 2, Multiple: 1.0000001, DecreaseFactor: 1e-9, ProbeEvery: 50, ProbeFactor: 0.4, MaxHealthy: 300 * time.Millisecond, Samples: SamplesRequest}},
 		{Name: "e", Destination: mustDest(t, "0.0.0.0/0"), Limit: Adaptive{Multiple: 2, ProbeEvery: adaptive.NoProbes, Samples: SamplesConnect}},

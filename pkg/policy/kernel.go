@@ -52,6 +52,7 @@ func (r Rule) LoaderRule(scope kernelrule.Scope, addrs []netip.Addr) kernelrule.
 	// interface's method would put every rule's kernel rule on the heap.
 	kr := r.Limit.kernel()
 	kr.Name, kr.Scope, kr.Port, kr.Shadow, kr.Errno = r.Name, scope, r.Port, r.Shadow, errnos[r.Errno]
+	kr.Protocols, kr.FlowIdle = r.Protocols, r.UDPIdle
 	if p, ok := r.Destination.Prefix(); ok {
 		kr.Dests = []netip.Prefix{p}
 		return kr

@@ -186,7 +186,7 @@ func (d *decoder) syntax(err error) {
 var limitKeys = []string{"concurrency", "perSecond", "perWindow", "adaptive"}
 
 // ruleKeys are the fields of a rule.
-var ruleKeys = append(append([]string{"name", "destination", "port", "unit", "cgroup", "shadow", "errno"}, limitKeys...), "shared")
+var ruleKeys = append(append([]string{"name", "destination", "port", "protocols", "unit", "cgroup", "shadow", "errno", "udpIdle"}, limitKeys...), "shared")
 
 func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	w := newWhere(n)
@@ -222,6 +222,10 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 					r.Port = uint16(x)
 				}
 			}
+		case "protocols":
+			r.Protocols, _ = f.protocols(key, v)
+		case "udpIdle":
+			r.UDPIdle, _ = f.nonZeroDuration(key, v, "the default, "+kernelrule.DefaultFlowIdle.String())
 		case "unit":
 			r.Scope.Unit, _ = f.nonEmpty(key, v, "; leave it out for the whole host")
 		case "cgroup":
@@ -272,6 +276,41 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 		checker{w: w, rule: f.rule, problems: &d.problems}.checkShared(r)
 	}
 	return r, w
+}
+
+// protocols decodes a list of protocols, such as [tcp, udp].
+func (f fields) protocols(path string, v *yaml.Node) (kernelrule.Protocols, bool) {
+	if f.alias(v, path) {
+		return 0, false
+	}
+	if v.Kind != yaml.SequenceNode {
+		f.problem(v, path, "%s is a list, such as [tcp, udp]", path)
+		return 0, false
+	}
+	if len(v.Content) == 0 {
+		f.problem(v, path, "%s is empty; name tcp, udp or both, or leave it out for [tcp]", path)
+		return 0, false
+	}
+	var p kernelrule.Protocols
+	ok := true
+	for _, n := range v.Content {
+		name, isStr := f.str(path, n)
+		if !isStr {
+			ok = false
+			continue
+		}
+		q, known := kernelrule.ParseProtocol(name)
+		switch {
+		case !known:
+			f.problem(n, path, "%s: %q is not tcp or udp", path, name)
+			ok = false
+		case p&q != 0:
+			f.problem(n, path, "%s names %s twice", path, name)
+			ok = false
+		}
+		p |= q
+	}
+	return p, ok
 }
 
 // limit decodes the value of one of limitKeys; nil means it was refused.

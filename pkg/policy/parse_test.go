@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/pkg/kernelrule"
 )
 
 func mustDest(t testing.TB, s string) Destination {
@@ -60,6 +62,19 @@ func TestParseGood(t *testing.T) {
 				{Name: "email", Destination: mustDest(t, "smtp.example.com"), Port: 25, Limit: PerSecond{Permits: 10, Burst: 20}},
 				{Name: "search", Destination: mustDest(t, "127.0.0.1"), Port: 9200, Limit: PerWindow{Permits: 1000, Window: time.Minute, Segments: 8}},
 				{Name: "api", Destination: mustDest(t, "2001:db8::/32"), Limit: Adaptive{Minimum: 4, Maximum: 200}, Shadow: true},
+			},
+		},
+		{
+			name: "protocols",
+			in: `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 5, protocols: [tcp]}
+  - {name: b, destination: 10.0.0.2, concurrency: 5, protocols: [udp], udpIdle: 30s}
+  - {name: c, destination: 10.0.0.3, port: 443, perSecond: {permits: 5}, protocols: [udp, tcp]}
+`,
+			want: []Rule{
+				{Name: "a", Destination: mustDest(t, "10.0.0.1"), Limit: Concurrency(5), Protocols: kernelrule.ProtoTCP},
+				{Name: "b", Destination: mustDest(t, "10.0.0.2"), Limit: Concurrency(5), Protocols: kernelrule.ProtoUDP, UDPIdle: 30 * time.Second},
+				{Name: "c", Destination: mustDest(t, "10.0.0.3"), Port: 443, Limit: PerSecond{Permits: 5}, Protocols: kernelrule.ProtoTCP | kernelrule.ProtoUDP},
 			},
 		},
 		{
@@ -225,6 +240,34 @@ func TestParseBad(t *testing.T) {
 				{Line: 3, Column: 62, Rule: "b", Msg: "shared.key is missing: the Redis key every host sharing the budget names"},
 				{Line: 4, Column: 62, Rule: "c", Msg: "shared.key is missing: the Redis key every host sharing the budget names"},
 				{Line: 4, Column: 70, Rule: "c", Msg: "shared.redis is empty"},
+			},
+		},
+		{
+			name: "protocols not known, empty, twice or not a list",
+			in: `rules:
+  - {name: a, destination: 10.0.0.1, concurrency: 1, protocols: [sctp]}
+  - {name: b, destination: 10.0.0.2, concurrency: 1, protocols: []}
+  - {name: c, destination: 10.0.0.3, concurrency: 1, protocols: [udp, udp]}
+  - {name: d, destination: 10.0.0.4, concurrency: 1, protocols: udp}
+`,
+			want: []Problem{
+				{Line: 2, Column: 66, Rule: "a", Msg: `protocols: "sctp" is not tcp or udp`},
+				{Line: 3, Column: 65, Rule: "b", Msg: "protocols is empty; name tcp, udp or both, or leave it out for [tcp]"},
+				{Line: 4, Column: 71, Rule: "c", Msg: "protocols names udp twice"},
+				{Line: 5, Column: 65, Rule: "d", Msg: "protocols is a list, such as [tcp, udp]"},
+			},
+		},
+		{
+			name: "udp where it does not fit",
+			in: `rules:
+  - {name: a, destination: 10.0.0.1, adaptive: {}, protocols: [tcp, udp]}
+  - {name: b, destination: 10.0.0.2, concurrency: 1, udpIdle: 10s}
+  - {name: c, destination: 10.0.0.3, concurrency: 1, protocols: [udp], udpIdle: 1500ms}
+`,
+			want: []Problem{
+				{Line: 2, Column: 63, Rule: "a", Msg: "an adaptive rule cannot count UDP: its loop judges latency the kernel measures on TCP connections (their handshake or their requests), and a UDP flow shows none it can trust; use protocols: [tcp], or a fixed limit"},
+				{Line: 3, Column: 63, Rule: "b", Msg: "udpIdle is for UDP flows, and protocols has no udp"},
+				{Line: 4, Column: 81, Rule: "c", Msg: "udpIdle 1.5s is not a whole number of seconds between 1s and 18h12m15s"},
 			},
 		},
 		{
@@ -561,7 +604,7 @@ func TestParseBad(t *testing.T) {
 `,
 			want: []Problem{
 				{Line: 2, Column: 64, Rule: "a", Msg: "port is given twice; the first is at line 2"},
-				{Line: 3, Column: 5, Rule: "#2", Msg: "a rule must be a mapping of name, destination, port, unit, cgroup, shadow, errno, concurrency, perSecond, perWindow, adaptive, shared"},
+				{Line: 3, Column: 5, Rule: "#2", Msg: "a rule must be a mapping of name, destination, port, protocols, unit, cgroup, shadow, errno, udpIdle, concurrency, perSecond, perWindow, adaptive, shared"},
 				{Line: 4, Column: 49, Rule: "c", Msg: "perSecond must be a mapping of permits, burst"},
 				{Line: 5, Column: 62, Rule: "d", Msg: "shadow must be true or false"},
 				{Line: 6, Column: 54, Rule: "e", Msg: "field names must be strings"},
@@ -692,7 +735,7 @@ func TestLoad(t *testing.T) {
 
 	_, err = Load(bad)
 	want := bad + ":2:51: rule a: concurrency must be at least 1\n" +
-		bad + ":3:5: rule #2: a rule must be a mapping of name, destination, port, unit, cgroup, shadow, errno, concurrency, perSecond, perWindow, adaptive, shared"
+		bad + ":3:5: rule #2: a rule must be a mapping of name, destination, port, protocols, unit, cgroup, shadow, errno, udpIdle, concurrency, perSecond, perWindow, adaptive, shared"
 	if err == nil || err.Error() != want || !errors.Is(err, ErrInvalid) {
 		t.Errorf("Load(bad) error\n%v\nwant\n%s", err, want)
 	}

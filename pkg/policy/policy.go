@@ -45,6 +45,13 @@ type Rule struct {
 	// Shared makes the limit one budget for every host that names the
 	// same Redis key; the zero Shared keeps it this host's own.
 	Shared Shared
+	// Protocols are what the rule counts, from one budget: TCP
+	// connections, UDP flows (a socket and one destination), or both.
+	// The zero value is TCP alone (see docs/policy.md for why).
+	Protocols kernelrule.Protocols
+	// UDPIdle ends a UDP flow sent to an address that saw no datagram for
+	// that long; 0 means kernelrule.DefaultFlowIdle.
+	UDPIdle time.Duration
 }
 
 // Shared is a budget kept in Redis and spent by several hosts, each of
