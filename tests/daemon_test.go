@@ -1262,7 +1262,7 @@ func TestDaemonAttributesRefusals(t *testing.T) {
 		{py.pid, netip.AddrPortFrom(dest.Addr(), uint16(other)), control.Attribution{}},
 	}
 	for _, tt := range tests {
-		got, err := c.Attribute(context.Background(), tt.pid, tt.dest)
+		got, err := c.Attribute(context.Background(), tt.pid, "", tt.dest)
 		// The refusal was just now: the time since is the test's.
 		if got.Refused && (got.SecondsAgo < 0 || got.SecondsAgo > 60) {
 			t.Errorf("Attribute(%d, %s): refused %v s ago, want the moment the test refused it", tt.pid, tt.dest, got.SecondsAgo)

@@ -130,7 +130,7 @@ func BenchmarkRefusalStorm(b *testing.B) {
 			if reply := agent.Call(b, "dial 127.0.0.2:1 1s"); reply != "err 1" {
 				b.Fatalf("dial after the storm: %q, want EPERM", reply)
 			}
-			a, err := c.Attribute(context.Background(), agent.PID(), netip.MustParseAddrPort("127.0.0.2:1"))
+			a, err := c.Attribute(context.Background(), agent.PID(), "", netip.MustParseAddrPort("127.0.0.2:1"))
 			if err != nil || !a.Refused || a.Rule != "storm" {
 				b.Fatalf("attribution of the client's refusal: %+v, %v", a, err)
 			}

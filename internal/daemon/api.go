@@ -11,6 +11,7 @@ import (
 
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -420,6 +421,14 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 	if err != nil {
 		return control.Attribution{}, control.Errorf(control.CodeInvalid, "dest: %v", err)
 	}
+	proto := loader.ProtoTCP // what an SDK that does not say asks about
+	if name := q.Get("proto"); name != "" {
+		p, ok := kernelrule.ParseProtocol(name)
+		if !ok {
+			return control.Attribution{}, control.Errorf(control.CodeInvalid, "proto %q: not tcp or udp", name)
+		}
+		proto = p
+	}
 	peer, known := control.PeerFrom(r.Context())
 	// 0 is the asking process, by the pid the kernel gives it here: in a
 	// container's pid namespace, its own pid names another process.
@@ -433,7 +442,7 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 	if control.AccessFrom(r.Context()) != control.AccessWrite && (!known || uint32(peer.PID) != uint32(pid)) {
 		return control.Attribution{}, control.Errorf(control.CodeForbidden, "may ask only about your own process")
 	}
-	e, ok := d.attribute(uint32(pid), netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
+	e, ok := d.attribute(uint32(pid), proto, netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
 	if !ok {
 		return control.Attribution{}, nil
 	}

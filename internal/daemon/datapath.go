@@ -34,7 +34,7 @@ type datapath interface {
 	StorageUsed() (bool, error)
 	// LastRefusal is the kernel's note of pid's latest refused connect()
 	// to dest.
-	LastRefusal(pid uint32, dest netip.AddrPort) (loader.Refusal, bool, error)
+	LastRefusal(pid uint32, proto loader.Protocols, dest netip.AddrPort) (loader.Refusal, bool, error)
 	Refusals() (reader[loader.Refusal], error)
 	Samples() (reader[loader.Sample], error)
 	// Close leaves the datapath pinned and enforcing; Uninstall detaches

@@ -158,11 +158,12 @@ func (l *eventLog) close() {
 	}
 }
 
-// attribute answers whether pid's connect() to dest was refused just now.
-// The kernel notes each (process, destination) pair's latest refusal
-// before connect() returns, so the answer needs no event and no wait.
-func (d *Daemon) attribute(pid uint32, dest netip.AddrPort) (loader.Refusal, bool) {
-	r, ok, err := d.dp.LastRefusal(pid, dest)
+// attribute answers whether pid's connect() to dest, or its UDP flow there
+// for proto ProtoUDP, was refused just now. The kernel notes each
+// (process, destination) pair's latest refusal before connect() or
+// sendmsg() returns, so the answer needs no event and no wait.
+func (d *Daemon) attribute(pid uint32, proto loader.Protocols, dest netip.AddrPort) (loader.Refusal, bool) {
+	r, ok, err := d.dp.LastRefusal(pid, proto, dest)
 	if err != nil {
 		d.log.Error("refusal attribution", "err", err)
 		return loader.Refusal{}, false

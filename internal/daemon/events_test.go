@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"net/netip"
@@ -27,8 +28,10 @@ func TestRefusalAttribution(t *testing.T) {
 	pid := uint32(os.Getpid())
 	db := netip.MustParseAddrPort("10.0.0.1:5432")
 	web := netip.MustParseAddrPort("10.0.0.2:80")
+	quic := netip.MustParseAddrPort("10.0.0.3:443")
 	td.fake.refuse(loader.Refusal{Time: time.Now().Add(-time.Second), PID: pid, Rule: "db", Dest: db, Shape: loader.ShapePerWindow, RetryAfter: 300 * time.Millisecond})
 	td.fake.refuse(loader.Refusal{Time: time.Now(), PID: pid, Rule: "web", Dest: web, Shape: loader.ShapeConcurrency, Shadow: true})
+	td.fake.refuse(loader.Refusal{Time: time.Now().Add(-time.Second), PID: pid, Rule: "quic", Dest: quic, Shape: loader.ShapeConcurrency, Protocol: loader.ProtoUDP})
 	c := td.client()
 	ctx := context.Background()
 	var listed []control.Event
@@ -36,24 +39,29 @@ func TestRefusalAttribution(t *testing.T) {
 	if err := c.Events(ctx, false, func(r control.Event) error { listed = append(listed, r); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if len(listed) != 2 || listed[0].Rule != "db" || listed[1].Rule != "web" || !listed[1].Shadow {
-		t.Errorf("events = %+v, want db then web (shadow)", listed)
+	if len(listed) != 3 || listed[0].Rule != "db" || listed[1].Rule != "web" || !listed[1].Shadow || listed[2].Protocol != "udp" {
+		t.Errorf("events = %+v, want db, web (shadow), quic (udp)", listed)
 	}
 	tests := []struct {
-		name string
-		pid  int
-		dest netip.AddrPort
-		want control.Attribution
+		name  string
+		pid   int
+		proto string
+		dest  netip.AddrPort
+		want  control.Attribution
 	}{
-		{"its refusal", int(pid), db, control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
-		{"the address as IPv4-mapped", int(pid), netip.AddrPortFrom(netip.AddrFrom16(db.Addr().As16()), db.Port()), control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
-		{"another port", int(pid), netip.AddrPortFrom(db.Addr(), 5433), control.Attribution{}},
-		{"another process", int(pid) + 1, db, control.Attribution{}},
-		{"the asking process, as pid 0", 0, db, control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
-		{"a shadow refusal", int(pid), web, control.Attribution{}},
+		{"its refusal", int(pid), "", db, control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
+		{"its refusal, of TCP", int(pid), "tcp", db, control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
+		{"the address as IPv4-mapped", int(pid), "", netip.AddrPortFrom(netip.AddrFrom16(db.Addr().As16()), db.Port()), control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
+		{"another port", int(pid), "", netip.AddrPortFrom(db.Addr(), 5433), control.Attribution{}},
+		{"another process", int(pid) + 1, "", db, control.Attribution{}},
+		{"the asking process, as pid 0", 0, "", db, control.Attribution{Refused: true, Rule: "db", RetryAfterSeconds: 0.3}},
+		{"a shadow refusal", int(pid), "", web, control.Attribution{}},
+		{"a UDP flow's refusal", int(pid), "udp", quic, control.Attribution{Refused: true, Rule: "quic"}},
+		{"a TCP connect() where a UDP flow was refused", int(pid), "", quic, control.Attribution{}},
+		{"a UDP flow where a TCP connect() was refused", int(pid), "udp", db, control.Attribution{}},
 	}
 	for _, tt := range tests {
-		got, err := c.Attribute(ctx, tt.pid, tt.dest)
+		got, err := c.Attribute(ctx, tt.pid, tt.proto, tt.dest)
 		// How long ago it was refused: a second, and the time since.
 		if ago := got.SecondsAgo; got.Refused && (ago < 1 || ago > 60) {
 			t.Errorf("%s: refused %v s ago, want a second and the time the test took", tt.name, ago)
@@ -62,6 +70,9 @@ func TestRefusalAttribution(t *testing.T) {
 		if err != nil || got != tt.want {
 			t.Errorf("%s: attribute = %+v, %v; want %+v", tt.name, got, err, tt.want)
 		}
+	}
+	if _, err := c.Attribute(ctx, int(pid), "sctp", db); !errors.Is(err, control.ErrInvalid) {
+		t.Errorf("attribute of proto sctp: %v, want invalid", err)
 	}
 }
 

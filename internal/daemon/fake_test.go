@@ -151,12 +151,13 @@ func (f *fakeDatapath) Resize(n int) error {
 	return nil
 }
 
-// LastRefusal returns the newest refusal sent of pid's connect() to dest.
-func (f *fakeDatapath) LastRefusal(pid uint32, dest netip.AddrPort) (loader.Refusal, bool, error) {
+// LastRefusal returns the newest refusal sent of pid's flow of proto to
+// dest.
+func (f *fakeDatapath) LastRefusal(pid uint32, proto loader.Protocols, dest netip.AddrPort) (loader.Refusal, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, r := range slices.Backward(f.noted) {
-		if r.PID == pid && r.Dest == dest {
+		if r.PID == pid && r.Dest == dest && r.Protocol.Normal() == proto {
 			return r, true, nil
 		}
 	}

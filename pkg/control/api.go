@@ -285,14 +285,18 @@ func (c *Client) Events(ctx context.Context, follow bool, fn func(Event) error) 
 	})
 }
 
-// Attribute asks whether the daemon refused pid's connect() to dest within
-// the last moments. A pid of 0 is the calling process, by the pid the
+// Attribute asks whether the daemon refused pid's connect() to dest, or
+// for proto "udp" its UDP flow to dest, within the last moments (proto ""
+// is "tcp"). A pid of 0 is the calling process, by the pid the
 // daemon's kernel gives it, which is the one to ask from inside a
 // container's pid namespace. A caller without write access may ask only
 // about its own process.
-func (c *Client) Attribute(ctx context.Context, pid int, dest netip.AddrPort) (Attribution, error) {
+func (c *Client) Attribute(ctx context.Context, pid int, proto string, dest netip.AddrPort) (Attribution, error) {
 	var a Attribution
 	q := url.Values{"pid": {strconv.Itoa(pid)}, "dest": {dest.String()}}
+	if proto != "" {
+		q.Set("proto", proto)
+	}
 	return a, c.Get(ctx, RouteRefusal+"?"+q.Encode(), &a)
 }
 

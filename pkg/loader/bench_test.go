@@ -639,7 +639,7 @@ func BenchmarkLastRefusal(b *testing.B) {
 	b.Cleanup(func() { d.Uninstall() })
 	dest := netip.MustParseAddrPort("127.0.0.1:443")
 	for b.Loop() {
-		if _, _, err := d.LastRefusal(uint32(os.Getpid()), dest); err != nil {
+		if _, _, err := d.LastRefusal(uint32(os.Getpid()), ProtoTCP, dest); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -392,7 +392,8 @@ func stillSeq(mem *ebpf.Memory, off int, seq uint32) bool {
 var logPool = sync.Pool{New: func() any { return new([logSlots]egressdRefusalNote) }}
 
 // LastRefusal returns the latest refusal of process pid's connect() to
-// dest that the kernel still holds: the run in progress and the last 2048
+// dest, or for proto ProtoUDP of its UDP flow to dest, that the kernel
+// still holds: the run in progress and the last 2048
 // finished runs of each CPU, a run being one process's refusals to one
 // destination in a row. The kernel notes a refusal before connect()
 // returns, so a caller asking after its EPERM finds it at once.
@@ -400,7 +401,7 @@ var logPool = sync.Pool{New: func() any { return new([logSlots]egressdRefusalNot
 // Each CPU's log is copied whole and only the notes that match are checked
 // for a rewrite during the copy (their seq read again), newest first: the
 // check of every note was most of a question's cost.
-func (d *Datapath) LastRefusal(pid uint32, dest netip.AddrPort) (Refusal, bool, error) {
+func (d *Datapath) LastRefusal(pid uint32, proto Protocols, dest netip.AddrPort) (Refusal, bool, error) {
 	runs, err := d.refusalRuns()
 	if err != nil {
 		return Refusal{}, false, err
@@ -411,7 +412,7 @@ func (d *Datapath) LastRefusal(pid uint32, dest netip.AddrPort) (Refusal, bool, 
 	}
 	addr := dest.Addr().As16()
 	match := func(n *egressdRefusalNote) bool {
-		return n.Seq != 0 && n.Pid == pid && n.Port == dest.Port() && n.Addr == addr
+		return n.Seq != 0 && n.Pid == pid && n.Port == dest.Port() && n.Addr == addr && notedProtocol(n.Shadow) == proto
 	}
 	type candidate struct {
 		note egressdRefusalNote

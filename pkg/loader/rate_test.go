@@ -106,7 +106,7 @@ func TestSlidingWindow(t *testing.T) {
 		}
 		// The first refusal (in k+1) says when segment k leaves: at
 		// base+window.
-		e, ok, err := d.LastRefusal(uint32(os.Getpid()), srv)
+		e, ok, err := d.LastRefusal(uint32(os.Getpid()), ProtoTCP, srv)
 		wantRetry := window - seg - 50*time.Millisecond
 		if err != nil || !ok || e.Rule != "window" || e.Shape != ShapePerWindow || e.RetryAfter < wantRetry-100*time.Millisecond || e.RetryAfter > wantRetry {
 			t.Fatalf("refusal %+v, %v, %v: want rule window, retry after ≈%v", e, ok, err, wantRetry)

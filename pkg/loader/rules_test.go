@@ -79,11 +79,11 @@ func TestRefusalErrnoAndEvent(t *testing.T) {
 
 	// The kernel notes the latest refusal of each process and destination
 	// before connect() returns, for the SDK's question.
-	last, ok, err := d.LastRefusal(uint32(os.Getpid()), srv)
+	last, ok, err := d.LastRefusal(uint32(os.Getpid()), ProtoTCP, srv)
 	if err != nil || !ok || last.Rule != "busy" || last.Time.Before(before.Add(-10*time.Millisecond)) || last.Shadow {
 		t.Fatalf("LastRefusal = %+v, %v, %v; want the refusal by busy", last, ok, err)
 	}
-	if _, ok, err := d.LastRefusal(uint32(os.Getpid()), netip.AddrPortFrom(srv.Addr(), srv.Port()+1)); ok || err != nil {
+	if _, ok, err := d.LastRefusal(uint32(os.Getpid()), ProtoTCP, netip.AddrPortFrom(srv.Addr(), srv.Port()+1)); ok || err != nil {
 		t.Fatalf("LastRefusal of another destination: %v, %v", ok, err)
 	}
 }
@@ -110,7 +110,7 @@ func TestRefusalTimeNotBeforeConnect(t *testing.T) {
 	for range n {
 		start := time.Now()
 		dialRefused(t, srv, syscall.EPERM)
-		r, ok, err := d.LastRefusal(uint32(os.Getpid()), srv)
+		r, ok, err := d.LastRefusal(uint32(os.Getpid()), ProtoTCP, srv)
 		if err != nil || !ok {
 			t.Fatalf("LastRefusal = %v, %v", ok, err)
 		}

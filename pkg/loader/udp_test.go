@@ -121,9 +121,14 @@ func TestUDPUnconnectedFlows(t *testing.T) {
 	if err := sendto(fd, dests[3]); err != unix.EPERM {
 		t.Fatalf("a send opening a 4th flow: %v, want EPERM", err)
 	}
-	r, ok, err := d.LastRefusal(uint32(unix.Getpid()), dests[3])
+	r, ok, err := d.LastRefusal(uint32(unix.Getpid()), ProtoUDP, dests[3])
 	if err != nil || !ok || r.Rule != "udp" || r.Protocol != ProtoUDP || r.Shadow {
 		t.Errorf("last refusal: %+v, %v, %v; want rule udp's, of UDP", r, ok, err)
+	}
+	// A TCP connect() to the same address was not refused: a firewall's
+	// EPERM there is not the rule's.
+	if r, ok, err := d.LastRefusal(uint32(unix.Getpid()), ProtoTCP, dests[3]); ok || err != nil {
+		t.Errorf("last TCP refusal: %+v, %v, %v; want none", r, ok, err)
 	}
 	if s := stats(t, d, "udp"); s.Live != 3 || s.Admitted != 3 || s.Refused != 1 {
 		t.Fatalf("live %d, admitted %d, refused %d; want 3, 3, 1", s.Live, s.Admitted, s.Refused)

@@ -41,7 +41,8 @@ const (
 )
 
 // DaemonAttributor asks the local egressd, through c (nil: the default
-// socket), whether an EPERM from connect() was its refusal. Yes makes the
+// socket), whether an EPERM from connect(), or from a UDP send (a QUIC
+// dial through [sdkquic]), was its refusal. Yes makes the
 // attempt a self-imposed refusal naming the rule, with the kernel's retry
 // hint (time to the next token or window segment; none for concurrency).
 // No, or no daemon, leaves it Permanent: a firewall says EPERM too.
@@ -54,7 +55,7 @@ func DaemonAttributor(c *control.Client) Attributor {
 }
 
 func newDaemonAttributor(c *control.Client, clk clock) *daemonAttributor {
-	return &daemonAttributor{client: c, clock: clk, cache: map[netip.AddrPort]attribution{}, asking: map[netip.AddrPort]*question{}}
+	return &daemonAttributor{client: c, clock: clk, cache: map[flow]attribution{}, asking: map[flow]*question{}}
 }
 
 // attribution is the daemon's answer about a destination.
@@ -93,18 +94,19 @@ type daemonAttributor struct {
 	client *control.Client
 	clock  clock
 	mu     sync.Mutex
-	cache  map[netip.AddrPort]attribution
-	asking map[netip.AddrPort]*question
+	cache  map[flow]attribution
+	asking map[flow]*question
 	quiet  time.Time // until then the daemon is not asked: it did not answer
 }
 
-// attribute claims err, an EPERM from connect(), for the daemon when the
-// daemon refused this process's connect() to its destination after the
+// attribute claims err, an EPERM from connect() or a UDP send, for the
+// daemon when the daemon refused this process's flow to its destination
+// after the
 // attempt was made, or the dial for an error marked WithDialStart (see
 // vouches for a cached answer). A question in flight
 // when the refusal came may not have seen it: one more is asked then.
 func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimitedError, bool) {
-	dest, ok := refusedDial(err)
+	dest, ok := refusedFlow(err)
 	if !ok || ctx.Err() != nil {
 		return nil, false
 	}
@@ -166,7 +168,7 @@ func (c attribution) refusal(err error, now time.Time) (*RateLimitedError, bool)
 // ask returns the question about dest in flight, or asks one, on a
 // context of its own bounded by askTimeout: what the caller's ends does
 // not end it. Call with a.mu held.
-func (a *daemonAttributor) ask(dest netip.AddrPort) *question {
+func (a *daemonAttributor) ask(dest flow) *question {
 	if q := a.asking[dest]; q != nil {
 		return q
 	}
@@ -175,7 +177,7 @@ func (a *daemonAttributor) ask(dest netip.AddrPort) *question {
 	go func() {
 		defer close(q.done)
 		qctx, cancel := a.clock.WithDeadline(context.Background(), a.clock.Now().Add(askTimeout))
-		ans, err := a.client.Attribute(qctx, askingProcess, dest)
+		ans, err := a.client.Attribute(qctx, askingProcess, dest.proto, dest.addr)
 		silent := errors.Is(qctx.Err(), context.DeadlineExceeded)
 		cancel()
 		now := a.clock.Now() // the question took time; the hint counts from its answer
@@ -204,16 +206,36 @@ func (a *daemonAttributor) ask(dest netip.AddrPort) *question {
 	return q
 }
 
-// refusedDial returns the destination of a dial that failed with EPERM.
-func refusedDial(err error) (netip.AddrPort, bool) {
+// flow is what a refusal refused: a protocol, as the control API names it,
+// to an address.
+type flow struct {
+	proto string
+	addr  netip.AddrPort
+}
+
+// refusedFlow returns the flow whose opening failed with err, an EPERM: a
+// TCP or UDP dial (the net package's connect()), or a UDP write (a send
+// that would have opened a flow).
+func refusedFlow(err error) (flow, bool) {
 	var op *net.OpError
-	if !errors.As(err, &op) || op.Op != "dial" || !errors.Is(err, syscall.EPERM) {
-		return netip.AddrPort{}, false
+	if !errors.As(err, &op) || !errors.Is(err, syscall.EPERM) {
+		return flow{}, false
 	}
-	tcp, ok := op.Addr.(*net.TCPAddr)
-	if !ok {
-		return netip.AddrPort{}, false
+	var f flow
+	switch addr := op.Addr.(type) {
+	case *net.TCPAddr:
+		if op.Op != "dial" {
+			return flow{}, false
+		}
+		f = flow{"tcp", addr.AddrPort()}
+	case *net.UDPAddr:
+		if op.Op != "dial" && op.Op != "write" {
+			return flow{}, false
+		}
+		f = flow{"udp", addr.AddrPort()}
+	default:
+		return flow{}, false
 	}
-	ap := tcp.AddrPort()
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
+	f.addr = netip.AddrPortFrom(f.addr.Addr().Unmap(), f.addr.Port())
+	return f, true
 }

@@ -2,9 +2,11 @@ package sdk
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -331,5 +333,71 @@ func TestAttributorToldAttemptStart(t *testing.T) {
 	})
 	if !told || got.Before(before) || got.After(called) {
 		t.Errorf("attempt start %v (told %v), want between %v and the call, %v", got, told, before, called)
+	}
+}
+
+// The refusals the daemon is asked about: an EPERM of a TCP or UDP dial,
+// or of a UDP write (a QUIC client's first packet), each asked about as
+// the protocol it is; a TCP write's EPERM, another errno or an error
+// without an address is nobody's question.
+func TestRefusedFlow(t *testing.T) {
+	eperm := os.NewSyscallError("connect", syscall.EPERM)
+	sendEPERM := os.NewSyscallError("sendmsg", syscall.EPERM)
+	udp := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 443}
+	mapped := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 1).To16(), Port: 443}
+	tcp := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 443}
+	dest := netip.MustParseAddrPort("10.0.0.1:443")
+	tests := []struct {
+		name string
+		err  error
+		want flow
+		ok   bool
+	}{
+		{"TCP dial", &net.OpError{Op: "dial", Net: "tcp", Addr: tcp, Err: eperm}, flow{"tcp", dest}, true},
+		{"UDP dial", &net.OpError{Op: "dial", Net: "udp", Addr: udp, Err: eperm}, flow{"udp", dest}, true},
+		{"UDP write", &net.OpError{Op: "write", Net: "udp", Addr: mapped, Err: sendEPERM}, flow{"udp", dest}, true},
+		{"UDP write, wrapped", fmt.Errorf("quic dial: %w", &net.OpError{Op: "write", Net: "udp", Addr: udp, Err: sendEPERM}), flow{"udp", dest}, true},
+		{"TCP write", &net.OpError{Op: "write", Net: "tcp", Addr: tcp, Err: sendEPERM}, flow{}, false},
+		{"UDP read", &net.OpError{Op: "read", Net: "udp", Addr: udp, Err: eperm}, flow{}, false},
+		{"another errno", &net.OpError{Op: "dial", Net: "tcp", Addr: tcp, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, flow{}, false},
+		{"no address", &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: "/s"}, Err: eperm}, flow{}, false},
+		{"not an OpError", syscall.EPERM, flow{}, false},
+	}
+	for _, tt := range tests {
+		got, ok := refusedFlow(tt.err)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("%s: refusedFlow = %v, %v; want %v, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+// A UDP refusal is asked about as UDP: the daemon tells a QUIC flow's
+// refusal from a TCP connect()'s to the same address.
+func TestDaemonAttributorAsksTheProtocol(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	protos := make(chan string, 2)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		protos <- r.URL.Query().Get("proto")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, refusedByDaemon)
+	})}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	attr := DaemonAttributor(&control.Client{Socket: sock})
+	udp := &net.OpError{Op: "write", Net: "udp", Addr: &net.UDPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 443}, Err: os.NewSyscallError("sendmsg", syscall.EPERM)}
+	for _, tt := range []struct {
+		err   error
+		proto string
+	}{{udp, "udp"}, {refusedDialTo(443), "tcp"}} {
+		if rl, ok := attr(context.Background(), tt.err); !ok || rl.Limiter != "payments" {
+			t.Fatalf("%v: attributed %v, %v; want to rule payments", tt.err, rl, ok)
+		}
+		if got := <-protos; got != tt.proto {
+			t.Errorf("%v: asked about proto %q, want %q", tt.err, got, tt.proto)
+		}
 	}
 }
