@@ -60,6 +60,8 @@ func TestDependencies(t *testing.T) {
 		{"pkg/limit", []string{module + "pkg/adaptive", module + "pkg/verdict"}},
 		{"pkg/control", []string{"golang.org/x/sys/"}},
 		{"pkg/sdk/sdkhttp", []string{module + "pkg/sdk", module + "pkg/edge", module + "pkg/limit", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
+		// quic-go and what it needs; not its http3 (the caller's choice).
+		{"pkg/sdk/sdkquic", []string{module + "pkg/sdk", module + "pkg/edge", module + "pkg/verdict", module + "pkg/control", "github.com/quic-go/quic-go", "golang.org/x/crypto/", "golang.org/x/net/", "golang.org/x/sys/"}},
 		// The serving side: Redis through package shared, for shared
 		// partitions; no Prometheus (servemetrics has it) and no kernel.
 		{"pkg/shared", append([]string{module + "pkg/limit"}, servingDeps...)},
