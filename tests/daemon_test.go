@@ -41,7 +41,8 @@ var egressd string
 func TestMain(m *testing.M) {
 	if privtest.IsHelper() {
 		// A client process a test started; it exits.
-		privtest.Main(m, privtest.Role{Name: "sdkservice", Run: runSDKService}, privtest.Role{Name: "sdkdial", Run: runSDKDial})
+		privtest.Main(m, privtest.Role{Name: "sdkservice", Run: runSDKService}, privtest.Role{Name: "sdkdial", Run: runSDKDial},
+			privtest.Role{Name: "quicrequester", Run: runQUICRequester})
 	}
 	os.Exit(run(m))
 }

@@ -153,10 +153,12 @@ type world struct {
 	srv    *holdServer
 	hosts  []*sharingHost
 	budget int
-	binds  []string
-	loads  []*recordedLoad
-	ivs    []privtest.Interval
-	byHost map[int][]privtest.Interval // by index in hosts
+	// protocols, when set, is the shared rule's protocols, e.g. "[tcp, udp]".
+	protocols string
+	binds     []string
+	loads     []*recordedLoad
+	ivs       []privtest.Interval
+	byHost    map[int][]privtest.Interval // by index in hosts
 }
 
 // newWorld makes a world whose dependency holds each connection 20 ms.
@@ -192,7 +194,11 @@ func (w *world) addHost(shared string, inNetNS bool) *sharingHost {
 	if !strings.Contains(shared, "redis:") {
 		shared = fmt.Sprintf(`redis: "redis://%s", %s`, redisAddr, shared)
 	}
-	h.writePolicy(t, fmt.Sprintf("rules:\n  - name: pool\n    destination: %s\n    concurrency: %d\n    shared: {%s}\n", h.dest, w.budget, shared))
+	protocols := ""
+	if w.protocols != "" {
+		protocols = "    protocols: " + w.protocols + "\n"
+	}
+	h.writePolicy(t, fmt.Sprintf("rules:\n  - name: pool\n    destination: %s\n%s    concurrency: %d\n    shared: {%s}\n", h.dest, protocols, w.budget, shared))
 	h.d = h.start(t)
 	w.hosts = append(w.hosts, h)
 	return h

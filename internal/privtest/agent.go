@@ -456,8 +456,24 @@ func refusalStorm(addr, ports, rate, d string) (n, refused int, err error) {
 // ([Child.CloseInput]). With a fourth argument, a file, it writes there
 // every connection's interval as the client saw it (see [Interval]).
 func runRequester(args []string) error {
+	return RunRequester("requester", args, dialTCP)
+}
+
+// A Session is one connection of a requester's client.
+type Session interface {
+	// Port is the client's own port.
+	Port() uint16
+	// RoundTrip sends a byte and waits for one back.
+	RoundTrip() error
+	Close()
+}
+
+// RunRequester is runRequester with dial opening each connection, for a
+// role named name: a dial that fails with EPERM counts as refused. It
+// writes the first failure to stderr.
+func RunRequester(name string, args []string, dial func(addr string) (Session, error)) error {
 	if len(args) != 3 && len(args) != 4 {
-		return fmt.Errorf("requester: want ADDR N DURATION [INTERVALS], got %q", args)
+		return fmt.Errorf("%s: want ADDR N DURATION [INTERVALS], got %q", name, args)
 	}
 	n, err := strconv.Atoi(args[1])
 	if err != nil {
@@ -468,6 +484,11 @@ func runRequester(args []string) error {
 		return err
 	}
 	var ok, refused, failed atomic.Int64
+	var firstErr atomic.Value
+	fail := func(err error) {
+		firstErr.CompareAndSwap(nil, err.Error())
+		failed.Add(1)
+	}
 	var wg sync.WaitGroup
 	held := make([][]Interval, n)
 	deadline := time.Now().Add(d)
@@ -478,32 +499,27 @@ func runRequester(args []string) error {
 	}()
 	for i := range n {
 		wg.Go(func() {
-			buf := make([]byte, 1)
 			// Every client tries at least once: a short run on a loaded
 			// machine may start after its deadline.
 			for first := true; first || time.Now().Before(deadline) && !stopped.Load(); first = false {
 				called := Monotonic()
-				c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
+				s, err := dial(args[0])
 				if errors.Is(err, syscall.EPERM) {
 					refused.Add(1)
 					time.Sleep(10 * time.Millisecond)
 					continue
 				}
 				if err != nil {
-					failed.Add(1)
+					fail(err)
 					continue
 				}
-				iv := Interval{Called: called, From: Monotonic(), Port: uint16(c.LocalAddr().(*net.TCPAddr).Port)}
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				_, err = c.Write(buf)
-				if err == nil {
-					_, err = io.ReadFull(c, buf)
-				}
+				iv := Interval{Called: called, From: Monotonic(), Port: s.Port()}
+				err = s.RoundTrip()
 				iv.To = Monotonic()
-				c.Close()
+				s.Close()
 				held[i] = append(held[i], iv)
 				if err != nil {
-					failed.Add(1)
+					fail(err)
 				} else {
 					ok.Add(1)
 				}
@@ -516,6 +532,33 @@ func runRequester(args []string) error {
 			return err
 		}
 	}
+	if e := firstErr.Load(); e != nil {
+		fmt.Fprintf(os.Stderr, "%s: first failure: %s\n", name, e)
+	}
 	fmt.Printf("done ok %d refused %d failed %d\n", ok.Load(), refused.Load(), failed.Load())
 	return nil
+}
+
+// tcpSession is a requester's TCP connection.
+type tcpSession struct{ net.Conn }
+
+func dialTCP(addr string) (Session, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return tcpSession{c}, nil
+}
+
+func (s tcpSession) Port() uint16 { return uint16(s.LocalAddr().(*net.TCPAddr).Port) }
+func (s tcpSession) Close()       { s.Conn.Close() }
+
+func (s tcpSession) RoundTrip() error {
+	s.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := []byte{1}
+	if _, err := s.Write(buf); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(s, buf)
+	return err
 }
