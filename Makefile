@@ -35,10 +35,11 @@ deps:
 		redis-server redis-sentinel nftables prometheus lintian dpkg-dev \
 		zsh bash-completion man-db pkgconf >/dev/null
 
-# Rebuilds the committed BPF objects and their Go bindings (needs clang,
-# llvm and libbpf-dev; go build does not).
+# Rebuilds what is generated and committed: the BPF objects and their Go
+# bindings (needs clang, llvm and libbpf-dev; go build does not), and the
+# enums' String methods (stringer, a tool in go.mod).
 generate:
-	cd pkg/loader && $(GO) generate ./...
+	$(GO) generate ./...
 
 build:
 	$(AS_USER) $(GO) build -ldflags "$(LDFLAGS)" -o bin/egressd ./cmd/egressd

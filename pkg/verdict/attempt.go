@@ -2,7 +2,6 @@ package verdict
 
 import (
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -116,48 +115,34 @@ func (a Attempt) String() string {
 	return s
 }
 
+//go:generate go tool stringer -type=Suppression -linecomment
+
 // Suppression is why a hedge that came due was not sent. The executor's
-// hedge gate decides it; see package sdk's Hedge.
+// hedge gate decides it; see package sdk's Hedge. Its String is the label
+// value metrics use.
 type Suppression uint8
 
 const (
 	// SuppressedNone: no hedge was held back.
-	SuppressedNone Suppression = iota
+	SuppressedNone Suppression = iota // none
 	// SuppressedCriticality: the work is below Critical; nobody is waiting
 	// for it, so no copy of it is raced.
-	SuppressedCriticality
+	SuppressedCriticality // criticality
 	// SuppressedBreaker: the circuit breaker was not closed.
-	SuppressedBreaker
+	SuppressedBreaker // breaker
 	// SuppressedRefused: an attempt of the round had been refused by this
 	// process or host; the dependency was not even asked, and a copy would
 	// only ask the same limit again.
-	SuppressedRefused
+	SuppressedRefused // refused
 	// SuppressedBudget: the retry budget was down to half its capacity;
 	// hedges, like retries of work below Critical, may not take the rest.
-	SuppressedBudget
+	SuppressedBudget // budget
 	// SuppressedAttempts: the call had made as many attempts as its policy
 	// allows, hedges included.
-	SuppressedAttempts
+	SuppressedAttempts // attempts
 
-	suppressionLen // sentinel; keep last.
+	suppressionLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var suppressionNames = [suppressionLen]string{
-	SuppressedNone:        "none",
-	SuppressedCriticality: "criticality",
-	SuppressedBreaker:     "breaker",
-	SuppressedRefused:     "refused",
-	SuppressedBudget:      "budget",
-	SuppressedAttempts:    "attempts",
-}
-
-// String returns the reason's name, the label value metrics use.
-func (s Suppression) String() string {
-	if s < suppressionLen {
-		return suppressionNames[s]
-	}
-	return "Suppression(" + strconv.Itoa(int(s)) + ")"
-}
 
 // Valid reports whether s is one of the reasons (SuppressedNone included),
 // so that an adapter can range over them.

@@ -28,10 +28,11 @@ package verdict
 
 import (
 	"math"
-	"strconv"
 	"strings"
 	"time"
 )
+
+//go:generate go tool stringer -type=Kind
 
 // Kind is what an attempt came to. OK is the zero value.
 type Kind uint8
@@ -48,23 +49,8 @@ const (
 	// Permanent: retrying will not help. Not evidence.
 	Permanent
 
-	kindLen // sentinel: number of kinds; keep last.
+	kindLen = iota // sentinel: number of kinds, untyped for stringer; keep last.
 )
-
-var kindNames = [kindLen]string{
-	OK:        "OK",
-	Transient: "Transient",
-	Throttled: "Throttled",
-	Permanent: "Permanent",
-}
-
-// String returns the kind's name, or "Kind(n)" for a value outside the set.
-func (k Kind) String() string {
-	if k < kindLen {
-		return kindNames[k]
-	}
-	return "Kind(" + strconv.Itoa(int(k)) + ")"
-}
 
 // Valid reports whether k is one of the four kinds.
 func (k Kind) Valid() bool { return k < kindLen }

@@ -1,8 +1,8 @@
 package verdict
 
 import (
+	"fmt"
 	"math"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -19,27 +19,34 @@ func TestVerdictCarriesOriginAndPushbackForFree(t *testing.T) {
 	}
 }
 
-func TestKindNamesCoverEveryKind(t *testing.T) {
-	if len(kindNames) != int(kindLen) {
-		t.Fatalf("len(kindNames) = %d, want kindLen = %d", len(kindNames), kindLen)
+// The names are what logs print (Kind, in a verdict) and the label values
+// metrics use (Suppression, docs/metrics.md): they must not change.
+func TestNames(t *testing.T) {
+	tests := []struct {
+		v    fmt.Stringer
+		want string
+	}{
+		{OK, "OK"},
+		{Transient, "Transient"},
+		{Throttled, "Throttled"},
+		{Permanent, "Permanent"},
+		{Kind(kindLen), "Kind(4)"},
+		{SuppressedNone, "none"},
+		{SuppressedCriticality, "criticality"},
+		{SuppressedBreaker, "breaker"},
+		{SuppressedRefused, "refused"},
+		{SuppressedBudget, "budget"},
+		{SuppressedAttempts, "attempts"},
+		{Suppression(suppressionLen), "Suppression(6)"},
 	}
-	seen := map[string]Kind{}
-	for k := Kind(0); k < kindLen; k++ {
-		name := k.String()
-		if name == "" || strings.HasPrefix(name, "Kind(") {
-			t.Errorf("Kind(%d) has no name", k)
-		}
-		if prev, dup := seen[name]; dup {
-			t.Errorf("Kind(%d) and Kind(%d) share the name %q", prev, k, name)
-		}
-		seen[name] = k
-		// The kind must fit under the self-imposed bit.
-		if uint8(k)&selfImposedBit != 0 {
-			t.Errorf("Kind(%d) collides with the self-imposed bit", k)
+	for _, tt := range tests {
+		if got := tt.v.String(); got != tt.want {
+			t.Errorf("String() = %q, want %q", got, tt.want)
 		}
 	}
-	if got, want := kindLen.String(), "Kind(4)"; got != want {
-		t.Errorf("kindLen.String() = %q, want %q", got, want)
+	// The kind must fit under the self-imposed bit.
+	if kindLen > selfImposedBit {
+		t.Errorf("%d kinds collide with the self-imposed bit", kindLen)
 	}
 }
 
