@@ -1,9 +1,6 @@
 package serve
 
-import (
-	"strconv"
-	"time"
-)
+import "time"
 
 // Observer is told what the middleware does, for metrics. Package
 // servemetrics implements it with Prometheus. Methods are called from the
@@ -31,108 +28,74 @@ type PolicyObserver interface {
 	OnPartitions(n int)
 }
 
-// Outcome is what became of a request a policy handled.
+//go:generate go tool stringer -type=Outcome -linecomment
+
+// Outcome is what became of a request a policy handled. Its String is the
+// label value metrics use.
 type Outcome uint8
 
 const (
 	// Admitted: the request got a permit and went on to the handler.
-	Admitted Outcome = iota
+	Admitted Outcome = iota // admitted
 	// Refused: the limiter said no, at once or after a wait in its queue
 	// (the queue was full, or a newer caller took its place), or the
 	// policy holds as many partitions as it may.
-	Refused
+	Refused // refused
 	// Cancelled: the request's context ended - the client went away, or
 	// the deadline it sent passed - while it waited for a permit.
-	Cancelled
+	Cancelled // cancelled
 	// Failed: no decision could be had (a shared limiter's Redis did not
 	// answer, under FailureMode Throw), or the partition's limiter could
 	// not be made.
-	Failed
+	Failed // failed
 
-	outcomeLen // sentinel; keep last.
+	outcomeLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var outcomeNames = [outcomeLen]string{
-	Admitted:  "admitted",
-	Refused:   "refused",
-	Cancelled: "cancelled",
-	Failed:    "failed",
-}
-
-// String returns the outcome's name, the label value metrics use.
-func (o Outcome) String() string {
-	if o < outcomeLen {
-		return outcomeNames[o]
-	}
-	return "Outcome(" + strconv.Itoa(int(o)) + ")"
-}
 
 // Valid reports whether o is one of the outcomes, so that an adapter can
 // range over them: for o := Outcome(0); o.Valid(); o++.
 func (o Outcome) Valid() bool { return o < outcomeLen }
 
-// Header is one of the edge headers the middleware reads.
+//go:generate go tool stringer -type=Header -linecomment
+
+// Header is one of the edge headers the middleware reads. Its String, the
+// header's short name, is the label value metrics use.
 type Header uint8
 
 const (
 	// HeaderCriticality is edge.CriticalityHeader.
-	HeaderCriticality Header = iota
+	HeaderCriticality Header = iota // criticality
 	// HeaderTimeout is edge.TimeoutHeader.
-	HeaderTimeout
+	HeaderTimeout // timeout
 
-	headerLen // sentinel; keep last.
+	headerLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var headerNames = [headerLen]string{
-	HeaderCriticality: "criticality",
-	HeaderTimeout:     "timeout",
-}
-
-// String returns the header's short name, the label value metrics use.
-func (h Header) String() string {
-	if h < headerLen {
-		return headerNames[h]
-	}
-	return "Header(" + strconv.Itoa(int(h)) + ")"
-}
 
 // Valid reports whether h is one of the headers.
 func (h Header) Valid() bool { return h < headerLen }
 
-// HeaderResult is what became of one edge header of one request.
+//go:generate go tool stringer -type=HeaderResult -linecomment
+
+// HeaderResult is what became of one edge header of one request. Its
+// String is the label value metrics use.
 type HeaderResult uint8
 
 const (
 	// HeaderMissing: the request did not have it. The criticality is the
 	// configured default; the deadline is the server's own.
-	HeaderMissing HeaderResult = iota
+	HeaderMissing HeaderResult = iota // missing
 	// HeaderAccepted: its value is in the request's context.
-	HeaderAccepted
+	HeaderAccepted // accepted
 	// HeaderCapped: it asked for more than it may have - a criticality
 	// above the ceiling, which was lowered to it, or a deadline later than
 	// the one the request already had, which was kept.
-	HeaderCapped
+	HeaderCapped // capped
 	// HeaderMalformed: its value was none of the allowed ones, or it was
 	// sent more than once; it was ignored, as if missing.
-	HeaderMalformed
+	HeaderMalformed // malformed
 
-	headerResultLen // sentinel; keep last.
+	headerResultLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var headerResultNames = [headerResultLen]string{
-	HeaderMissing:   "missing",
-	HeaderAccepted:  "accepted",
-	HeaderCapped:    "capped",
-	HeaderMalformed: "malformed",
-}
-
-// String returns the result's name, the label value metrics use.
-func (r HeaderResult) String() string {
-	if r < headerResultLen {
-		return headerResultNames[r]
-	}
-	return "HeaderResult(" + strconv.Itoa(int(r)) + ")"
-}
 
 // Valid reports whether r is one of the results.
 func (r HeaderResult) Valid() bool { return r < headerResultLen }
