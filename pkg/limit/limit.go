@@ -47,22 +47,17 @@ func (ls *Lease) Release() {
 	l.release(ls.at)
 }
 
-// shape is what a Local enforces.
+//go:generate go tool stringer -type=shape -linecomment
+
+// shape is what a Local enforces. Its String is a Local's default name.
 type shape uint8
 
 const (
-	perSecond shape = iota
-	perWindow
-	concurrency
-	adaptiveShape
+	perSecond     shape = iota // perSecond
+	perWindow                  // perWindow
+	concurrency                // concurrency
+	adaptiveShape              // adaptive
 )
-
-var shapeNames = [...]string{
-	perSecond:     "perSecond",
-	perWindow:     "perWindow",
-	concurrency:   "concurrency",
-	adaptiveShape: "adaptive",
-}
 
 // Local is a limiter in this process, of one of the four shapes. It is safe
 // for concurrent use, and holds no goroutine: give it the lifetime of what it
@@ -143,7 +138,7 @@ func New(opts Options) (*Local, error) {
 	}
 	l.name = opts.Name
 	if l.name == "" {
-		l.name = shapeNames[l.shape]
+		l.name = l.shape.String()
 	}
 	l.refused = &verdict.RateLimitedError{Limiter: l.name}
 	l.queueFull = &verdict.RateLimitedError{Limiter: l.name, Err: ErrQueueFull}

@@ -1,9 +1,6 @@
 package limit
 
-import (
-	"strconv"
-	"time"
-)
+import "time"
 
 // Observer is told what a limiter does, for metrics. Package limitmetrics
 // implements it with Prometheus. Methods are called from the goroutines that
@@ -28,30 +25,20 @@ type Observer interface {
 	OnLimit(limit int)
 }
 
-// Outcome is what an Acquire came to.
+//go:generate go tool stringer -type=Outcome -linecomment
+
+// Outcome is what an Acquire came to. Its String is the label value
+// metrics use.
 type Outcome uint8
 
 const (
 	// Acquired: the caller got a lease.
-	Acquired Outcome = iota
+	Acquired Outcome = iota // acquired
 	// Denied: the caller was refused, or its context ended while it waited.
-	Denied
+	Denied // denied
 
-	outcomeLen // sentinel; keep last.
+	outcomeLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var outcomeNames = [outcomeLen]string{
-	Acquired: "acquired",
-	Denied:   "denied",
-}
-
-// String returns the outcome's name, the label value metrics use.
-func (o Outcome) String() string {
-	if o < outcomeLen {
-		return outcomeNames[o]
-	}
-	return "Outcome(" + strconv.Itoa(int(o)) + ")"
-}
 
 // Valid reports whether o is one of the outcomes, so that an adapter can
 // range over them: for o := Outcome(0); o.Valid(); o++.

@@ -3,7 +3,6 @@ package limit
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -47,33 +46,23 @@ type PerWindowOptions struct {
 	Segments int
 }
 
+//go:generate go tool stringer -type=QueueOrder -linecomment
+
 // QueueOrder is the order queued callers get permits in.
 type QueueOrder uint8
 
 const (
 	// OldestFirst serves the queue in arrival order, and refuses a caller
 	// that finds it full. The default.
-	OldestFirst QueueOrder = iota
+	OldestFirst QueueOrder = iota // oldest first
 	// NewestFirst serves the most recent caller first, and a caller that
 	// finds the queue full takes the place of the oldest, which is refused:
 	// under overload the callers most likely still to be waited for are
 	// served.
-	NewestFirst
+	NewestFirst // newest first
 
-	queueOrderLen // sentinel; keep last.
+	queueOrderLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var queueOrderNames = [queueOrderLen]string{
-	OldestFirst: "oldest first",
-	NewestFirst: "newest first",
-}
-
-func (o QueueOrder) String() string {
-	if o < queueOrderLen {
-		return queueOrderNames[o]
-	}
-	return "QueueOrder(" + strconv.Itoa(int(o)) + ")"
-}
 
 // Options configure a [Local] limiter. Set exactly one shape: PerSecond,
 // PerWindow, Concurrency or Adaptive. A section that sets two was written by
