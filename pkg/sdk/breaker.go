@@ -1,7 +1,6 @@
 package sdk
 
 import (
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,34 +8,21 @@ import (
 	"github.com/egressd/egressd/pkg/verdict"
 )
 
+//go:generate go tool stringer -type=BreakerState -linecomment
+
 // BreakerState is the state of a circuit breaker.
 type BreakerState uint8
 
 const (
 	// BreakerClosed: attempts flow; Transient outcomes are counted.
-	BreakerClosed BreakerState = iota
+	BreakerClosed BreakerState = iota // closed
 	// BreakerOpen: attempts are refused until OpenFor has passed.
-	BreakerOpen
+	BreakerOpen // open
 	// BreakerHalfOpen: a bounded number of probes may go through; a probe
 	// that comes to OK closes the breaker, one that comes to Transient
 	// re-opens it.
-	BreakerHalfOpen
-
-	breakerStateLen // sentinel; keep last.
+	BreakerHalfOpen // half-open
 )
-
-var breakerStateNames = [breakerStateLen]string{
-	BreakerClosed:   "closed",
-	BreakerOpen:     "open",
-	BreakerHalfOpen: "half-open",
-}
-
-func (s BreakerState) String() string {
-	if s < breakerStateLen {
-		return breakerStateNames[s]
-	}
-	return "BreakerState(" + strconv.Itoa(int(s)) + ")"
-}
 
 // BreakerOptions configures a Breaker. Zero fields take the defaults.
 type BreakerOptions struct {

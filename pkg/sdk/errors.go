@@ -131,47 +131,29 @@ func AsStop(err error) (*StopError, bool) {
 	return se, ok
 }
 
+//go:generate go tool stringer -type=StopReason -linecomment
+
 // StopReason says why the executor stopped making attempts.
 type StopReason uint8
 
 const (
 	// StopSuccess: an attempt came to verdict.OK.
-	StopSuccess StopReason = iota
+	StopSuccess StopReason = iota // success
 	// StopAttemptsExhausted: the last allowed attempt failed retryably.
-	StopAttemptsExhausted
+	StopAttemptsExhausted // attempts exhausted
 	// StopDeadline: the policy's or the caller's deadline passed, or the
 	// next delay would have run past it.
-	StopDeadline
+	StopDeadline // deadline
 	// StopBudget: the retry budget refused the retry.
-	StopBudget
+	StopBudget // retry budget exhausted
 	// StopBreakerOpen: the circuit breaker refused the attempt.
-	StopBreakerOpen
+	StopBreakerOpen // breaker open
 	// StopPermanent: an attempt came to verdict.Permanent.
-	StopPermanent
+	StopPermanent // permanent
 	// StopCancelled: the caller's context was cancelled.
-	StopCancelled
+	StopCancelled // cancelled
 	// StopInvalidUse: the call was refused before any attempt, its policy
 	// wanting another entry point (a Hedge given to Run or Try; the error
 	// wraps ErrHedgeNeedsRunHedged).
-	StopInvalidUse
-
-	stopReasonLen // sentinel; keep last.
+	StopInvalidUse // invalid use
 )
-
-var stopReasonNames = [stopReasonLen]string{
-	StopSuccess:           "success",
-	StopAttemptsExhausted: "attempts exhausted",
-	StopDeadline:          "deadline",
-	StopBudget:            "retry budget exhausted",
-	StopBreakerOpen:       "breaker open",
-	StopPermanent:         "permanent",
-	StopCancelled:         "cancelled",
-	StopInvalidUse:        "invalid use",
-}
-
-func (r StopReason) String() string {
-	if r < stopReasonLen {
-		return stopReasonNames[r]
-	}
-	return "StopReason(" + strconv.Itoa(int(r)) + ")"
-}

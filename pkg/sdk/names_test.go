@@ -2,34 +2,35 @@ package sdk
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 )
 
-func TestStopReasonNamesCoverEveryReason(t *testing.T) {
-	if len(stopReasonNames) != int(stopReasonLen) {
-		t.Fatalf("len(stopReasonNames) = %d, want %d", len(stopReasonNames), stopReasonLen)
+// A StopError's message starts with its reason's name, and docs/sdk.md
+// lists them: they must not change.
+func TestNames(t *testing.T) {
+	tests := []struct {
+		v    fmt.Stringer
+		want string
+	}{
+		{StopSuccess, "success"},
+		{StopAttemptsExhausted, "attempts exhausted"},
+		{StopDeadline, "deadline"},
+		{StopBudget, "retry budget exhausted"},
+		{StopBreakerOpen, "breaker open"},
+		{StopPermanent, "permanent"},
+		{StopCancelled, "cancelled"},
+		{StopInvalidUse, "invalid use"},
+		{StopInvalidUse + 1, "StopReason(8)"},
+		{BreakerClosed, "closed"},
+		{BreakerOpen, "open"},
+		{BreakerHalfOpen, "half-open"},
+		{BreakerHalfOpen + 1, "BreakerState(3)"},
 	}
-	seen := map[string]bool{}
-	for r := StopReason(0); r < stopReasonLen; r++ {
-		name := r.String()
-		if name == "" || strings.HasPrefix(name, "StopReason(") || seen[name] {
-			t.Errorf("StopReason(%d) has name %q: empty, missing or shared", r, name)
-		}
-		seen[name] = true
-	}
-	if got := stopReasonLen.String(); !strings.HasPrefix(got, "StopReason(") {
-		t.Errorf("out-of-range reason prints %q", got)
-	}
-}
-
-func TestBreakerStateNamesCoverEveryState(t *testing.T) {
-	if len(breakerStateNames) != int(breakerStateLen) {
-		t.Fatalf("len(breakerStateNames) = %d, want %d", len(breakerStateNames), breakerStateLen)
-	}
-	for s := BreakerState(0); s < breakerStateLen; s++ {
-		if name := s.String(); name == "" || strings.HasPrefix(name, "BreakerState(") {
-			t.Errorf("BreakerState(%d) has no name", s)
+	for _, tt := range tests {
+		if got := tt.v.String(); got != tt.want {
+			t.Errorf("String() = %q, want %q", got, tt.want)
 		}
 	}
 }
