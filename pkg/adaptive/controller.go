@@ -2,7 +2,6 @@ package adaptive
 
 import (
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,37 +31,24 @@ type Controller struct {
 	probes  uint64        // probes ended
 }
 
-// Source says where a baseline comes from.
+//go:generate go tool stringer -type=Source -linecomment
+
+// Source says where a baseline comes from. Its String is the control API's
+// baselineSource.
 type Source uint8
 
 const (
 	// NoSource: not enough calls for a baseline yet.
-	NoSource Source = iota
+	NoSource Source = iota // none
 	// FromWindow: the 10th percentile of the last five minutes of calls,
 	// as the reference specifies: with NoProbes, and before the first
 	// probe.
-	FromWindow
+	FromWindow // window
 	// FromProbes: the calls of drain probes.
-	FromProbes
+	FromProbes // probes
 	// Fixed: Options.Baseline.
-	Fixed
-
-	sourceLen // sentinel; keep last.
+	Fixed // fixed
 )
-
-var sourceNames = [sourceLen]string{
-	NoSource:   "none",
-	FromWindow: "window",
-	FromProbes: "probes",
-	Fixed:      "fixed",
-}
-
-func (s Source) String() string {
-	if s < sourceLen {
-		return sourceNames[s]
-	}
-	return "Source(" + strconv.Itoa(int(s)) + ")"
-}
 
 // State is what a Controller is doing, for a dashboard or an API.
 type State struct {

@@ -649,10 +649,22 @@ func TestConcurrentUseWithProbes(t *testing.T) {
 	}
 }
 
+// The names are the control API's baselineSource, which the CLI reads:
+// they must not change.
 func TestSourceNames(t *testing.T) {
-	for s := adaptive.NoSource; s <= adaptive.Fixed; s++ {
-		if name := s.String(); name == "" || name[0] == 'S' {
-			t.Errorf("Source %d has no name: %q", s, name)
+	tests := []struct {
+		s    adaptive.Source
+		want string
+	}{
+		{adaptive.NoSource, "none"},
+		{adaptive.FromWindow, "window"},
+		{adaptive.FromProbes, "probes"},
+		{adaptive.Fixed, "fixed"},
+		{adaptive.Fixed + 1, "Source(4)"},
+	}
+	for _, tt := range tests {
+		if got := tt.s.String(); got != tt.want {
+			t.Errorf("Source(%d).String() = %q, want %q", tt.s, got, tt.want)
 		}
 	}
 }
