@@ -10,6 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+//go:generate go tool stringer -type=Durability -linecomment
+
 // Durability says whether Redis keeps a concurrency budget's state through
 // a restart or a failover. It matters for [Slots], whose holders enforce
 // their slots where Redis cannot see (in a kernel): when Redis forgets the
@@ -24,25 +26,16 @@ const (
 	// kernel may still hold, and nothing grows until every holder had a
 	// lease to come back. Its first use is frozen too: Redis cannot tell
 	// the two apart. The default.
-	Ephemeral Durability = iota
+	Ephemeral Durability = iota // ephemeral
 	// Persistent: Redis keeps the state (an AOF with appendfsync
 	// everysec or always; a process restart loses nothing it
 	// acknowledged). A budget Redis has no record of is new, and grows at
 	// once, unless a holder that held slots of it says otherwise (it then
 	// freezes, as Ephemeral does).
-	Persistent
+	Persistent // persistent
 
-	durabilityLen // sentinel; keep last.
+	durabilityLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var durabilityNames = [durabilityLen]string{Ephemeral: "ephemeral", Persistent: "persistent"}
-
-func (d Durability) String() string {
-	if d < durabilityLen {
-		return durabilityNames[d]
-	}
-	return "Durability(" + strconv.Itoa(int(d)) + ")"
-}
 
 // DefaultReplicaWait is ReplicaWait when it is zero.
 const DefaultReplicaWait = 100 * time.Millisecond

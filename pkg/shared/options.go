@@ -2,7 +2,6 @@ package shared
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -88,35 +87,24 @@ type ConcurrencyOptions struct {
 	Durability Durability
 }
 
+//go:generate go tool stringer -type=FailureMode -linecomment
+
 // FailureMode is what Acquire does when Redis gives no decision.
 type FailureMode uint8
 
 const (
 	// Throw returns a *StoreError. The default.
-	Throw FailureMode = iota
+	Throw FailureMode = iota // throw
 	// Allow grants a lease and records nothing: the limit is lifted while
 	// Redis is unreachable.
-	Allow
+	Allow // allow
 	// Deny refuses, with an *sdk.RateLimitedError wrapping the
 	// *StoreError. With a queue, a waiter keeps waiting (and polling)
 	// through the outage: bound it with its context.
-	Deny
+	Deny // deny
 
-	failureModeLen // sentinel; keep last.
+	failureModeLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var failureModeNames = [failureModeLen]string{
-	Throw: "throw",
-	Allow: "allow",
-	Deny:  "deny",
-}
-
-func (m FailureMode) String() string {
-	if m < failureModeLen {
-		return failureModeNames[m]
-	}
-	return "FailureMode(" + strconv.Itoa(int(m)) + ")"
-}
 
 // Options configure a shared [Limiter]. Set Key and exactly one shape.
 // Settings are copied by [New]; every process sharing Key must use the same

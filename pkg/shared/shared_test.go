@@ -74,10 +74,24 @@ func TestKeyFor(t *testing.T) {
 	}
 }
 
-func TestNameTablesCoverEveryValue(t *testing.T) {
-	for i, n := range failureModeNames {
-		if n == "" {
-			t.Errorf("FailureMode %d has no name", i)
+// The names are the policy's values for a shared rule (pkg/policy's
+// FailureThrow…, DurabilityEphemeral…).
+func TestNames(t *testing.T) {
+	tests := []struct {
+		v    interface{ String() string }
+		want string
+	}{
+		{Throw, "throw"},
+		{Allow, "allow"},
+		{Deny, "deny"},
+		{FailureMode(failureModeLen), "FailureMode(3)"},
+		{Ephemeral, "ephemeral"},
+		{Persistent, "persistent"},
+		{Durability(durabilityLen), "Durability(2)"},
+	}
+	for _, tt := range tests {
+		if got := tt.v.String(); got != tt.want {
+			t.Errorf("String() = %q, want %q", got, tt.want)
 		}
 	}
 }
