@@ -6,10 +6,9 @@
 // Package sdk re-exports all of it under the same names.
 package edge
 
-import (
-	"context"
-	"strconv"
-)
+import "context"
+
+//go:generate go tool stringer -type=Criticality
 
 // Criticality says how much the caller needs a piece of work done. It is
 // carried in the context (WithCriticality), read by Admit hooks, and
@@ -18,7 +17,8 @@ import (
 //
 // The zero value is Critical, so work nobody labelled is treated as work
 // somebody is waiting for; the order is Sheddable < SheddablePlus < Critical
-// < CriticalPlus.
+// < CriticalPlus. Its String, the constant's name, is the value of
+// CriticalityHeader.
 type Criticality int8
 
 const (
@@ -31,20 +31,6 @@ const (
 	// CriticalPlus: the most important work; shed last.
 	CriticalPlus Criticality = 1
 )
-
-func (c Criticality) String() string {
-	switch c {
-	case Sheddable:
-		return "Sheddable"
-	case SheddablePlus:
-		return "SheddablePlus"
-	case Critical:
-		return "Critical"
-	case CriticalPlus:
-		return "CriticalPlus"
-	}
-	return "Criticality(" + strconv.Itoa(int(c)) + ")"
-}
 
 type criticalityKey struct{}
 

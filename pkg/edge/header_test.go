@@ -27,6 +27,27 @@ func TestParseCriticality(t *testing.T) {
 	}
 }
 
+// The names are CriticalityHeader's values (docs/serving.md): they must
+// not change.
+func TestCriticalityNames(t *testing.T) {
+	tests := []struct {
+		c    Criticality
+		want string
+	}{
+		{Sheddable, "Sheddable"},
+		{SheddablePlus, "SheddablePlus"},
+		{Critical, "Critical"},
+		{CriticalPlus, "CriticalPlus"},
+		{Sheddable - 1, "Criticality(-3)"},
+		{CriticalPlus + 1, "Criticality(2)"},
+	}
+	for _, tt := range tests {
+		if got := tt.c.String(); got != tt.want {
+			t.Errorf("Criticality(%d).String() = %q, want %q", tt.c, got, tt.want)
+		}
+	}
+}
+
 func TestTimeoutHeader(t *testing.T) {
 	tests := []struct {
 		in   string
