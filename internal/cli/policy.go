@@ -8,7 +8,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/policy"
 )
 
@@ -34,7 +33,7 @@ func policyCommand() *cli.Command {
 					case errors.As(err, &pe):
 						problems := pe.Problems
 						if wantJSON(c) {
-							output(c, control.PolicyCheck{Problems: splitLines(pe.Error())}, nil)
+							output(c, policyCheck{Problems: splitLines(pe.Error())}, nil)
 						} else {
 							fmt.Fprint(c.App.ErrWriter, pe.Error())
 							if len(pe.Error()) > 0 && pe.Error()[len(pe.Error())-1] != '\n' {
@@ -47,7 +46,7 @@ func policyCommand() *cli.Command {
 					case err != nil:
 						return err
 					}
-					return output(c, control.PolicyCheck{OK: true}, func(w io.Writer) { fmt.Fprintf(w, "%s: ok\n", file) })
+					return output(c, policyCheck{OK: true}, func(w io.Writer) { fmt.Fprintf(w, "%s: ok\n", file) })
 				},
 			},
 			{
@@ -64,6 +63,12 @@ func policyCommand() *cli.Command {
 			},
 		},
 	}
+}
+
+// policyCheck is what policy check --json prints.
+type policyCheck struct {
+	OK       bool     `json:"ok"`
+	Problems []string `json:"problems,omitempty"`
 }
 
 func splitLines(s string) []string {

@@ -17,8 +17,8 @@ import (
 )
 
 // The control API's handlers: what status, limits, events and attribution
-// show, a policy check, and the changes a writer asks for (limits, reload,
-// uninstall). Package control serves them and checks who may call which.
+// show, and the changes a writer asks for (limits, reload, uninstall).
+// Package control serves them and checks who may call which.
 
 func (d *Daemon) routes() map[string]control.Route {
 	get := func(h control.HandlerFunc) control.Route { return control.Route{Method: http.MethodGet, Handler: h} }
@@ -32,11 +32,9 @@ func (d *Daemon) routes() map[string]control.Route {
 		control.RouteLimitSet:     post(control.JSON(d.handleSetLimit)),
 		control.RouteLimitRemove:  post(control.JSON(d.handleRemoveLimit)),
 		control.RoutePolicyReload: post(control.JSON(d.handleReload)),
-		// Checking changes nothing: readers may do it.
-		control.RoutePolicyCheck: {Method: http.MethodPost, Handler: control.JSON(d.handleCheck)},
-		control.RouteEvents:      {Method: http.MethodGet, Stream: true, Handler: d.handleEvents},
-		control.RouteRefusal:     get(control.JSON(d.handleRefusal)),
-		control.RouteUninstall:   post(control.JSON(d.handleUninstall)),
+		control.RouteEvents:       {Method: http.MethodGet, Stream: true, Handler: d.handleEvents},
+		control.RouteRefusal:      get(control.JSON(d.handleRefusal)),
+		control.RouteUninstall:    post(control.JSON(d.handleUninstall)),
 	}
 }
 
@@ -296,18 +294,6 @@ func (d *Daemon) handleReload(r *http.Request, _ struct{}) (control.Reload, erro
 		return rl, applyError(err)
 	}
 	return rl, nil
-}
-
-func (d *Daemon) handleCheck(r *http.Request, in control.PolicyCheckRequest) (control.PolicyCheck, error) {
-	_, err := policy.Parse([]byte(in.Policy))
-	var pe *policy.Error
-	switch {
-	case err == nil:
-		return control.PolicyCheck{OK: true}, nil
-	case errors.As(err, &pe):
-		return control.PolicyCheck{Problems: strings.Split(strings.TrimSpace(pe.Error()), "\n")}, nil
-	}
-	return control.PolicyCheck{}, err
 }
 
 func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {

@@ -22,7 +22,6 @@ const (
 	RouteLimitSet     = "limit/set"
 	RouteLimitRemove  = "limit/remove"
 	RoutePolicyReload = "policy/reload"
-	RoutePolicyCheck  = "policy/check"
 	RouteEvents       = "events"
 	RouteRefusal      = "refusal"
 	RouteUninstall    = "uninstall"
@@ -164,17 +163,6 @@ type NameRequest struct {
 	Name string `json:"name"`
 }
 
-// PolicyCheckRequest carries a whole policy file.
-type PolicyCheckRequest struct {
-	Policy string `json:"policy"`
-}
-
-// PolicyCheck lists a policy's problems, one per line as a compiler would.
-type PolicyCheck struct {
-	OK       bool     `json:"ok"`
-	Problems []string `json:"problems,omitempty"`
-}
-
 // Event kinds.
 const (
 	// EventRefusal is a refused (or, in shadow mode, would-be refused)
@@ -265,12 +253,6 @@ func (c *Client) RemoveLimit(ctx context.Context, name string) error {
 func (c *Client) ReloadPolicy(ctx context.Context) (Reload, error) {
 	var r Reload
 	return r, c.Post(ctx, RoutePolicyReload, struct{}{}, &r)
-}
-
-// CheckPolicy checks a policy file's text without applying it.
-func (c *Client) CheckPolicy(ctx context.Context, text string) (PolicyCheck, error) {
-	var pc PolicyCheck
-	return pc, c.Post(ctx, RoutePolicyCheck, PolicyCheckRequest{Policy: text}, &pc)
 }
 
 // Events calls fn with recent events and, with follow, new ones as they
