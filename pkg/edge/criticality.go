@@ -1,9 +1,11 @@
 // Package edge is what crosses a process's edge with a request: how much
 // the caller needs the work done (Criticality) and how long it will still
-// wait, carried in two headers. The SDK sends them and the serving side
-// (pkg/serve) reads them; both use this package, which depends on nothing
-// of egressd's, so that a server links neither the SDK nor the control API.
-// Package sdk re-exports all of it under the same names.
+// wait, carried in two headers; and, from a gRPC server that refused the
+// call, when to retry (PushbackKey). The SDK sends the headers and the
+// serving side (pkg/serve, servegrpc) reads them; both use this package,
+// which depends on nothing of egressd's, so that a server links neither the
+// SDK nor the control API. Package sdk re-exports the criticality and the
+// headers under the same names, package sdkgrpc the pushback.
 package edge
 
 import "context"

@@ -9,10 +9,11 @@ import (
 )
 
 // Criticality and the time a caller will still wait cross the process edge
-// in two request headers: package sdkhttp's Propagate step (and sdkgrpc's) sends them, and
-// package serve's middleware reads them into the request's context, where an
-// Admit hook and the retry budget of the next hop read them again. Both
-// sides use the names and functions here, so they cannot drift apart.
+// in two request headers: package sdkhttp's Propagate step (and sdkgrpc's,
+// in metadata) sends them, and package serve's middleware (and servegrpc's
+// interceptors) reads them into the request's context, where an Admit hook
+// and the retry budget of the next hop read them again. Both sides use the
+// names and functions here, so they cannot drift apart.
 const (
 	// CriticalityHeader carries the caller's Criticality by name:
 	// Sheddable, SheddablePlus, Critical or CriticalPlus.

@@ -47,7 +47,7 @@ func (m *Middleware) edge(r *http.Request) (*http.Request, context.CancelFunc) {
 // Level decides a request's criticality from its header's values: missing
 // or malformed (sent more than once, or not one of the four names) is the
 // default; a level above the ceiling is the ceiling. Other servers of the
-// edge headers (package sdkgrpc's, from metadata) decide by it too.
+// edge headers (package servegrpc's, from metadata) decide by it too.
 func (o CriticalityOptions) Level(values []string) (edge.Criticality, HeaderResult) {
 	switch len(values) {
 	case 0:

@@ -125,7 +125,7 @@ func (o *Options) Validate() error {
 }
 
 // LimiterOptions returns p.Limiter with the policy's defaults applied, on
-// copies: the caller's options are not changed. Package sdkgrpc's policies
+// copies: the caller's options are not changed. Package servegrpc's policies
 // take the same defaults.
 func (p *Policy) LimiterOptions() partition.Options {
 	o := p.Limiter

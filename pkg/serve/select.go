@@ -18,7 +18,7 @@ func ByClientIP(r *http.Request) string { return AddrKey(r.RemoteAddr) }
 
 // AddrKey is ByClientIP's key for a peer's address given as "host:port":
 // the address, an IPv6 one as its /64, an IPv4-mapped one as IPv4; anything
-// else as it is. Package sdkgrpc partitions gRPC peers by it.
+// else as it is. Package servegrpc partitions gRPC peers by it.
 func AddrKey(addr string) string {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {

@@ -148,7 +148,7 @@ func (l *limited) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // PolicyLimiter makes p's partitioned limiter, whose count of partitions
 // obs hears (and p's own OnCount); it returns obs's observer of p, nil
-// when obs is. The HTTP middleware and sdkgrpc's server interceptors make
+// when obs is. The HTTP middleware and servegrpc's interceptors make
 // their limiters with it.
 func PolicyLimiter(p Policy, obs Observer) (*partition.Partitioned, PolicyObserver, error) {
 	lo := p.LimiterOptions()

@@ -2,7 +2,6 @@ package sdkgrpc
 
 import (
 	"errors"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/egressd/egressd/pkg/edge"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/verdict"
 )
@@ -17,8 +17,8 @@ import (
 // PushbackKey is the trailer in which a server tells a client when to
 // retry, in whole milliseconds (gRPC's retry design, A6): a non-negative
 // value is a delay to honour, a negative or malformed one means "do not
-// retry".
-const PushbackKey = "grpc-retry-pushback-ms"
+// retry". It is edge.PushbackKey, which package servegrpc sends.
+const PushbackKey = edge.PushbackKey
 
 // Edge metadata: sdk.CriticalityHeader and sdk.TimeoutHeader in the lower
 // case gRPC metadata keys are, with the same values.
@@ -110,25 +110,8 @@ func statusRule(err error) (verdict.Verdict, bool) {
 }
 
 // ParsePushback reads a PushbackKey value: ok is false for a negative or
-// malformed one, which means "do not retry".
-func ParsePushback(s string) (time.Duration, bool) {
-	ms, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || ms < 0 {
-		return 0, false
-	}
-	return time.Duration(min(ms, int64(1<<63-1)/int64(time.Millisecond))) * time.Millisecond, true
-}
-
-// FormatPushback formats d as a PushbackKey value: whole milliseconds,
-// rounded up, so that a client waiting as long as it is told arrives after
-// the permit it was told of.
-func FormatPushback(d time.Duration) string {
-	ms := d / time.Millisecond
-	if d%time.Millisecond != 0 {
-		ms++
-	}
-	return strconv.FormatInt(int64(max(ms, 0)), 10)
-}
+// malformed one, which means "do not retry" (edge.ParsePushback).
+func ParsePushback(s string) (time.Duration, bool) { return edge.ParsePushback(s) }
 
 // Defaults returns sdk.HTTPDefaults (a 10s attempt timeout, a 30s deadline,
 // retries, a budget and a breaker of its own) with sdk.DaemonAttributor(nil)

@@ -33,8 +33,8 @@ type ClientOptions struct {
 	// Propagate sends the caller's criticality (when its context carries
 	// one, see sdk.LookupCriticality) and the attempt's remaining time in
 	// the metadata keys egressd-criticality and egressd-timeout-ms, which a
-	// Server on the other side reads. Off unless set: a third party has no
-	// use for them.
+	// servegrpc.Server on the other side reads. Off unless set: a third
+	// party has no use for them.
 	Propagate bool
 	// Dial makes the connections, when set (a custom dialer, a unix
 	// socket); nil dials TCP. The Client watches what it returns, so that

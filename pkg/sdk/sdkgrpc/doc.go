@@ -1,7 +1,8 @@
 // Package sdkgrpc is the SDK for gRPC: client interceptors that run each
-// call through an sdk.Policy, and server interceptors that admit calls
-// through partitioned limiters and read the callers' criticality and
-// deadline, the gRPC side of what packages sdkhttp and serve do for HTTP.
+// call through an sdk.Policy, the gRPC side of what package sdkhttp does
+// for HTTP. The server interceptors are package servegrpc's, on the serving
+// side: a client links neither them nor the limiters and Redis client they
+// bring.
 //
 //	c := sdkgrpc.NewClient(sdkgrpc.ClientOptions{
 //		Policy:     p, // e.g. sdkgrpc.Defaults(), with a Hedge
@@ -9,14 +10,6 @@
 //		Propagate:  true,
 //	})
 //	conn, err := grpc.NewClient(target, append(c.DialOptions(), creds)...)
-//
-//	s, err := sdkgrpc.NewServer(sdkgrpc.ServerOptions{Policies: []sdkgrpc.ServerPolicy{
-//		{Name: "per-peer", Partition: sdkgrpc.ByPeer, Limiter: partition.Options{
-//			Local: &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 100}}}},
-//	}})
-//	srv := grpc.NewServer(s.ServerOptions()...)
-//
-// # Client
 //
 // A unary call is one sdk.Run: each attempt is an invocation on the
 // attempt's context, its status classified by Classifier (RESOURCE_EXHAUSTED
@@ -43,16 +36,4 @@
 // sdk.DaemonAttributor makes the call a self-imposed refusal naming the
 // rule, as in HTTP; unclaimed, it is Permanent. gRPC reconnects on its own
 // backoff: a retry sooner than its next dial finds the same UNAVAILABLE.
-//
-// # Server
-//
-// The interceptors read egressd-criticality and egressd-timeout-ms from
-// the call's metadata under package serve's rules (the criticality within
-// CriticalityOptions.Ceiling, the timeout only when it is sooner than the
-// deadline the call has), remove both from the metadata the handler sees,
-// then ask every policy naming the method for a permit, held until the
-// handler returns. A refusal is RESOURCE_EXHAUSTED with the limiter's hint
-// in the grpc-retry-pushback-ms trailer (rounded up to the millisecond); a
-// limiter that could not decide, UNAVAILABLE. The Observer is package
-// serve's, so servemetrics counts gRPC calls as it counts requests.
 package sdkgrpc

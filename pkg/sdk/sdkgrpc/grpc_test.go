@@ -23,6 +23,7 @@ import (
 	"github.com/egressd/egressd/pkg/partition"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/serve"
+	"github.com/egressd/egressd/pkg/serve/servegrpc"
 	"github.com/egressd/egressd/pkg/verdict"
 )
 
@@ -173,9 +174,6 @@ func TestClassifier(t *testing.T) {
 			}
 		})
 	}
-	if got := FormatPushback(1500*time.Microsecond + 1); got != "2" {
-		t.Errorf("FormatPushback(1.5ms) = %q, want 2 (rounded up)", got)
-	}
 }
 
 // Over a real connection: UNAVAILABLE is retried on the transient curve,
@@ -217,8 +215,8 @@ func TestUnaryRetries(t *testing.T) {
 // RESOURCE_EXHAUSTED with the limiter's hint as pushback, which the client
 // waits out before its retry is admitted.
 func TestServerRefusalWithPushback(t *testing.T) {
-	s, err := NewServer(ServerOptions{Policies: []ServerPolicy{{
-		Name: "per-peer", Partition: ByPeer,
+	s, err := servegrpc.New(servegrpc.Options{Policies: []servegrpc.Policy{{
+		Name: "per-peer", Partition: servegrpc.ByPeer,
 		Limiter: partition.Options{Local: &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Second}}},
 	}}})
 	if err != nil {
@@ -270,7 +268,7 @@ func firstOf(vs []string) string {
 // context holds them (the criticality within the ceiling, the deadline no
 // later than sent), and the metadata it sees no longer has them.
 func TestPropagateAndEdge(t *testing.T) {
-	s, err := NewServer(ServerOptions{Criticality: serve.CriticalityOptions{Default: sdk.Critical, Ceiling: sdk.Critical}})
+	s, err := servegrpc.New(servegrpc.Options{Criticality: serve.CriticalityOptions{Default: sdk.Critical, Ceiling: sdk.Critical}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package sdkgrpc
+package servegrpc
 
 import (
 	"context"
@@ -12,14 +12,22 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/egressd/egressd/pkg/edge"
 	"github.com/egressd/egressd/pkg/partition"
-	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/serve"
+	"github.com/egressd/egressd/pkg/verdict"
 )
 
-// ServerPolicy is a named limit on the calls a server accepts: a limiter
-// per partition of them, as in package serve.
-type ServerPolicy struct {
+// Edge metadata: edge.CriticalityHeader and edge.TimeoutHeader in the lower
+// case gRPC metadata keys are, with the same values.
+var (
+	criticalityKey = strings.ToLower(edge.CriticalityHeader)
+	timeoutKey     = strings.ToLower(edge.TimeoutHeader)
+)
+
+// Policy is a named limit on the calls a server accepts: a limiter per
+// partition of them, as in package serve.
+type Policy struct {
 	// Name names the policy in refusals and metrics. Required; unique.
 	Name string
 	// Methods are the methods the policy applies to: full names
@@ -37,10 +45,10 @@ type ServerPolicy struct {
 	Limiter partition.Options
 }
 
-// ServerOptions configure a Server.
-type ServerOptions struct {
+// Options configure a Server.
+type Options struct {
 	// Policies apply, in order, to the calls whose method they name.
-	Policies []ServerPolicy
+	Policies []Policy
 	// Criticality says how far the criticality a caller sends is trusted,
 	// as for package serve's middleware.
 	Criticality serve.CriticalityOptions
@@ -66,9 +74,9 @@ type serverPolicy struct {
 	obs     serve.PolicyObserver
 }
 
-// NewServer returns a Server, or a *serve.OptionsError listing every problem
+// New returns a Server, or a *serve.OptionsError listing every problem
 // with o, as serve.New would.
-func NewServer(o ServerOptions) (*Server, error) {
+func New(o Options) (*Server, error) {
 	so := serve.Options{Criticality: o.Criticality}
 	for _, p := range o.Policies {
 		so.Policies = append(so.Policies, serve.Policy{Name: p.Name, Limiter: p.Limiter})
@@ -182,10 +190,10 @@ func (p *serverPolicy) applies(method string) bool {
 // the retry pushback, when it has one), which a client reads as Throttled;
 // a limiter that could not decide is UNAVAILABLE.
 func reject(ctx context.Context, policy string, err error) (serve.Outcome, metadata.MD, error) {
-	if rl, ok := sdk.AsRateLimited(err); ok {
+	if rl, ok := verdict.AsRateLimited(err); ok {
 		var md metadata.MD
 		if rl.RetryAfter > 0 {
-			md = metadata.Pairs(PushbackKey, FormatPushback(rl.RetryAfter))
+			md = metadata.Pairs(edge.PushbackKey, edge.FormatPushback(rl.RetryAfter))
 		}
 		return serve.Refused, md, status.Error(codes.ResourceExhausted, "refused by "+policy)
 	}
@@ -202,7 +210,7 @@ func reject(ctx context.Context, policy string, err error) (serve.Outcome, metad
 func (s *Server) edge(ctx context.Context) (context.Context, context.CancelFunc) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	c, cres := s.crit.Level(md.Get(criticalityKey))
-	ctx = sdk.WithCriticality(ctx, c)
+	ctx = edge.WithCriticality(ctx, c)
 	deadline, bounded := ctx.Deadline()
 	d, tres := serve.Timeout(md.Get(timeoutKey), time.Now(), deadline, bounded)
 	cancel := context.CancelFunc(func() {})
