@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/urfave/cli/v2"
 )
@@ -41,8 +42,8 @@ func TestNameLast(t *testing.T) {
 // fakeDaemon serves the limits route on a control socket of the test's own.
 func fakeDaemon(t *testing.T, limits []control.Limit) string {
 	t.Helper()
-	return serveRoutes(t, map[string]control.Route{
-		control.RouteLimits: {Method: http.MethodGet, Handler: control.JSON(func(*http.Request, struct{}) ([]control.Limit, error) {
+	return serveRoutes(t, map[string]controlserver.Route{
+		control.RouteLimits: {Method: http.MethodGet, Handler: controlserver.JSON(func(*http.Request, struct{}) ([]control.Limit, error) {
 			return limits, nil
 		})},
 	})
@@ -50,10 +51,10 @@ func fakeDaemon(t *testing.T, limits []control.Limit) string {
 
 // serveRoutes serves routes on a control socket of the test's own until
 // the test ends, and returns the socket's path.
-func serveRoutes(t *testing.T, routes map[string]control.Route) string {
+func serveRoutes(t *testing.T, routes map[string]controlserver.Route) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "sock")
-	srv, err := control.NewServer(control.Config{Socket: sock, Routes: routes})
+	srv, err := controlserver.New(controlserver.Config{Socket: sock, Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -17,8 +18,8 @@ import (
 func setDaemon(t *testing.T) (sock string, sent *[]string) {
 	t.Helper()
 	sent = new([]string)
-	return serveRoutes(t, map[string]control.Route{
-		control.RouteLimitSet: {Method: http.MethodPost, Handler: control.JSON(func(_ *http.Request, in control.SetLimitRequest) (control.Limit, error) {
+	return serveRoutes(t, map[string]controlserver.Route{
+		control.RouteLimitSet: {Method: http.MethodPost, Handler: controlserver.JSON(func(_ *http.Request, in control.SetLimitRequest) (control.Limit, error) {
 			*sent = append(*sent, in.Rule)
 			return control.Limit{Name: "x", Shape: "concurrency", Source: "cli", Rule: in.Rule}, nil
 		})},

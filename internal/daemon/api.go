@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/kernelrule"
@@ -18,23 +19,25 @@ import (
 
 // The control API's handlers: what status, limits, events and attribution
 // show, and the changes a writer asks for (limits, reload, uninstall).
-// Package control serves them and checks who may call which.
+// Package controlserver serves them and checks who may call which.
 
-func (d *Daemon) routes() map[string]control.Route {
-	get := func(h control.HandlerFunc) control.Route { return control.Route{Method: http.MethodGet, Handler: h} }
-	post := func(h control.HandlerFunc) control.Route {
-		return control.Route{Method: http.MethodPost, Write: true, Handler: h}
+func (d *Daemon) routes() map[string]controlserver.Route {
+	get := func(h controlserver.HandlerFunc) controlserver.Route {
+		return controlserver.Route{Method: http.MethodGet, Handler: h}
 	}
-	return map[string]control.Route{
-		control.RouteStatus:       get(control.JSON(d.handleStatus)),
-		control.RouteLimits:       get(control.JSON(d.handleLimits)),
-		control.RouteLimit:        get(control.JSON(d.handleLimit)),
-		control.RouteLimitSet:     post(control.JSON(d.handleSetLimit)),
-		control.RouteLimitRemove:  post(control.JSON(d.handleRemoveLimit)),
-		control.RoutePolicyReload: post(control.JSON(d.handleReload)),
+	post := func(h controlserver.HandlerFunc) controlserver.Route {
+		return controlserver.Route{Method: http.MethodPost, Write: true, Handler: h}
+	}
+	return map[string]controlserver.Route{
+		control.RouteStatus:       get(controlserver.JSON(d.handleStatus)),
+		control.RouteLimits:       get(controlserver.JSON(d.handleLimits)),
+		control.RouteLimit:        get(controlserver.JSON(d.handleLimit)),
+		control.RouteLimitSet:     post(controlserver.JSON(d.handleSetLimit)),
+		control.RouteLimitRemove:  post(controlserver.JSON(d.handleRemoveLimit)),
+		control.RoutePolicyReload: post(controlserver.JSON(d.handleReload)),
 		control.RouteEvents:       {Method: http.MethodGet, Stream: true, Handler: d.handleEvents},
-		control.RouteRefusal:      get(control.JSON(d.handleRefusal)),
-		control.RouteUninstall:    post(control.JSON(d.handleUninstall)),
+		control.RouteRefusal:      get(controlserver.JSON(d.handleRefusal)),
+		control.RouteUninstall:    post(controlserver.JSON(d.handleUninstall)),
 	}
 }
 
@@ -126,7 +129,7 @@ func (d *Daemon) handleLimit(r *http.Request, _ struct{}) (control.Limit, error)
 
 // readOnly says whether r's caller may read but not write.
 func readOnly(r *http.Request) bool {
-	return control.AccessFrom(r.Context()) < control.AccessWrite
+	return controlserver.AccessFrom(r.Context()) < controlserver.AccessWrite
 }
 
 // limitView describes one rule with its kernel counts, for a reader if
@@ -303,7 +306,7 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	shown := func(event) bool { return true }
 	var who follower
 	if readOnly(r) {
-		peer, known := control.PeerFrom(r.Context())
+		peer, known := controlserver.PeerFrom(r.Context())
 		if !known {
 			return control.Errorf(control.CodeForbidden, "the asking process is not known")
 		}
@@ -319,7 +322,7 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		defer cancel()
 		live = ch
 	}
-	sw, err := control.NewStreamWriter(w)
+	sw, err := controlserver.NewStreamWriter(w)
 	if err != nil {
 		return err
 	}
@@ -415,7 +418,7 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 		}
 		proto = p
 	}
-	peer, known := control.PeerFrom(r.Context())
+	peer, known := controlserver.PeerFrom(r.Context())
 	// 0 is the asking process, by the pid the kernel gives it here: in a
 	// container's pid namespace, its own pid names another process.
 	if pid == 0 {
@@ -425,7 +428,7 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 		pid = uint64(uint32(peer.PID))
 	}
 	// A reader learns about its own connections only.
-	if control.AccessFrom(r.Context()) != control.AccessWrite && (!known || uint32(peer.PID) != uint32(pid)) {
+	if controlserver.AccessFrom(r.Context()) != controlserver.AccessWrite && (!known || uint32(peer.PID) != uint32(pid)) {
 		return control.Attribution{}, control.Errorf(control.CodeForbidden, "may ask only about your own process")
 	}
 	e, ok := d.attribute(uint32(pid), proto, netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
@@ -21,14 +22,14 @@ import (
 // Peers as the control server sees them when the daemon runs as root:
 // uid 0 writes, any other uid without the socket's group only reads.
 var (
-	writerPeer = control.Peer{PID: 4241, UID: 0, GID: 0}
-	readerPeer = control.Peer{PID: 4242, UID: 1234, GID: 1234}
+	writerPeer = controlserver.Peer{PID: 4241, UID: 0, GID: 0}
+	readerPeer = controlserver.Peer{PID: 4242, UID: 1234, GID: 1234}
 )
 
 // server is a control server of td's routes, to call through ServeHTTP.
-func (td *testDaemon) server(t *testing.T) *control.Server {
+func (td *testDaemon) server(t *testing.T) *controlserver.Server {
 	t.Helper()
-	srv, err := control.NewServer(control.Config{Routes: td.routes(), Logger: td.log})
+	srv, err := controlserver.New(controlserver.Config{Routes: td.routes(), Logger: td.log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,12 +38,12 @@ func (td *testDaemon) server(t *testing.T) *control.Server {
 
 // serveAs answers a GET of route for peer, through the control server's
 // access checks, and returns the status and body.
-func (td *testDaemon) serveAs(t *testing.T, peer control.Peer, route string) (int, string) {
+func (td *testDaemon) serveAs(t *testing.T, peer controlserver.Peer, route string) (int, string) {
 	t.Helper()
 	srv := td.server(t)
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", control.Prefix+route, nil)
-	srv.ServeHTTP(rec, req.WithContext(control.WithPeer(req.Context(), peer)))
+	srv.ServeHTTP(rec, req.WithContext(controlserver.WithPeer(req.Context(), peer)))
 	return rec.Code, rec.Body.String()
 }
 
@@ -54,7 +55,7 @@ func TestLimitsHideRedisPasswordsFromReaders(t *testing.T) {
 	td.apply(t, "rules:\n  - {name: s, destination: 10.0.0.1, port: 80, concurrency: 10, shared: {redis: \"redis+sentinel://user:s3cret@127.0.0.1:1/0?master_name=m&password=pr1mary\", key: k, replicas: 1}}\n")
 	tests := []struct {
 		name, route  string
-		peer         control.Peer
+		peer         controlserver.Peer
 		want, hidden string
 	}{
 		{"reader, every rule", "limits", readerPeer, "user:xxxxx@", "s3cret"},
@@ -113,8 +114,8 @@ func TestEventsShowReadersTheirOwn(t *testing.T) {
 	refuse(readerPeer.PID, "mine")
 	refuse(7, "theirs")
 	srv := td.server(t)
-	follow := func(peer control.Peer) (w *streamRecorder, stop func()) {
-		ctx, cancel := context.WithCancel(control.WithPeer(context.Background(), peer))
+	follow := func(peer controlserver.Peer) (w *streamRecorder, stop func()) {
+		ctx, cancel := context.WithCancel(controlserver.WithPeer(context.Background(), peer))
 		req := httptest.NewRequestWithContext(ctx, "GET", control.Prefix+control.RouteEvents+"?follow=true", nil)
 		w = &streamRecorder{header: http.Header{}}
 		done := make(chan struct{})
@@ -160,9 +161,9 @@ func TestEventsShowReadersTheirOwn(t *testing.T) {
 
 // followAs asks srv to follow events for peer and returns the status it
 // was answered with. A stream it was given ends with the test.
-func followAs(t *testing.T, srv *control.Server, peer control.Peer) int {
+func followAs(t *testing.T, srv *controlserver.Server, peer controlserver.Peer) int {
 	t.Helper()
-	ctx, cancel := context.WithCancel(control.WithPeer(context.Background(), peer))
+	ctx, cancel := context.WithCancel(controlserver.WithPeer(context.Background(), peer))
 	req := httptest.NewRequestWithContext(ctx, "GET", control.Prefix+control.RouteEvents+"?follow=true", nil)
 	w := &streamRecorder{header: http.Header{}, status: make(chan int, 1)}
 	done := make(chan struct{})
@@ -303,7 +304,7 @@ func TestEventsShowPolicyShape(t *testing.T) {
 	td.apply(t, "rules:\n  - {name: ad, destination: 10.0.0.1, adaptive: {}}\n")
 	td.events.add(event{Refusal: loader.Refusal{Time: time.Now(), PID: 7, Rule: "ad", Dest: netip.MustParseAddrPort("10.0.0.1:80"), Shape: loader.ShapeConcurrency, Shadow: true}})
 	td.events.add(event{Refusal: loader.Refusal{Time: time.Now(), PID: 7, Rule: "gone", Dest: netip.MustParseAddrPort("10.0.0.2:80"), Shape: loader.ShapePerWindow}})
-	ctx := control.WithPeer(context.Background(), writerPeer)
+	ctx := controlserver.WithPeer(context.Background(), writerPeer)
 	req := httptest.NewRequestWithContext(ctx, "GET", control.Prefix+control.RouteEvents, nil)
 	w := &streamRecorder{header: http.Header{}}
 	td.server(t).ServeHTTP(w, req)

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -66,7 +66,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.names.restore()
 	// The socket first: a second daemon started by mistake stops here,
 	// before it touches the datapath of the first.
-	srv, err := control.NewServer(control.Config{Socket: d.cfg.Socket, Group: d.cfg.SocketGroup, Mode: d.cfg.SocketMode, Routes: d.routes(), Logger: d.log})
+	srv, err := controlserver.New(controlserver.Config{Socket: d.cfg.Socket, Group: d.cfg.SocketGroup, Mode: d.cfg.SocketMode, Routes: d.routes(), Logger: d.log})
 	if err != nil {
 		return err
 	}
@@ -240,7 +240,7 @@ func (d *Daemon) listenMetrics() (net.Listener, error) {
 // serve starts the daemon's loops and servers, each in a goroutine that
 // stack's cleanup stops and joins: the servers are shut down first, then
 // the loops' context ends and they are waited for.
-func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *control.Server, ln, metricsLn net.Listener) {
+func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *controlserver.Server, ln, metricsLn net.Listener) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var readers []func() error

@@ -48,6 +48,13 @@ type Client struct {
 // host is the Host header of every request; the socket is the address.
 const host = "egressd"
 
+// Prefix is the path under which routes are served: route "status" is
+// /v1/status.
+const Prefix = "/v1/"
+
+// DefaultSocket is where the daemon listens unless told otherwise.
+const DefaultSocket = "/run/egressd/egressd.sock"
+
 // SocketEnv names the environment variable that moves the socket for
 // every zero-value Client in a process: the CLI, and services using the SDK.
 const SocketEnv = "EGRESSD_SOCKET"
@@ -253,7 +260,7 @@ func (c *Client) send(ctx context.Context, method, route string, in any, accept 
 // responseError reads a failure response.
 func responseError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var we wireError
+	var we ErrorBody
 	msg := ""
 	if err := json.Unmarshal(b, &we); err == nil && we.Error != "" {
 		msg = we.Error

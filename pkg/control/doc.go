@@ -1,69 +1,39 @@
-// Package control is the transport of egressd's control API: HTTP/JSON over a
-// unix socket, served by the daemon and used by the CLI and the SDK.
+// Package control is egressd's control API as its callers see it: the
+// client, the routes' names and wire types, and the errors, over HTTP/JSON
+// on a unix socket. The CLI and the SDK use it; the daemon serves it with
+// package internal/controlserver, which a caller never links.
 //
-// # Routes
+// # Routes and errors
 //
-// A [Server] serves a route table keyed by name under a version prefix: the
-// route "status" answers at /v1/status. Each [Route] names its one method and
-// whether it changes state (Write). An unknown route is a 404, a wrong method
-// a 405 (with an Allow header), and every error, from the router or from a
-// handler, is a JSON body
+// Routes are named under a version prefix ([Prefix]): the route "status"
+// answers at /v1/status. Every error, from the router or from a handler,
+// is a JSON body ([ErrorBody])
 //
 //	{"error": "rule \"payments\" not found", "code": "not_found"}
 //
 // with the status its [Code] maps to (invalid 400, forbidden 403, not_found
 // 404, conflict 409, unavailable 503, internal and anything untyped 500).
-// Handlers return errors, not status codes: a [*Error] made by [Errorf], or any
-// error wrapping one of the sentinels ([ErrInvalid], [ErrNotFound],
-// [ErrConflict], [ErrAccessDenied], [ErrUnavailable]). A panicking handler is
-// recovered and answered with a 500; the daemon keeps running.
-//
-// [Decode] reads a request body strictly: one JSON value of at most
-// [MaxBodyBytes], no unknown fields, nothing after it. Every problem is a 400
-// whose message says what was wrong and where. [JSON] adapts a typed function
-// to a handler. [StreamWriter] writes newline-delimited JSON for long-lived
-// responses (egressd events --follow); [Client.Stream] reads them.
-//
-// # Who may do what
-//
-// The socket is the only way in: there is no TCP listener, and requests that
-// carry an Origin, Referer or Sec-Fetch-Site header are refused with a 403
-// before routing, so that a web page can never drive the API even through a
-// local proxy. The socket is created with mode 0660 (owner root, group the
-// configured group, if any), so the kernel keeps everyone else from
-// connecting at all.
-//
-// Whoever gets a connection is identified by the kernel, not by anything they
-// send: the peer's pid, uid and gid (SO_PEERCRED) and supplementary groups
-// (SO_PEERGROUPS, or the Groups line of /proc/PID/status on kernels before
-// 4.13), as they were when the peer called connect. From those:
-//
-//   - write (every route): uid 0, the daemon's own uid, or a member of the
-//     configured group, as primary or supplementary group;
-//   - read (routes whose Write is false): anyone else who could connect.
-//
-// Read-only access exists for the cases where the socket mode is widened on
-// purpose (e.g. 0666 so that every service's SDK can ask "did you refuse
-// me?"): widening the mode then never grants the right to change limits.
-// A connection whose credentials cannot be read gets nothing: every request
-// on it is a 403. Handlers read the caller's identity with [PeerFrom] (the
-// SDK's refusal query uses the pid) and its access with [AccessFrom].
-//
-// Credentials are those of the process that connected; a process that
-// changes its uid afterwards keeps the access it connected with, as with any
-// SO_PEERCRED check. UIDs and pids are as seen from the daemon's namespaces;
-// a peer in a pid namespace the daemon cannot see has pid 0.
+// A handler answers with an [*Error] made by [Errorf], or any error
+// wrapping one of the sentinels ([ErrInvalid], [ErrNotFound],
+// [ErrConflict], [ErrAccessDenied], [ErrUnavailable]).
 //
 // # Client
 //
-// A [Client] works at its zero value, talking to [DefaultSocket]. Typed
-// methods for each route are a few lines on top of [Client.Do]. Errors come
-// back typed: a 403 (or a socket the caller may not open) is an
-// [*AccessDeniedError], a missing socket or nobody listening on it is a
-// [*NotRunningError] that asks "is the daemon running?", and any other failure
-// status is an [*APIError] that matches the sentinel of its code with
-// [errors.Is]. The client decodes responses leniently (unknown fields are
-// ignored), so a newer daemon can add fields without breaking older clients;
-// the server decodes requests strictly, so a typo in a field name is an error
-// rather than a silently ignored setting.
+// A [Client] works at its zero value, talking to $EGRESSD_SOCKET or
+// [DefaultSocket]. Typed methods for each route are a few lines on top of
+// [Client.Do]; [Client.Stream] reads newline-delimited JSON for long-lived
+// responses (egressd events --follow). Errors come back typed: a 403 (or a
+// socket the caller may not open) is an [*AccessDeniedError], a missing
+// socket or nobody listening on it is a [*NotRunningError] that asks "is
+// the daemon running?", and any other failure status is an [*APIError] that
+// matches the sentinel of its code with [errors.Is]. The client decodes
+// responses leniently (unknown fields are ignored), so a newer daemon can
+// add fields without breaking older clients; the server decodes requests
+// strictly, so a typo in a field name is an error rather than a silently
+// ignored setting.
+//
+// Who may call which route is decided by the daemon from the peer
+// credentials the kernel gives it (see package internal/controlserver):
+// anyone who can connect may read, root, the daemon's uid and the
+// configured group may also write.
 package control

@@ -1,7 +1,6 @@
 package control
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -80,8 +79,6 @@ type Error struct {
 	Message string
 	// Err is the cause, if any; it is not sent.
 	Err error
-
-	status int // overrides Code.Status(); the router's 405
 }
 
 // Errorf makes an *Error. The format supports %w, which sets Err.
@@ -106,43 +103,10 @@ func (e *Error) Is(target error) bool {
 	return s != nil && target == s
 }
 
-// wireError is the JSON body of every error response.
-type wireError struct {
+// ErrorBody is the JSON body of every error response.
+type ErrorBody struct {
 	Error string `json:"error"`
 	Code  Code   `json:"code"`
-}
-
-// classify turns whatever a handler returned into a status and a body. The
-// message is the whole error text, so wrapping context survives.
-func classify(err error) (int, wireError) {
-	code := CodeInternal
-	status := 0
-	var e *Error
-	switch {
-	case errors.As(err, &e):
-		code, status = e.Code, e.status
-	case errors.Is(err, ErrInvalid):
-		code = CodeInvalid
-	case errors.Is(err, ErrNotFound):
-		code = CodeNotFound
-	case errors.Is(err, ErrConflict):
-		code = CodeConflict
-	case errors.Is(err, ErrAccessDenied):
-		code = CodeForbidden
-	case errors.Is(err, ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		code = CodeUnavailable
-	}
-	if code == "" {
-		code = CodeInternal
-	}
-	if status == 0 {
-		status = code.Status()
-	}
-	msg := err.Error()
-	if msg == "" {
-		msg = http.StatusText(status)
-	}
-	return status, wireError{Error: msg, Code: code}
 }
 
 // APIError is a failure status from the daemon other than 403.

@@ -1,4 +1,4 @@
-package control_test
+package controlserver_test
 
 import (
 	"bufio"
@@ -15,11 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 )
 
 func TestRealPeerCredentials(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	var got whoami
 	if err := h.client.Get(context.Background(), "whoami", &got); err != nil {
 		t.Fatal(err)
@@ -45,7 +46,7 @@ func TestRealPeerCredentials(t *testing.T) {
 }
 
 func TestBrowserRequestsRefused(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	for _, hdr := range []string{"Origin", "Referer", "Sec-Fetch-Site"} {
 		t.Run(hdr, func(t *testing.T) {
 			status, body, _ := h.raw(t, http.MethodGet, "/v1/whoami", "", http.Header{hdr: {"http://evil.example"}})
@@ -65,7 +66,7 @@ func TestBrowserRequestsRefused(t *testing.T) {
 }
 
 func TestRouting(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	tests := []struct {
 		method, path string
 		status       int
@@ -91,8 +92,8 @@ func TestRouting(t *testing.T) {
 }
 
 func TestMalformedRequests(t *testing.T) {
-	h := start(t, control.Config{})
-	big := `{"name":"` + strings.Repeat("x", control.MaxBodyBytes) + `"}`
+	h := start(t, controlserver.Config{})
+	big := `{"name":"` + strings.Repeat("x", controlserver.MaxBodyBytes) + `"}`
 	tests := []struct {
 		name, body, msg string
 	}{
@@ -109,7 +110,7 @@ func TestMalformedRequests(t *testing.T) {
 		{"empty", ``, "request body is empty"},
 		{"white space", " \n\t", "request body is empty"},
 		{"oversize", big, "larger than 1 MiB"},
-		{"oversize padding", `{}` + strings.Repeat(" ", control.MaxBodyBytes), "larger than 1 MiB"},
+		{"oversize padding", `{}` + strings.Repeat(" ", controlserver.MaxBodyBytes), "larger than 1 MiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,7 +134,7 @@ func TestMalformedRequests(t *testing.T) {
 }
 
 func TestJSONEmptyBodyIsZeroValue(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	var out echoIn
 	if err := h.client.Post(context.Background(), "echo", nil, &out); err != nil {
 		t.Fatal(err)
@@ -144,7 +145,7 @@ func TestJSONEmptyBodyIsZeroValue(t *testing.T) {
 }
 
 func TestHandlerErrors(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	tests := []struct {
 		how      string
 		status   int
@@ -193,12 +194,12 @@ func TestHandlerErrors(t *testing.T) {
 // permission decision follows the peer.
 func TestServeHTTPWithPeer(t *testing.T) {
 	tr := &testRoutes{calls: map[string]int{}}
-	srv, err := control.NewServer(control.Config{Routes: tr.table(), Logger: quiet})
+	srv, err := controlserver.New(controlserver.Config{Routes: tr.table(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Someone who is neither root nor the test's own uid (the "daemon's").
-	someone := control.Peer{PID: 42, UID: 54321, GID: 54321}
+	someone := controlserver.Peer{PID: 42, UID: 54321, GID: 54321}
 	tests := []struct {
 		name   string
 		ctx    context.Context
@@ -207,9 +208,9 @@ func TestServeHTTPWithPeer(t *testing.T) {
 		status int
 	}{
 		{"no peer", context.Background(), "GET", "/v1/whoami", 403},
-		{"read as someone", control.WithPeer(context.Background(), someone), "GET", "/v1/whoami", 200},
-		{"write as someone", control.WithPeer(context.Background(), someone), "POST", "/v1/echo", 403},
-		{"write as root", control.WithPeer(context.Background(), control.Peer{PID: 1}), "POST", "/v1/echo", 200},
+		{"read as someone", controlserver.WithPeer(context.Background(), someone), "GET", "/v1/whoami", 200},
+		{"write as someone", controlserver.WithPeer(context.Background(), someone), "POST", "/v1/echo", 403},
+		{"write as root", controlserver.WithPeer(context.Background(), controlserver.Peer{PID: 1}), "POST", "/v1/echo", 200},
 	}
 	for _, tt := range tests {
 		rec := httptest.NewRecorder()
@@ -220,7 +221,7 @@ func TestServeHTTPWithPeer(t *testing.T) {
 		}
 	}
 	rec := httptest.NewRecorder()
-	srv.ServeHTTP(rec, httptest.NewRequestWithContext(control.WithPeer(context.Background(), someone), "POST", "/v1/echo", nil))
+	srv.ServeHTTP(rec, httptest.NewRequestWithContext(controlserver.WithPeer(context.Background(), someone), "POST", "/v1/echo", nil))
 	if !strings.Contains(rec.Body.String(), "needs root") || !strings.Contains(rec.Body.String(), "you are uid 54321") {
 		t.Errorf("write refusal does not say who may write: %s", rec.Body)
 	}
@@ -230,7 +231,7 @@ func TestServeHTTPWithPeer(t *testing.T) {
 // answered on it, even if someone serves the API on TCP by mistake.
 func TestNoCredentialsNoAccess(t *testing.T) {
 	tr := &testRoutes{calls: map[string]int{}}
-	srv, err := control.NewServer(control.Config{Routes: tr.table(), Logger: quiet})
+	srv, err := controlserver.New(controlserver.Config{Routes: tr.table(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,10 +254,10 @@ func TestNoCredentialsNoAccess(t *testing.T) {
 
 func TestNewServerListsEveryProblem(t *testing.T) {
 	ok := func(http.ResponseWriter, *http.Request) error { return nil }
-	_, err := control.NewServer(control.Config{
+	_, err := controlserver.New(controlserver.Config{
 		Mode:  0o4660,
 		Group: "no-such-group-egressd-test",
-		Routes: map[string]control.Route{
+		Routes: map[string]controlserver.Route{
 			"":         {Method: "GET", Handler: ok},
 			"/status":  {Method: "GET", Handler: ok},
 			"a b":      {Method: "GET", Handler: ok},
@@ -279,7 +280,7 @@ func TestNewServerListsEveryProblem(t *testing.T) {
 	if strings.Contains(err.Error(), "fine/one") {
 		t.Errorf("error %q mentions a good route", err)
 	}
-	if _, err := control.NewServer(control.Config{}); err == nil || !strings.Contains(err.Error(), "no routes") {
+	if _, err := controlserver.New(controlserver.Config{}); err == nil || !strings.Contains(err.Error(), "no routes") {
 		t.Errorf("no routes: %v", err)
 	}
 }
@@ -290,20 +291,20 @@ func TestNewServerListsEveryProblem(t *testing.T) {
 func TestBodyNotSentInTime(t *testing.T) {
 	tr := &testRoutes{calls: map[string]int{}}
 	routes := tr.table()
-	routes["slowecho"] = control.Route{Method: http.MethodPost, Handler: control.JSON(func(r *http.Request, in echoIn) (echoIn, error) {
+	routes["slowecho"] = controlserver.Route{Method: http.MethodPost, Handler: controlserver.JSON(func(r *http.Request, in echoIn) (echoIn, error) {
 		time.Sleep(300 * time.Millisecond)
 		return in, r.Context().Err()
 	})}
-	routes["slowget"] = control.Route{Method: http.MethodGet, Handler: control.JSON(func(r *http.Request, _ struct{}) (struct{}, error) {
+	routes["slowget"] = controlserver.Route{Method: http.MethodGet, Handler: controlserver.JSON(func(r *http.Request, _ struct{}) (struct{}, error) {
 		time.Sleep(300 * time.Millisecond)
 		return struct{}{}, r.Context().Err()
 	})}
 	sock := filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := control.NewServer(control.Config{Socket: sock, Routes: routes, Logger: quiet})
+	srv, err := controlserver.New(controlserver.Config{Socket: sock, Routes: routes, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	control.SetBodyTimeout(srv, 100*time.Millisecond)
+	controlserver.SetBodyTimeout(srv, 100*time.Millisecond)
 	serve(t, srv)
 
 	c, err := net.Dial("unix", sock)
@@ -340,11 +341,11 @@ func TestBodyNotSentInTime(t *testing.T) {
 func TestStreamWriteTimesOut(t *testing.T) {
 	tr := &testRoutes{calls: map[string]int{}, streamDone: make(chan error, 1)}
 	sock := filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := control.NewServer(control.Config{Socket: sock, Routes: tr.table(), Logger: quiet})
+	srv, err := controlserver.New(controlserver.Config{Socket: sock, Routes: tr.table(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	control.SetWriteTimeout(srv, 200*time.Millisecond)
+	controlserver.SetWriteTimeout(srv, 200*time.Millisecond)
 	serve(t, srv)
 
 	get(t, sock, "/v1/events?follow=1&big=1")
@@ -384,20 +385,20 @@ func awaitWriteTimeout(t *testing.T, done <-chan error) {
 // bigAnswer serves route "big": a JSON answer of about n bytes, as `limit
 // ls` is for a daemon with many rules. done receives what each call of the
 // handler returned.
-func bigAnswer(t *testing.T, n int, timeout time.Duration) (sock string, srv *control.Server, done chan error) {
+func bigAnswer(t *testing.T, n int, timeout time.Duration) (sock string, srv *controlserver.Server, done chan error) {
 	t.Helper()
 	done = make(chan error, 1)
 	sock = filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := control.NewServer(control.Config{Socket: sock, Logger: quiet, Routes: map[string]control.Route{
+	srv, err := controlserver.New(controlserver.Config{Socket: sock, Logger: quiet, Routes: map[string]controlserver.Route{
 		"big": {Method: http.MethodGet, Handler: func(w http.ResponseWriter, r *http.Request) (err error) {
 			defer func() { done <- err }()
-			return control.WriteJSON(w, http.StatusOK, strings.Repeat("x", n))
+			return controlserver.WriteJSON(w, http.StatusOK, strings.Repeat("x", n))
 		}},
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	control.SetWriteTimeout(srv, timeout)
+	controlserver.SetWriteTimeout(srv, timeout)
 	serve(t, srv)
 	return sock, srv, done
 }
@@ -464,7 +465,7 @@ func (s *slowReader) Read(b []byte) (int, error) {
 // the handler returns: the timeout bounds a write, not the request.
 func TestSlowHandlerAnswered(t *testing.T) {
 	sock := filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := control.NewServer(control.Config{Socket: sock, Logger: quiet, Routes: map[string]control.Route{
+	srv, err := controlserver.New(controlserver.Config{Socket: sock, Logger: quiet, Routes: map[string]controlserver.Route{
 		"slow": {Method: http.MethodGet, Handler: func(w http.ResponseWriter, r *http.Request) error {
 			time.Sleep(300 * time.Millisecond)
 			w.WriteHeader(http.StatusNoContent)
@@ -474,7 +475,7 @@ func TestSlowHandlerAnswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control.SetWriteTimeout(srv, 100*time.Millisecond)
+	controlserver.SetWriteTimeout(srv, 100*time.Millisecond)
 	serve(t, srv)
 	resp, err := http.ReadResponse(bufio.NewReader(get(t, sock, "/v1/slow")), nil)
 	if err != nil || resp.StatusCode != http.StatusNoContent {

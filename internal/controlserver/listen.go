@@ -1,4 +1,4 @@
-package control
+package controlserver
 
 import (
 	"crypto/rand"
@@ -14,13 +14,13 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/egressd/egressd/pkg/control"
 )
 
-// Defaults for the socket.
-const (
-	DefaultSocket             = "/run/egressd/egressd.sock"
-	DefaultMode   fs.FileMode = 0o660
-)
+// DefaultMode is the socket's mode unless told otherwise; its path is
+// control.DefaultSocket.
+const DefaultMode fs.FileMode = 0o660
 
 // ListenOptions says how the socket is created. Nil means defaults.
 type ListenOptions struct {
@@ -32,7 +32,7 @@ type ListenOptions struct {
 	Group string
 }
 
-// Listen creates the control socket at path (DefaultSocket if empty) and
+// Listen creates the control socket at path (control.DefaultSocket if empty) and
 // returns its listener. Closing the listener removes the socket, unless
 // another process has replaced it since.
 //
@@ -47,7 +47,7 @@ type ListenOptions struct {
 // parent directory is created with mode 0755.
 func Listen(path string, opts *ListenOptions) (net.Listener, error) {
 	if path == "" {
-		path = DefaultSocket
+		path = control.DefaultSocket
 	}
 	var o ListenOptions
 	if opts != nil {

@@ -1,4 +1,4 @@
-package control
+package controlserver
 
 import (
 	"context"
@@ -14,15 +14,13 @@ import (
 	"strings"
 	"sync"
 	"time"
-)
 
-// Prefix is the path under which routes are served: route "status" is
-// /v1/status.
-const Prefix = "/v1/"
+	"github.com/egressd/egressd/pkg/control"
+)
 
 // HandlerFunc answers one route. It writes a response and returns nil, or
 // returns an error and writes nothing: the server turns the error into a
-// JSON error response (see Error and the sentinels for the status).
+// JSON error response (see control.Error and the sentinels for the status).
 type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 // Route is one entry of the route table.
@@ -42,21 +40,21 @@ type Route struct {
 
 // Config is what a Server serves and where.
 type Config struct {
-	// Socket is the socket's path; empty means DefaultSocket.
+	// Socket is the socket's path; empty means control.DefaultSocket.
 	Socket string
 	// Mode is the socket's permission bits; 0 means DefaultMode (0660).
 	Mode fs.FileMode
 	// Group, a name or numeric gid, owns the socket, and its members have
 	// write access. Empty: no group; only root and the daemon's uid write.
 	Group string
-	// Routes maps route names (served at Prefix+name) to routes.
+	// Routes maps route names (served at control.Prefix+name) to routes.
 	Routes map[string]Route
 	// Logger receives handler failures and panics (Error) and one line
 	// per request (Debug). Nil means slog.Default().
 	Logger *slog.Logger
 }
 
-// Server serves the control API. Make it with NewServer.
+// Server serves the control API. Make it with New.
 type Server struct {
 	socket string
 	mode   fs.FileMode
@@ -92,9 +90,9 @@ const (
 
 var methods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
 
-// NewServer checks cfg, reporting every problem at once, and resolves the
+// New checks cfg, reporting every problem at once, and resolves the
 // group. It does not create the socket; Listen does.
-func NewServer(cfg Config) (*Server, error) {
+func New(cfg Config) (*Server, error) {
 	var problems []string
 	if cfg.Mode&^fs.ModePerm != 0 {
 		problems = append(problems, fmt.Sprintf("mode %v has more than permission bits", cfg.Mode))
@@ -145,7 +143,7 @@ func NewServer(cfg Config) (*Server, error) {
 		writeTimeout: writeTimeout,
 	}
 	if s.socket == "" {
-		s.socket = DefaultSocket
+		s.socket = control.DefaultSocket
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -254,33 +252,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) serve(w *responseWriter, r *http.Request) (string, error) {
 	for _, h := range browserHeaders {
 		if r.Header.Get(h) != "" {
-			return "", Errorf(CodeForbidden, "request has a %s header: the control API does not answer browsers", h)
+			return "", control.Errorf(control.CodeForbidden, "request has a %s header: the control API does not answer browsers", h)
 		}
 	}
 	pi := peerInfoFrom(r.Context())
 	switch {
 	case pi == nil:
-		return "", Errorf(CodeForbidden, "peer credentials unavailable: not a control socket connection")
+		return "", control.Errorf(control.CodeForbidden, "peer credentials unavailable: not a control socket connection")
 	case pi.err != nil:
-		return "", Errorf(CodeForbidden, "peer credentials unavailable: %v", pi.err)
+		return "", control.Errorf(control.CodeForbidden, "peer credentials unavailable: %v", pi.err)
 	}
-	name, ok := strings.CutPrefix(r.URL.Path, Prefix)
+	name, ok := strings.CutPrefix(r.URL.Path, control.Prefix)
 	if !ok {
-		return "", Errorf(CodeNotFound, "no route at %q: the control API is under %s", r.URL.Path, Prefix)
+		return "", control.Errorf(control.CodeNotFound, "no route at %q: the control API is under %s", r.URL.Path, control.Prefix)
 	}
 	route, ok := s.routes[name]
 	if !ok {
-		return name, Errorf(CodeNotFound, "unknown route %q", r.URL.Path)
+		return name, control.Errorf(control.CodeNotFound, "unknown route %q", r.URL.Path)
 	}
 	if r.Method != route.Method {
 		w.Header().Set("Allow", route.Method)
-		e := Errorf(CodeInvalid, "method %s not allowed on %s (use %s)", r.Method, r.URL.Path, route.Method)
-		e.status = http.StatusMethodNotAllowed
-		return name, e
+		return name, &methodNotAllowed{control.Errorf(control.CodeInvalid, "method %s not allowed on %s (use %s)", r.Method, r.URL.Path, route.Method)}
 	}
 	access := permit(pi.peer, s.policy)
 	if route.Write && access < AccessWrite {
-		return name, Errorf(CodeForbidden, "%s changes egressd's state and needs %s; you are uid %d gid %d",
+		return name, control.Errorf(control.CodeForbidden, "%s changes egressd's state and needs %s; you are uid %d gid %d",
 			r.URL.Path, s.writers(), pi.peer.UID, pi.peer.GID)
 	}
 	ctx := context.WithValue(r.Context(), accessKey{}, access)
@@ -334,7 +330,7 @@ func (s *Server) call(h HandlerFunc, w http.ResponseWriter, r *http.Request, nam
 			panic(v)
 		}
 		s.log.Error("control handler panic", "route", name, "panic", v, "stack", string(debug.Stack()))
-		err = &Error{Code: CodeInternal, Message: fmt.Sprintf("internal error in %s: panic: %v", r.URL.Path, v)}
+		err = &control.Error{Code: control.CodeInternal, Message: fmt.Sprintf("internal error in %s: panic: %v", r.URL.Path, v)}
 	}()
 	return h(w, r)
 }

@@ -1,4 +1,4 @@
-package control
+package controlserver
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/pkg/control"
 )
 
 // fuzzRule is shaped like the requests the daemon will take: nested
@@ -48,11 +50,11 @@ func FuzzDecode(f *testing.F) {
 		var r fuzzRule
 		err := decode(bytes.NewReader(body), &r, false)
 		if err != nil {
-			var e *Error
-			if !errors.As(err, &e) || e.Code != CodeInvalid || e.Message == "" {
-				t.Fatalf("decode(%q): %#v, want an invalid-request *Error", body, err)
+			var e *control.Error
+			if !errors.As(err, &e) || e.Code != control.CodeInvalid || e.Message == "" {
+				t.Fatalf("decode(%q): %#v, want an invalid-request *control.Error", body, err)
 			}
-			if status, w := classify(err); status != 400 || w.Code != CodeInvalid {
+			if status, w := classify(err); status != 400 || w.Code != control.CodeInvalid {
 				t.Fatalf("decode(%q): answered %d %s", body, status, w.Code)
 			}
 			if len(body) <= MaxBodyBytes && strings.Contains(e.Message, "larger than") {
@@ -79,7 +81,7 @@ func FuzzDecode(f *testing.F) {
 func TestDecodeNotAPointer(t *testing.T) {
 	var r fuzzRule
 	err := decode(strings.NewReader(`{}`), r, false)
-	if status, w := classify(err); status != 500 || w.Code != CodeInternal {
+	if status, w := classify(err); status != 500 || w.Code != control.CodeInternal {
 		t.Errorf("non-pointer target: %v answered %d %s, want 500 internal (a handler bug)", err, status, w.Code)
 	}
 }
@@ -93,16 +95,5 @@ func TestDecodeExactLimit(t *testing.T) {
 	}
 	if err := decode(strings.NewReader(body+" "), &r, false); err == nil || !strings.Contains(err.Error(), "larger than 1 MiB") {
 		t.Errorf("body one byte over: %v", err)
-	}
-}
-
-func TestErrorfWraps(t *testing.T) {
-	cause := errors.New("bad cidr")
-	err := Errorf(CodeInvalid, "rule %q: %w", "payments", cause)
-	if err.Message != `rule "payments": bad cidr` || !errors.Is(err, cause) || !errors.Is(err, ErrInvalid) || errors.Is(err, ErrNotFound) {
-		t.Errorf("Errorf: %#v", err)
-	}
-	if plain := Errorf(CodeNotFound, "no rule"); plain.Err != nil || !errors.Is(plain, ErrNotFound) {
-		t.Errorf("Errorf without %%w: %#v", plain)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package control_test
+package controlserver_test
 
 import (
 	"encoding/json"
@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/egressd/egressd/pkg/control"
+	"github.com/egressd/egressd/internal/controlserver"
 )
 
 const (
@@ -79,7 +79,7 @@ func TestRealNonRootPeers(t *testing.T) {
 	sock := func(name string) string { return filepath.Join(dir, name) }
 
 	// Mode widened to 0666: anyone connects and reads; nobody may write.
-	open := start(t, control.Config{Socket: sock("open.sock"), Mode: 0o666})
+	open := start(t, controlserver.Config{Socket: sock("open.sock"), Mode: 0o666})
 	nobodyCred := &syscall.Credential{Uid: nobody, Gid: nobody}
 
 	res, pid := callAs(t, bin, nobodyCred, open.sock, "GET", "whoami")
@@ -103,7 +103,7 @@ func TestRealNonRootPeers(t *testing.T) {
 
 	// Default mode 0660 with a group: members connect and write, primary
 	// or supplementary; others cannot even connect.
-	grouped := start(t, control.Config{Socket: sock("grouped.sock"), Group: "4242"})
+	grouped := start(t, controlserver.Config{Socket: sock("grouped.sock"), Group: "4242"})
 	fi, err := os.Stat(grouped.sock)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package control_test
+package controlserver_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 )
 
@@ -59,7 +60,7 @@ func TestClientNotRunning(t *testing.T) {
 }
 
 func TestClientCustomDial(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	var dials atomic.Int32
 	c := &control.Client{Dial: func(ctx context.Context) (net.Conn, error) {
 		dials.Add(1)
@@ -83,7 +84,7 @@ func TestClientCustomDial(t *testing.T) {
 }
 
 func TestClientTimeout(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	c := &control.Client{Socket: h.sock, Timeout: 100 * time.Millisecond}
 	defer c.CloseIdleConnections()
 	begin := time.Now()
@@ -97,7 +98,7 @@ func TestClientTimeout(t *testing.T) {
 }
 
 func TestClientContextCancelled(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	if err := h.client.Get(ctx, "slow", nil); !errors.Is(err, context.Canceled) {
@@ -106,7 +107,7 @@ func TestClientContextCancelled(t *testing.T) {
 }
 
 func TestClientLenientAnswers(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	// The answer has fields this type lacks (peer, access): a newer daemon
 	// adding fields must not break an older client.
 	var partial struct {
@@ -122,7 +123,7 @@ func TestClientLenientAnswers(t *testing.T) {
 }
 
 func TestStream(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	var seqs []int
 	err := h.client.Stream(context.Background(), "events", func(m json.RawMessage) error {
 		var ev struct{ Seq int }
@@ -140,7 +141,7 @@ func TestStream(t *testing.T) {
 // TestStreamSkipsKeepalives: the empty lines a stream sends to find a
 // peer that left are no values to the client.
 func TestStreamSkipsKeepalives(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	var got []string
 	err := h.client.Stream(context.Background(), "events?keepalive=1", func(m json.RawMessage) error {
 		got = append(got, string(m))
@@ -152,7 +153,7 @@ func TestStreamSkipsKeepalives(t *testing.T) {
 }
 
 func TestStreamFollowUntilCancelled(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	h.routes.streamDone = make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -174,7 +175,7 @@ func TestStreamFollowUntilCancelled(t *testing.T) {
 }
 
 func TestStreamCallbackStops(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	stop := errors.New("seen enough")
 	err := h.client.Stream(context.Background(), "events?follow=1", func(json.RawMessage) error { return stop })
 	if err != stop {
@@ -183,7 +184,7 @@ func TestStreamCallbackStops(t *testing.T) {
 }
 
 func TestStreamBroken(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	n := 0
 	err := h.client.Stream(context.Background(), "events?break=1", func(json.RawMessage) error { n++; return nil })
 	if err == nil || !strings.Contains(err.Error(), "stream broken") || n != 1 {
@@ -192,7 +193,7 @@ func TestStreamBroken(t *testing.T) {
 }
 
 func TestStreamErrorBeforeStart(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	err := h.client.Stream(context.Background(), "events?missing=payments", func(json.RawMessage) error { return nil })
 	if !errors.Is(err, control.ErrNotFound) || !strings.Contains(err.Error(), `no such rule "payments"`) {
 		t.Errorf("stream: %v, want not found", err)
@@ -200,7 +201,7 @@ func TestStreamErrorBeforeStart(t *testing.T) {
 }
 
 func TestShutdownEndsStreams(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	got := make(chan struct{}, 1)
 	result := make(chan error, 1)
 	go func() {
@@ -251,7 +252,7 @@ func (b *syncBuffer) String() string {
 // when the handler returns its context's error.
 func TestStreamEndsQuietly(t *testing.T) {
 	var logs syncBuffer
-	h := start(t, control.Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelError}))})
+	h := start(t, controlserver.Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelError}))})
 	h.routes.streamDone = make(chan error, 2)
 
 	ctx, cancel := context.WithCancel(context.Background())

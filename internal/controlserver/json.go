@@ -1,4 +1,4 @@
-package control
+package controlserver
 
 import (
 	"encoding/json"
@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/egressd/egressd/pkg/control"
 )
 
 // MaxBodyBytes bounds a request body.
@@ -17,9 +19,10 @@ const MaxBodyBytes = 1 << 20
 
 // Decode reads the request body into v, a non-nil pointer, strictly: one
 // JSON value of at most MaxBodyBytes, no fields v does not have, nothing but
-// white space after it. An empty body is an error too. Every problem with the
-// body is an *Error with CodeInvalid whose message says what and where; a v
-// that is not a pointer is a programming error and comes back as is.
+// white space after it. An empty body is an error too. Every problem with
+// the body is a *control.Error with CodeInvalid whose message says what and
+// where; a v that is not a pointer is a programming error and comes back as
+// is.
 func Decode(r *http.Request, v any) error {
 	return decode(r.Body, v, false)
 }
@@ -41,7 +44,7 @@ func decode(body io.Reader, v any, allowEmpty bool) error {
 			if allowEmpty {
 				return nil
 			}
-			return Errorf(CodeInvalid, "request body is empty; want a JSON value")
+			return control.Errorf(control.CodeInvalid, "request body is empty; want a JSON value")
 		}
 		return decodeError(err)
 	}
@@ -50,12 +53,12 @@ func decode(body io.Reader, v any, allowEmpty bool) error {
 	case tooLarge():
 		return errBodyTooLarge
 	case err != io.EOF:
-		return Errorf(CodeInvalid, "request body has data after the JSON value (at byte %d)", dec.InputOffset())
+		return control.Errorf(control.CodeInvalid, "request body has data after the JSON value (at byte %d)", dec.InputOffset())
 	}
 	return nil
 }
 
-var errBodyTooLarge = &Error{Code: CodeInvalid, Message: fmt.Sprintf("request body is larger than 1 MiB (%d bytes)", MaxBodyBytes)}
+var errBodyTooLarge = &control.Error{Code: control.CodeInvalid, Message: fmt.Sprintf("request body is larger than 1 MiB (%d bytes)", MaxBodyBytes)}
 
 // decodeError rewords encoding/json's errors for whoever sent the body.
 func decodeError(err error) error {
@@ -68,24 +71,24 @@ func decodeError(err error) error {
 	case errors.As(err, &invalidV):
 		return err // the handler's bug, not the request's
 	case errors.As(err, &syntax):
-		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("malformed JSON at byte %d: %s", syntax.Offset, strings.TrimPrefix(syntax.Error(), "json: ")), Err: err}
+		return &control.Error{Code: control.CodeInvalid, Message: fmt.Sprintf("malformed JSON at byte %d: %s", syntax.Offset, strings.TrimPrefix(syntax.Error(), "json: ")), Err: err}
 	case errors.As(err, &typ):
 		where := "request body"
 		if typ.Field != "" {
 			where = "field " + strconv.Quote(typ.Field)
 		}
-		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("%s: cannot use JSON %s as %s (at byte %d)", where, typ.Value, typ.Type, typ.Offset), Err: err}
+		return &control.Error{Code: control.CodeInvalid, Message: fmt.Sprintf("%s: cannot use JSON %s as %s (at byte %d)", where, typ.Value, typ.Type, typ.Offset), Err: err}
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return &Error{Code: CodeInvalid, Message: "request body not sent in time", Err: err}
+		return &control.Error{Code: control.CodeInvalid, Message: "request body not sent in time", Err: err}
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return &Error{Code: CodeInvalid, Message: "malformed JSON: the body ends inside a value", Err: err}
+		return &control.Error{Code: control.CodeInvalid, Message: "malformed JSON: the body ends inside a value", Err: err}
 	}
 	msg := err.Error()
 	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return &Error{Code: CodeInvalid, Message: "unknown field " + f, Err: err}
+		return &control.Error{Code: control.CodeInvalid, Message: "unknown field " + f, Err: err}
 	}
 	// A value's own UnmarshalJSON or UnmarshalText refused it.
-	return &Error{Code: CodeInvalid, Message: "invalid request: " + strings.TrimPrefix(msg, "json: "), Err: err}
+	return &control.Error{Code: control.CodeInvalid, Message: "invalid request: " + strings.TrimPrefix(msg, "json: "), Err: err}
 }
 
 // JSON adapts a typed function to a route handler: the body, if any, is
@@ -122,7 +125,7 @@ func WriteJSON(w http.ResponseWriter, status int, v any) error {
 }
 
 // StreamWriter writes a long-lived response as newline-delimited JSON, one
-// value per line, flushed as it goes. Client.Stream reads it.
+// value per line, flushed as it goes. control.Client.Stream reads it.
 type StreamWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
@@ -157,7 +160,7 @@ func (s *StreamWriter) Send(v any) error {
 	return s.write(append(b, '\n'))
 }
 
-// Keepalive writes an empty line, which Client.Stream skips (JSON allows
+// Keepalive writes an empty line, which control.Client.Stream skips (JSON allows
 // white space between values), and flushes it. A stream that waits for
 // values sends one now and then: only a write finds a peer that left
 // without net/http noticing, such as one that sent a byte after its

@@ -1,4 +1,4 @@
-package control_test
+package controlserver_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 )
 
@@ -26,14 +27,14 @@ func Example() {
 	type ruleName struct {
 		Name string `json:"name"`
 	}
-	srv, err := control.NewServer(control.Config{
+	srv, err := controlserver.New(controlserver.Config{
 		Socket: sock,
 		Group:  "", // e.g. "egressd": its members may change limits
-		Routes: map[string]control.Route{
-			"status": {Method: http.MethodGet, Handler: control.JSON(func(r *http.Request, _ struct{}) (status, error) {
+		Routes: map[string]controlserver.Route{
+			"status": {Method: http.MethodGet, Handler: controlserver.JSON(func(r *http.Request, _ struct{}) (status, error) {
 				return status{Rules: 3}, nil
 			})},
-			"limit/rm": {Method: http.MethodPost, Write: true, Handler: control.JSON(func(r *http.Request, in ruleName) (struct{}, error) {
+			"limit/rm": {Method: http.MethodPost, Write: true, Handler: controlserver.JSON(func(r *http.Request, in ruleName) (struct{}, error) {
 				return struct{}{}, control.Errorf(control.CodeNotFound, "no rule %q", in.Name)
 			})},
 		},

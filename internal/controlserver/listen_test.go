@@ -1,4 +1,4 @@
-package control_test
+package controlserver_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 )
 
@@ -29,9 +30,9 @@ func staleSocket(t *testing.T, path string) {
 	}
 }
 
-func listen(t *testing.T, path string, opts *control.ListenOptions) net.Listener {
+func listen(t *testing.T, path string, opts *controlserver.ListenOptions) net.Listener {
 	t.Helper()
-	ln, err := control.Listen(path, opts)
+	ln, err := controlserver.Listen(path, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func TestListenDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != control.DefaultMode {
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != controlserver.DefaultMode {
 		t.Errorf("socket mode %v, want socket 0660", fi.Mode())
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
@@ -90,7 +91,7 @@ func TestListenDefaults(t *testing.T) {
 func TestListenModeAndGroup(t *testing.T) {
 	requireRoot(t)
 	path := filepath.Join(sockDir(t), "egressd.sock")
-	listen(t, path, &control.ListenOptions{Mode: 0o600, Group: "4242"})
+	listen(t, path, &controlserver.ListenOptions{Mode: 0o600, Group: "4242"})
 	fi, err := os.Lstat(path)
 	if err != nil {
 		t.Fatal(err)
@@ -102,11 +103,11 @@ func TestListenModeAndGroup(t *testing.T) {
 
 func TestListenBadOptions(t *testing.T) {
 	dir := sockDir(t)
-	for _, opts := range []*control.ListenOptions{
+	for _, opts := range []*controlserver.ListenOptions{
 		{Mode: os.ModeSetuid | 0o660},
 		{Group: "no-such-group-egressd-test"},
 	} {
-		if ln, err := control.Listen(filepath.Join(dir, "x.sock"), opts); err == nil {
+		if ln, err := controlserver.Listen(filepath.Join(dir, "x.sock"), opts); err == nil {
 			ln.Close()
 			t.Errorf("Listen(%+v) succeeded", opts)
 		}
@@ -127,7 +128,7 @@ func TestListenKeepsLiveSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := control.Listen(path, nil)
+	ln, err := controlserver.Listen(path, nil)
 	if err == nil {
 		ln.Close()
 		t.Fatal("second Listen on a live socket succeeded")
@@ -147,7 +148,7 @@ func TestListenLeavesNonSocketAlone(t *testing.T) {
 	if err := os.WriteFile(path, []byte("precious"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := control.Listen(path, nil)
+	ln, err := controlserver.Listen(path, nil)
 	if err == nil {
 		ln.Close()
 		t.Fatal("Listen over a regular file succeeded")
@@ -165,14 +166,14 @@ func TestListenLeavesNonSocketAlone(t *testing.T) {
 // datapath. Once the first closes, another can.
 func TestSecondListenerRefused(t *testing.T) {
 	path := filepath.Join(sockDir(t), "egressd.sock")
-	old, err := control.Listen(path, nil)
+	old, err := controlserver.Listen(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	if ln, err := control.Listen(path, nil); err == nil || !strings.Contains(err.Error(), "another egressd is listening") {
+	if ln, err := controlserver.Listen(path, nil); err == nil || !strings.Contains(err.Error(), "another egressd is listening") {
 		if ln != nil {
 			ln.Close()
 		}
@@ -195,7 +196,7 @@ func TestListenAtOnceOverStaleSocket(t *testing.T) {
 	var wg sync.WaitGroup
 	for range n {
 		wg.Go(func() {
-			if ln, err := control.Listen(path, nil); err == nil {
+			if ln, err := controlserver.Listen(path, nil); err == nil {
 				lns <- ln
 			}
 		})
@@ -214,7 +215,7 @@ func TestListenAtOnceOverStaleSocket(t *testing.T) {
 }
 
 func TestServerShutdownRemovesSocket(t *testing.T) {
-	h := start(t, control.Config{})
+	h := start(t, controlserver.Config{})
 	if err := h.client.Get(context.Background(), "whoami", nil); err != nil {
 		t.Fatal(err)
 	}

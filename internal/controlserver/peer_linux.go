@@ -1,6 +1,6 @@
 //go:build linux
 
-package control
+package controlserver
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package control_test
+package controlserver_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/control"
 )
@@ -88,8 +89,8 @@ func sockDir(t testing.TB) string {
 
 // whoami is what the whoami route answers.
 type whoami struct {
-	Peer   control.Peer `json:"peer"`
-	Access string       `json:"access"`
+	Peer   controlserver.Peer `json:"peer"`
+	Access string             `json:"access"`
 }
 
 // echoIn is the body of the echo and decode routes.
@@ -122,24 +123,24 @@ func (tr *testRoutes) called(name string) int {
 
 var errPlain = errors.New("disk on fire")
 
-func (tr *testRoutes) table() map[string]control.Route {
-	return map[string]control.Route{
-		"whoami": {Method: http.MethodGet, Handler: control.JSON(func(r *http.Request, _ struct{}) (whoami, error) {
+func (tr *testRoutes) table() map[string]controlserver.Route {
+	return map[string]controlserver.Route{
+		"whoami": {Method: http.MethodGet, Handler: controlserver.JSON(func(r *http.Request, _ struct{}) (whoami, error) {
 			tr.count("whoami")
-			p, _ := control.PeerFrom(r.Context())
-			return whoami{Peer: p, Access: control.AccessFrom(r.Context()).String()}, nil
+			p, _ := controlserver.PeerFrom(r.Context())
+			return whoami{Peer: p, Access: controlserver.AccessFrom(r.Context()).String()}, nil
 		})},
-		"echo": {Method: http.MethodPost, Write: true, Handler: control.JSON(func(r *http.Request, in echoIn) (echoIn, error) {
+		"echo": {Method: http.MethodPost, Write: true, Handler: controlserver.JSON(func(r *http.Request, in echoIn) (echoIn, error) {
 			tr.count("echo")
 			return in, nil
 		})},
 		"decode": {Method: http.MethodPost, Handler: func(w http.ResponseWriter, r *http.Request) error {
 			tr.count("decode")
 			var in echoIn
-			if err := control.Decode(r, &in); err != nil {
+			if err := controlserver.Decode(r, &in); err != nil {
 				return err
 			}
-			return control.WriteJSON(w, http.StatusOK, in)
+			return controlserver.WriteJSON(w, http.StatusOK, in)
 		}},
 		"fail": {Method: http.MethodGet, Handler: func(w http.ResponseWriter, r *http.Request) error {
 			tr.count("fail")
@@ -172,7 +173,7 @@ func (tr *testRoutes) table() map[string]control.Route {
 			if q.Get("missing") != "" {
 				return control.Errorf(control.CodeNotFound, "no such rule %q", q.Get("missing"))
 			}
-			sw, err := control.NewStreamWriter(w)
+			sw, err := controlserver.NewStreamWriter(w)
 			if err != nil {
 				return err
 			}
@@ -213,14 +214,14 @@ func (tr *testRoutes) table() map[string]control.Route {
 
 // harness is a server on a real socket and a client for it.
 type harness struct {
-	srv    *control.Server
+	srv    *controlserver.Server
 	sock   string
 	routes *testRoutes
 	client *control.Client
 }
 
 // start serves the test routes on a new socket until the test ends.
-func start(t testing.TB, cfg control.Config) *harness {
+func start(t testing.TB, cfg controlserver.Config) *harness {
 	t.Helper()
 	tr := &testRoutes{calls: map[string]int{}}
 	if cfg.Socket == "" {
@@ -230,7 +231,7 @@ func start(t testing.TB, cfg control.Config) *harness {
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}
-	srv, err := control.NewServer(cfg)
+	srv, err := controlserver.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +242,7 @@ func start(t testing.TB, cfg control.Config) *harness {
 }
 
 // serve listens and serves with srv until the test ends.
-func serve(t testing.TB, srv *control.Server) {
+func serve(t testing.TB, srv *controlserver.Server) {
 	t.Helper()
 	ln, err := srv.Listen()
 	if err != nil {
