@@ -14,7 +14,7 @@ import (
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
-	"github.com/egressd/egressd/pkg/shared/redisurl"
+	"github.com/egressd/egressd/pkg/shared"
 )
 
 // This host's shares of shared budgets. The decisions are package share's
@@ -224,7 +224,7 @@ func (d *Daemon) redisClient(url string) (redis.UniversalClient, error) {
 	if c, ok := d.redis[url]; ok {
 		return c, nil
 	}
-	c, err := redisurl.Open(url, redisurl.Timeouts{Dial: shareCallTimeout, Read: shareCallTimeout, Write: shareCallTimeout, PoolSize: 4})
+	c, err := shared.OpenRedis(url, shared.RedisTimeouts{Dial: shareCallTimeout, Read: shareCallTimeout, Write: shareCallTimeout, PoolSize: 4})
 	if err != nil {
 		return nil, fmt.Errorf("shared.redis: %w", err)
 	}

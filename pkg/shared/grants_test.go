@@ -13,7 +13,6 @@ import (
 
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/sdk"
-	"github.com/egressd/egressd/pkg/shared/redisurl"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -362,7 +361,7 @@ func (loseReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // whatever its MaxRetries, and the budget would get the permits back twice.
 func TestGrantsReturnNotResentInCluster(t *testing.T) {
 	nodes := redistest.StartCluster(t, 3)
-	u, err := redisurl.Open("redis+cluster://"+nodes[0].Addr(), redisurl.Timeouts{Dial: time.Second, Read: time.Second, Write: time.Second})
+	u, err := OpenRedis("redis+cluster://"+nodes[0].Addr(), RedisTimeouts{Dial: time.Second, Read: time.Second, Write: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
