@@ -1,6 +1,7 @@
 // Package deptest holds the packages that must stay light to their
 // dependency budgets: the pure cores (no cilium/ebpf, no Prometheus, no
-// loader) and the small helpers the SDK and the daemon share.
+// loader), the small helpers the SDK and the daemon share, and the clients
+// (the SDK, the control API's client) apart from the servers.
 package deptest
 
 import (
@@ -18,6 +19,12 @@ const module = "github.com/egressd/egressd/"
 var servingDeps = []string{
 	module + "pkg/adaptive", module + "pkg/verdict", "golang.org/x/sys/",
 	"github.com/redis/go-redis/v9", "github.com/cespare/xxhash/", "go.uber.org/atomic",
+}
+
+// grpcDeps are gRPC and what it needs, for the gRPC client and server.
+var grpcDeps = []string{
+	"google.golang.org/grpc", "google.golang.org/protobuf/", "google.golang.org/genproto/",
+	"golang.org/x/net/", "golang.org/x/text/", "golang.org/x/sys/",
 }
 
 // deps returns, for each package pattern matches, the non-standard
@@ -56,17 +63,20 @@ func TestDependencies(t *testing.T) {
 		{"pkg/verdict", nil},
 		{"pkg/edge", nil},
 		{"pkg/kernelrule", nil},
-		{"pkg/sdk", []string{module + "pkg/verdict", module + "pkg/edge", module + "pkg/control", "golang.org/x/sys/"}},
+		{"pkg/sdk", []string{module + "pkg/verdict", module + "pkg/edge", module + "pkg/control"}},
 		{"pkg/limit", []string{module + "pkg/adaptive", module + "pkg/verdict"}},
-		{"pkg/control", []string{"golang.org/x/sys/"}},
-		{"pkg/sdk/sdkhttp", []string{module + "pkg/sdk", module + "pkg/edge", module + "pkg/limit", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control", "golang.org/x/sys/"}},
+		// The client and the wire types; the server is controlserver's.
+		{"pkg/control", nil},
+		{"pkg/sdk/sdkhttp", []string{module + "pkg/sdk", module + "pkg/edge", module + "pkg/limit", module + "pkg/adaptive", module + "pkg/verdict", module + "pkg/control"}},
+		{"pkg/sdk/sdkgrpc", append([]string{module + "pkg/sdk", module + "pkg/edge", module + "pkg/verdict", module + "pkg/control"}, grpcDeps...)},
 		// quic-go and what it needs; not its http3 (the caller's choice).
 		{"pkg/sdk/sdkquic", []string{module + "pkg/sdk", module + "pkg/edge", module + "pkg/verdict", module + "pkg/control", "github.com/quic-go/quic-go", "golang.org/x/crypto/", "golang.org/x/net/", "golang.org/x/sys/"}},
 		// The serving side: Redis through package shared, for shared
 		// partitions; no Prometheus (servemetrics has it) and no kernel.
-		{"pkg/shared", append([]string{module + "pkg/limit"}, servingDeps...)},
+		{"pkg/shared", append([]string{module + "pkg/limit", module + "pkg/shared/redisurl"}, servingDeps...)},
 		{"pkg/partition", append([]string{module + "pkg/limit", module + "pkg/shared"}, servingDeps...)},
 		{"pkg/serve", append([]string{module + "pkg/partition", module + "pkg/limit", module + "pkg/shared", module + "pkg/edge"}, servingDeps...)},
+		{"pkg/serve/servegrpc", append(append([]string{module + "pkg/serve", module + "pkg/partition", module + "pkg/limit", module + "pkg/shared", module + "pkg/edge"}, servingDeps...), grpcDeps...)},
 		{"internal/sdnotify", []string{"golang.org/x/sys/"}},
 		{"internal/dns", []string{"golang.org/x/net/dns/dnsmessage"}},
 	}
@@ -83,53 +93,55 @@ func TestDependencies(t *testing.T) {
 
 // heavy are what an in-process limiter, a policy parser and the serving side
 // have no use for: the daemon's control API, the SDK (which brings the control
-// API with it), the BPF loader and the eBPF library. A service that only
-// limits its own calls must not link them.
-var heavy = []string{module + "pkg/control", module + "pkg/sdk", module + "pkg/loader", "github.com/cilium/ebpf"}
+// API's client with it), the BPF loader and the eBPF library. A service that
+// only limits its own calls must not link them.
+var heavy = []string{module + "pkg/control", module + "internal/controlserver", module + "pkg/sdk", module + "pkg/loader", "github.com/cilium/ebpf"}
 
-// TestLimitersReachNoKernelNorSDK holds the limiters, the policy parser and
-// the serving side, subpackages included, away from the heavy packages. An
-// exception must be in use: when a package stops reaching it, the test asks
-// for it to be removed.
-func TestLimitersReachNoKernelNorSDK(t *testing.T) {
+// servers are what a client has no use for: the serving side (limiters per
+// caller, Redis budgets, the gRPC server interceptors), the Redis client
+// it brings, and the control API's server. A service that calls others
+// through the SDK must not link them.
+var servers = []string{
+	module + "pkg/serve", module + "pkg/partition", module + "pkg/shared",
+	"github.com/redis/go-redis/", module + "internal/controlserver",
+}
+
+// TestReachesNone holds packages, subpackages included, away from what
+// their users have no use for.
+func TestReachesNone(t *testing.T) {
 	tests := []struct {
-		pattern string
-		except  []string
+		pattern   string
+		forbidden []string
 	}{
-		{"pkg/limit/...", nil},
-		{"pkg/shared/...", nil},
-		{"pkg/partition/...", nil},
+		{"pkg/limit/...", heavy},
+		{"pkg/shared/...", heavy},
+		{"pkg/partition/...", heavy},
 		// policy compiles rules to package kernelrule's types, which the
-		// loader shares: parsing a policy links no eBPF.
-		{"pkg/policy/...", nil},
-		{"pkg/kernelrule/...", nil},
+		// loader shares: parsing a policy links no eBPF. It checks Redis
+		// URLs with redisurl: it opens no Redis client either.
+		{"pkg/policy/...", append([]string{"github.com/redis/go-redis/"}, heavy...)},
+		{"pkg/kernelrule/...", heavy},
 		// serve reads criticality and the caller's time from package edge,
-		// which the SDK re-exports: a server links neither the SDK nor the
-		// control API.
-		{"pkg/serve/...", nil},
-		{"pkg/edge/...", nil},
+		// which the SDK re-exports: a server, gRPC's included, links
+		// neither the SDK nor the control API. It may link Redis.
+		{"pkg/serve/...", heavy},
+		{"pkg/edge/...", heavy},
+		// The SDK, sdkgrpc and the other clients among them, links neither
+		// the serving side nor Redis nor the control API's server: only
+		// package control's client.
+		{"pkg/sdk/...", servers},
+		{"pkg/control/...", servers},
 	}
 	for _, tt := range tests {
-		used := map[string]bool{}
 		pkgs := deps(t, tt.pattern)
 		if len(pkgs) == 0 {
 			t.Fatalf("%s matches no package", tt.pattern)
 		}
 		for pkg, pkgDeps := range pkgs {
 			for _, dep := range pkgDeps {
-				if !hasPrefix(dep, heavy) {
-					continue
+				if hasPrefix(dep, tt.forbidden) {
+					t.Errorf("%s reaches %s", pkg, dep)
 				}
-				if i := slices.IndexFunc(tt.except, func(e string) bool { return strings.HasPrefix(dep, e) }); i >= 0 {
-					used[tt.except[i]] = true
-					continue
-				}
-				t.Errorf("%s reaches %s", pkg, dep)
-			}
-		}
-		for _, e := range tt.except {
-			if !used[e] {
-				t.Errorf("%s no longer reaches %s: remove the exception", tt.pattern, e)
 			}
 		}
 	}
