@@ -82,6 +82,10 @@ func TestInFlightRequests(t *testing.T) {
 		if during.InFlight != 1 || after.InFlight != 0 || after.Requests != uint64(i+1) || after.Responses != uint64(i+1) {
 			t.Fatalf("request %d: in flight %d during and %d after; requests %d responses %d", i, during.InFlight, after.InFlight, after.Requests, after.Responses)
 		}
+		// Counts reads the responses of a rule that sent requests.
+		if c := counted(t, d, "http"); c.InFlight != 0 || c.Responses != after.Responses {
+			t.Fatalf("request %d: Counts says in flight %d, responses %d; Stats %d, %d", i, c.InFlight, c.Responses, after.InFlight, after.Responses)
+		}
 	}
 
 	var requestSamples, connectSamples []time.Duration

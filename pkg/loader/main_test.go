@@ -101,6 +101,23 @@ func stats(t testing.TB, d *Datapath, name string) Stats {
 	return s
 }
 
+// counted is a rule's counters as Counts reads them.
+func counted(t testing.TB, d *Datapath, name string) Stats {
+	t.Helper()
+	var s *Stats
+	if err := d.Counts(func(r *Rule, st *Stats) {
+		if r.Name == name {
+			s = new(*st)
+		}
+	}); err != nil {
+		t.Fatalf("counts: %v", err)
+	}
+	if s == nil {
+		t.Fatalf("counts: no rule %s", name)
+	}
+	return *s
+}
+
 // waitLive polls until the rule's live count is want: releases at TCP_CLOSE
 // happen in softirq context shortly after close() returns.
 func waitLive(t testing.TB, d *Datapath, name string, want int64) Stats {

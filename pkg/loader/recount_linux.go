@@ -149,7 +149,7 @@ func (d *Datapath) recount() (map[string]Recount, error) {
 	}
 	d.mu.Lock()
 	was := map[uint32]before{}
-	err := d.eachActive(false, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
+	err := d.eachActive(readResponses, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
 		st := statsOf(state, nil)
 		was[idx] = before{gen: d.t.slots[idx].gen, live: st.Live, admitted: st.Admitted, released: st.Released}
 	})
@@ -185,7 +185,7 @@ func (d *Datapath) recount() (map[string]Recount, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string]Recount{}
-	err = d.eachActive(false, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
+	err = d.eachActive(readResponses, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
 		b, ok := was[idx]
 		if !ok || b.gen != d.t.slots[idx].gen {
 			return

@@ -568,9 +568,9 @@ func sortedRules(rules []Rule) []Rule {
 	return out
 }
 
-// TestStatusReadsEveryRule: Status and Recount read a dense table in
-// batches and a sparse one slot by slot, and both say what Stats says of
-// each rule.
+// TestStatusReadsEveryRule: Status, Counts and Recount read a dense
+// table in batches and a sparse one slot by slot, and all say what Stats
+// says of each rule (Counts without its histograms).
 func TestStatusReadsEveryRule(t *testing.T) {
 	d, cg := open(t)
 	privtest.Join(t, cg)
@@ -605,12 +605,21 @@ func TestStatusReadsEveryRule(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(status) != want || len(rc) != want {
-			t.Fatalf("%s: Status has %d rules and Recount %d, want %d", when, len(status), len(rc), want)
+		counted := map[string]Stats{}
+		if err := d.Counts(func(r *Rule, s *Stats) { counted[r.Name] = *s }); err != nil {
+			t.Fatal(err)
+		}
+		if len(status) != want || len(rc) != want || len(counted) != want {
+			t.Fatalf("%s: Status has %d rules, Counts %d and Recount %d, want %d", when, len(status), len(counted), len(rc), want)
 		}
 		for _, s := range status {
 			if one := stats(t, d, s.Name); s.Stats != one {
 				t.Errorf("%s: Status of %s %+v, Stats %+v", when, s.Name, s.Stats, one)
+			}
+			noLatency := s.Stats
+			noLatency.ConnectLatency, noLatency.RequestLatency = Histogram{}, Histogram{}
+			if c := counted[s.Name]; c != noLatency {
+				t.Errorf("%s: Counts of %s %+v, Status %+v", when, s.Name, c, s.Stats)
 			}
 			if r := rc[s.Name]; r.Live != s.Stats.Live || r.Counted != s.Stats.Live {
 				t.Errorf("%s: Recount of %s %+v, live %d", when, s.Name, r, s.Stats.Live)

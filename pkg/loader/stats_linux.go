@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -62,33 +63,78 @@ func (d *Datapath) Status() ([]RuleStatus, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]RuleStatus, 0, len(d.t.byName))
-	err := d.eachActive(true, func(idx uint32, state *egressdRuleState, hists []egressdHist) {
+	err := d.eachActive(readResponses|readHists, func(idx uint32, state *egressdRuleState, hists []egressdHist) {
 		out = append(out, RuleStatus{Rule: d.t.slots[idx].rule, Stats: statsOf(state, hists)})
 	})
 	return out, err
 }
 
+// Counts calls fn with every rule and its counters, as Status reads them
+// but without the latency histograms, which are half of what Status
+// reads, and with the responses of only the rules that sent requests (a
+// lookup each; the batch of every rule's was a quarter): a caller that
+// needs every rule's counts and the histograms of a few asks Stats for
+// those. fn runs with the datapath locked and must not call it; r and s
+// are valid only during the call.
+func (d *Datapath) Counts(fn func(r *Rule, s *Stats)) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var err error
+	// One for all, its histograms left empty: fn's argument would be an
+	// allocation each.
+	var s Stats
+	walk := d.eachActive(0, func(idx uint32, state *egressdRuleState, _ []egressdHist) {
+		if err != nil {
+			return
+		}
+		// A rule's responses answer its requests: none without them.
+		if state.Counters[egressdCounterCOUNTER_REQUESTS] > 0 {
+			var responses egressdResponseCount
+			if err = d.objs.RuleResponses.Lookup(idx, &responses); err != nil {
+				err = fmt.Errorf("read responses: %w", err)
+				return
+			}
+			addResponses(state, &responses)
+		}
+		countsOf(&s, state)
+		fn(&d.t.slots[idx].rule, &s)
+	})
+	return errors.Join(walk, err)
+}
+
 func (d *Datapath) stats(idx uint32) (Stats, error) {
-	state, hists, err := d.readSlot(idx, true)
+	state, hists, err := d.readSlot(idx, readResponses|readHists)
 	if err != nil {
 		return Stats{}, err
 	}
 	return statsOf(&state, hists), nil
 }
 
-// readSlot reads one slot's state and, with hists, its latency
-// histograms, a lookup each.
-func (d *Datapath) readSlot(idx uint32, hists bool) (egressdRuleState, []egressdHist, error) {
+// slotReads says what eachActive and readSlot read of a slot beside its
+// state.
+type slotReads uint8
+
+const (
+	// readResponses adds the responses counted apart (rule_responses).
+	readResponses slotReads = 1 << iota
+	// readHists reads the latency histograms.
+	readHists
+)
+
+// readSlot reads one slot's state and what reads asks, a lookup each.
+func (d *Datapath) readSlot(idx uint32, reads slotReads) (egressdRuleState, []egressdHist, error) {
 	var state egressdRuleState
 	if err := d.objs.RuleStates.Lookup(idx, &state); err != nil {
 		return state, nil, fmt.Errorf("read rule state: %w", err)
 	}
-	var responses egressdResponseCount
-	if err := d.objs.RuleResponses.Lookup(idx, &responses); err != nil {
-		return state, nil, fmt.Errorf("read responses: %w", err)
+	if reads&readResponses != 0 {
+		var responses egressdResponseCount
+		if err := d.objs.RuleResponses.Lookup(idx, &responses); err != nil {
+			return state, nil, fmt.Errorf("read responses: %w", err)
+		}
+		addResponses(&state, &responses)
 	}
-	addResponses(&state, &responses)
-	if !hists {
+	if reads&readHists == 0 {
 		return state, nil, nil
 	}
 	const kinds = uint32(egressdSampleKindSAMPLE_LEN)
@@ -106,10 +152,10 @@ func (d *Datapath) readSlot(idx uint32, hists bool) (egressdRuleState, []egressd
 const statsChunk = 4096
 
 // eachActive calls fn with the state of each active slot, in slot order,
-// and with hists its latency histograms. Dense tables are read in batches
-// of statsChunk slots; a table whose few rules sit among many free slots,
-// one lookup at a time. Call with d.mu held.
-func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRuleState, hists []egressdHist)) error {
+// with what reads asks (the histograms nil without readHists). Dense
+// tables are read in batches of statsChunk slots; a table whose few rules
+// sit among many free slots, one lookup at a time. Call with d.mu held.
+func (d *Datapath) eachActive(reads slotReads, fn func(idx uint32, state *egressdRuleState, hists []egressdHist)) error {
 	top, active := 0, 0
 	for i, s := range d.t.slots {
 		if s.active {
@@ -122,7 +168,7 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 			if !d.t.slots[i].active {
 				continue
 			}
-			state, h, err := d.readSlot(uint32(i), hists)
+			state, h, err := d.readSlot(uint32(i), reads)
 			if err != nil {
 				return err
 			}
@@ -131,9 +177,12 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 		return nil
 	}
 	states := newBatches[egressdRuleState](d.objs.RuleStates, min(top, statsChunk))
-	responses := newBatches[egressdResponseCount](d.objs.RuleResponses, min(top, statsChunk))
+	var responses *batches[egressdResponseCount]
+	if reads&readResponses != 0 {
+		responses = newBatches[egressdResponseCount](d.objs.RuleResponses, min(top, statsChunk))
+	}
 	var latency *batches[egressdHist]
-	if hists {
+	if reads&readHists != 0 {
 		latency = newBatches[egressdHist](d.objs.Latency, min(top, statsChunk)*kinds)
 	}
 	for base := 0; base < top; base += statsChunk {
@@ -142,15 +191,17 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 		if err != nil {
 			return fmt.Errorf("read rule states: %w", err)
 		}
-		rs, err := responses.next(n)
-		if err != nil {
-			return fmt.Errorf("read responses: %w", err)
-		}
-		for i := range st {
-			addResponses(&st[i], &rs[i])
+		if responses != nil {
+			rs, err := responses.next(n)
+			if err != nil {
+				return fmt.Errorf("read responses: %w", err)
+			}
+			for i := range st {
+				addResponses(&st[i], &rs[i])
+			}
 		}
 		var hs []egressdHist
-		if hists {
+		if latency != nil {
 			if hs, err = latency.next(n * kinds); err != nil {
 				return fmt.Errorf("read latency: %w", err)
 			}
@@ -160,7 +211,7 @@ func (d *Datapath) eachActive(hists bool, fn func(idx uint32, state *egressdRule
 				continue
 			}
 			var h []egressdHist
-			if hists {
+			if latency != nil {
 				h = hs[i*kinds : (i+1)*kinds]
 			}
 			fn(uint32(base+i), &st[i], h)
@@ -179,23 +230,8 @@ func addResponses(state *egressdRuleState, r *egressdResponseCount) {
 // statsOf makes a rule's Stats of its state and latency histograms (none:
 // no latency).
 func statsOf(state *egressdRuleState, hists []egressdHist) Stats {
-	c := state.Counters
-	s := Stats{
-		Live:          state.Live,
-		Spent:         state.Spent,
-		Admitted:      c[egressdCounterCOUNTER_ADMITTED],
-		Refused:       c[egressdCounterCOUNTER_REFUSED],
-		ShadowRefused: c[egressdCounterCOUNTER_SHADOW_REFUSED],
-		Released:      c[egressdCounterCOUNTER_RELEASED],
-		Established:   c[egressdCounterCOUNTER_ESTABLISHED],
-		ConnectFailed: c[egressdCounterCOUNTER_CONNECT_FAILED],
-		Untracked:     c[egressdCounterCOUNTER_UNTRACKED],
-		Requests:      c[egressdCounterCOUNTER_REQUESTS],
-		Responses:     c[egressdCounterCOUNTER_RESPONSES],
-		Aborted:       c[egressdCounterCOUNTER_ABORTED],
-		// Every request ends once: in a response or an abort.
-		InFlight: int64(c[egressdCounterCOUNTER_REQUESTS] - c[egressdCounterCOUNTER_RESPONSES] - c[egressdCounterCOUNTER_ABORTED]),
-	}
+	var s Stats
+	countsOf(&s, state)
 	for kind, kh := range hists {
 		h := [...]*Histogram{&s.ConnectLatency, &s.RequestLatency}[kind]
 		*h = Histogram{Sum: time.Duration(kh.SumNs), Buckets: kh.Buckets}
@@ -204,6 +240,24 @@ func statsOf(state *egressdRuleState, hists []egressdHist) Stats {
 		}
 	}
 	return s
+}
+
+// countsOf sets s's counters, not its histograms, from a rule's state.
+func countsOf(s *Stats, state *egressdRuleState) {
+	c := &state.Counters
+	s.Live, s.Spent = state.Live, state.Spent
+	s.Admitted = c[egressdCounterCOUNTER_ADMITTED]
+	s.Refused = c[egressdCounterCOUNTER_REFUSED]
+	s.ShadowRefused = c[egressdCounterCOUNTER_SHADOW_REFUSED]
+	s.Released = c[egressdCounterCOUNTER_RELEASED]
+	s.Established = c[egressdCounterCOUNTER_ESTABLISHED]
+	s.ConnectFailed = c[egressdCounterCOUNTER_CONNECT_FAILED]
+	s.Untracked = c[egressdCounterCOUNTER_UNTRACKED]
+	s.Requests = c[egressdCounterCOUNTER_REQUESTS]
+	s.Responses = c[egressdCounterCOUNTER_RESPONSES]
+	s.Aborted = c[egressdCounterCOUNTER_ABORTED]
+	// Every request ends once: in a response or an abort.
+	s.InFlight = int64(s.Requests - s.Responses - s.Aborted)
 }
 
 // Lost reads how many events were dropped: latency samples the kernel
