@@ -27,6 +27,11 @@ import (
 // [Parse].
 func (p *Policy) Validate() error {
 	problems := append(check(p.Rules, nil), checkCapacity(len(p.Rules), p.MaxRules, nil)...)
+	for _, name := range p.MetricsRules {
+		if msg := metricsRuleProblem(name); msg != "" {
+			problems = append(problems, Problem{Msg: msg})
+		}
+	}
 	if len(problems) > 0 {
 		return &Error{Problems: problems}
 	}
@@ -51,6 +56,18 @@ func checkCapacity(rules, maxRules int, at *yaml.Node) []Problem {
 		return nil
 	}
 	return []Problem{p}
+}
+
+// metricsRuleProblem says what is wrong with a name of metrics.rules, or
+// is empty.
+func metricsRuleProblem(name string) string {
+	if name == "" {
+		return "metrics.rules has an empty name"
+	}
+	if _, err := path.Match(name, ""); err != nil {
+		return fmt.Sprintf("metrics.rules %q is not a pattern: %v", name, err)
+	}
+	return ""
 }
 
 // where remembers where a parsed rule's fields were written, so that a

@@ -17,6 +17,9 @@ import (
 // defaults are left out, so the file keeps following the defaults.
 func Format(p *Policy) ([]byte, error) {
 	file := fileYAML{MaxRules: p.MaxRules, Rules: make([]ruleYAML, len(p.Rules))}
+	if len(p.MetricsRules) > 0 {
+		file.Metrics = &metricsYAML{Rules: p.MetricsRules}
+	}
 	for i, r := range p.Rules {
 		file.Rules[i] = formatRule(r)
 	}
@@ -47,8 +50,12 @@ func encode(v any, what string) ([]byte, error) {
 // one line each, as the examples in the docs are.
 type (
 	fileYAML struct {
-		MaxRules int        `yaml:"maxRules,omitempty"`
-		Rules    []ruleYAML `yaml:"rules"`
+		MaxRules int          `yaml:"maxRules,omitempty"`
+		Metrics  *metricsYAML `yaml:"metrics,omitempty"`
+		Rules    []ruleYAML   `yaml:"rules"`
+	}
+	metricsYAML struct {
+		Rules []string `yaml:"rules,flow"`
 	}
 	ruleYAML struct {
 		Name        string         `yaml:"name"`

@@ -68,7 +68,7 @@ func everyField(t *testing.T) []Rule {
 // TestDocsNameEveryField: docs/policy.md mentions every field a policy
 // can have, as Format writes them.
 func TestDocsNameEveryField(t *testing.T) {
-	data, err := Format(&Policy{Rules: everyField(t), MaxRules: 10_000})
+	data, err := Format(&Policy{Rules: everyField(t), MaxRules: 10_000, MetricsRules: []string{"a"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,10 +98,12 @@ func TestFormatRoundTrip(t *testing.T) {
 		name     string
 		rules    []Rule
 		maxRules int
+		metrics  []string
 	}{
 		{name: "empty"},
 		{name: "every shape and field", rules: everyField(t)},
 		{name: "maxRules", rules: everyField(t), maxRules: 100},
+		{name: "metrics.rules", rules: everyField(t), metrics: []string{"a", "pay-*", "[bc]?", "*"}},
 		{
 			// Strings YAML would read as something else unless quoted.
 			name: "strings that look like other things",
@@ -117,7 +119,7 @@ func TestFormatRoundTrip(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := &Policy{Rules: tt.rules, MaxRules: tt.maxRules}
+			p := &Policy{Rules: tt.rules, MaxRules: tt.maxRules, MetricsRules: tt.metrics}
 			if err := p.Validate(); err != nil {
 				t.Fatalf("test policy is invalid: %v", err)
 			}

@@ -89,7 +89,7 @@ func parseWhole(data []byte) (*Policy, error) {
 		})
 		return nil, &Error{Problems: problems}
 	}
-	return &Policy{Rules: rules, MaxRules: d.maxRules}, nil
+	return &Policy{Rules: rules, MaxRules: d.maxRules, MetricsRules: d.metricsRules}, nil
 }
 
 // decoder turns YAML nodes into rules, collecting the problems of form —
@@ -98,6 +98,8 @@ type decoder struct {
 	problems   []Problem
 	maxRules   int
 	maxRulesAt *yaml.Node
+	// metricsRules are metrics.rules's patterns.
+	metricsRules []string
 }
 
 const (
@@ -145,10 +147,14 @@ func (d *decoder) top(root *yaml.Node) ([]Rule, []*where) {
 	var rules []Rule
 	var wheres []*where
 	top := fields{d: d, w: newWhere(nil)}
-	top.mapping(root, "", "a policy", []string{"rules", "maxRules"}, func(key string, _, v *yaml.Node) {
-		if key == "maxRules" {
+	top.mapping(root, "", "a policy", []string{"rules", "maxRules", "metrics"}, func(key string, _, v *yaml.Node) {
+		switch key {
+		case "maxRules":
 			d.maxRulesAt = v
 			d.maxRules, _ = top.defaulted(key, v)
+			return
+		case "metrics":
+			d.metricsRules = top.metrics(v)
 			return
 		}
 		if v.ShortTag() == nullTag {
@@ -168,6 +174,33 @@ func (d *decoder) top(root *yaml.Node) ([]Rule, []*where) {
 		}
 	})
 	return rules, wheres
+}
+
+// metrics decodes the policy's metrics mapping: the names or patterns of
+// the rules whose series the metrics keep first.
+func (f fields) metrics(v *yaml.Node) []string {
+	var names []string
+	f.mapping(v, "metrics.", "metrics", []string{"rules"}, func(_ string, _, v *yaml.Node) {
+		if v.Kind != yaml.SequenceNode {
+			f.problem(v, "metrics.rules", "metrics.rules must be a list of rule names or patterns")
+			return
+		}
+		for _, n := range v.Content {
+			if f.alias(n, "metrics.rules") {
+				continue
+			}
+			name, ok := f.str("metrics.rules", n)
+			if !ok {
+				continue
+			}
+			if msg := metricsRuleProblem(name); msg != "" {
+				f.problem(n, "metrics.rules", "%s", msg)
+				continue
+			}
+			names = append(names, name)
+		}
+	})
+	return names
 }
 
 // syntax records a YAML syntax error, with its line when the parser gave

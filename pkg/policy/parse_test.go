@@ -276,6 +276,20 @@ func TestParseBad(t *testing.T) {
 			want: []Problem{{Line: 2, Column: 103, Rule: "a", Msg: "shared.lease 0 is not allowed; leave it out for the default"}},
 		},
 		{
+			name: "metrics.rules",
+			in:   "metrics: {rules: [a, '', 'b[', 5]}\n",
+			want: []Problem{
+				{Line: 1, Column: 22, Msg: "metrics.rules has an empty name"},
+				{Line: 1, Column: 26, Msg: `metrics.rules "b[" is not a pattern: syntax error in pattern`},
+				{Line: 1, Column: 32, Msg: "metrics.rules must be a string"},
+			},
+		},
+		{
+			name: "metrics.rules not a list",
+			in:   "metrics: {rules: a}\n",
+			want: []Problem{{Line: 1, Column: 18, Msg: "metrics.rules must be a list of rule names or patterns"}},
+		},
+		{
 			name: "maxRules 0",
 			in:   "maxRules: 0\n",
 			want: []Problem{{Line: 1, Column: 11, Msg: "maxRules 0 is not allowed; leave it out for the default"}},
@@ -642,7 +656,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "policy not a mapping",
 			in:   "- name: a\n",
-			want: []Problem{{Line: 1, Column: 1, Msg: "a policy must be a mapping of rules, maxRules"}},
+			want: []Problem{{Line: 1, Column: 1, Msg: "a policy must be a mapping of rules, maxRules, metrics"}},
 		},
 		{
 			name: "second document",

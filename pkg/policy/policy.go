@@ -19,6 +19,11 @@ type Policy struct {
 	// kernelrule.MaxRules; 0 lets the daemon size them from the policy. Rules
 	// set at run time take slots too.
 	MaxRules int
+	// MetricsRules are the names of the rules whose series of their own
+	// the metrics keep first, when the daemon has more rules than it
+	// serves such series for: names, or patterns as path.Match reads
+	// them (a * matches any run of characters but /).
+	MetricsRules []string
 }
 
 // Rule is one limit on the connections a scope opens to a destination.

@@ -123,7 +123,7 @@ func parseSplit(data []byte, perPiece int, c *pieceCache) (p *Policy, ok bool) {
 			}
 		}
 	}
-	return &Policy{Rules: rules, MaxRules: d.maxRules}, true
+	return &Policy{Rules: rules, MaxRules: d.maxRules, MetricsRules: d.metricsRules}, true
 }
 
 // splitTop finds the items of data's rules list, and decodes the rest of

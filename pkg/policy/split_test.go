@@ -41,12 +41,14 @@ rules: # the list
     perSecond:
       permits: 5
 `, true},
-	{"list at the first column, maxRules after", `rules:
+	{"list at the first column, maxRules and metrics after", `rules:
 - {name: a, destination: 10.0.0.1, concurrency: 1}
 - name: b
   destination: 10.0.0.2
   concurrency: 2
 maxRules: 5
+metrics:
+  rules: [a, "b*"]
 `, true},
 	{"no newline at the end", "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 1}", true},
 
