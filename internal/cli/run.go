@@ -38,6 +38,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "cgroup", DefaultText: "the cgroup2 root, the whole host", Usage: "cgroup v2 directory to attach to"},
 			&cli.StringFlag{Name: "bpffs", Value: loader.DefaultPinDir, Usage: "bpffs directory for the datapath's pins"},
 			&cli.StringFlag{Name: "metrics", Value: daemon.DefaultMetricsAddr, Usage: "address for /metrics; empty turns it off"},
+			&cli.IntFlag{Name: "metrics-rules", Value: daemon.DefaultMetricsRules, Usage: "the most rules with metrics series of their own (the policy's metrics.rules first, then rules in trouble, then the busiest); every rule is in its class's sums; 0: sums only"},
 			&cli.StringFlag{Name: "state-dir", Value: daemon.DefaultStateDir, Usage: "where limits set at run time, and the addresses host names last resolved to, are kept"},
 			&cli.IntFlag{Name: "max-rules", DefaultText: "the policy's maxRules, else what its rules need and a quarter more, in steps of 4096", Usage: "rule slots in the kernel's tables, up to 1048576"},
 			&cli.StringFlag{Name: "socket-group", Usage: "group allowed to change limits through the socket"},
@@ -61,6 +62,13 @@ func runCommand() *cli.Command {
 				// The control server takes 0 for its default, 0660.
 				return cli.Exit(fmt.Sprintf("--socket-mode %q: no permission bits; for root and the daemon's uid alone, use 0600", c.String("socket-mode")), exitUsage)
 			}
+			metricsRules := c.Int("metrics-rules")
+			switch {
+			case metricsRules < 0:
+				return cli.Exit(fmt.Sprintf("--metrics-rules %d is negative", metricsRules), exitUsage)
+			case metricsRules == 0:
+				metricsRules = daemon.NoMetricsRules // the daemon's 0 is the default
+			}
 			if c.IsSet("max-rules") && c.Int("max-rules") == 0 {
 				// The daemon takes 0 for no flag, as a policy's maxRules: 0
 				// would be, were it not refused.
@@ -75,6 +83,7 @@ func runCommand() *cli.Command {
 				SocketGroup:  c.String("socket-group"),
 				SocketMode:   fs.FileMode(mode),
 				MetricsAddr:  c.String("metrics"),
+				MetricsRules: metricsRules,
 				StateDir:     c.String("state-dir"),
 				MaxRules:     c.Int("max-rules"),
 				DetachOnExit: c.Bool("detach-on-exit"),

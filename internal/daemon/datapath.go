@@ -28,6 +28,8 @@ type datapath interface {
 	Stats(name string) (loader.Stats, error)
 	Live(name string) (int64, error)
 	Status() ([]loader.RuleStatus, error)
+	// Counts is Status without latency histograms, rule by rule to fn.
+	Counts(fn func(r *loader.Rule, s *loader.Stats)) error
 	Lost() (loader.Lost, error)
 	Recount() (map[string]loader.Recount, error)
 	// StorageUsed is whether Recount cannot give back drift.

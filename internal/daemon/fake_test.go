@@ -21,8 +21,12 @@ import (
 // scope, destination, port) and applies a Sync all or nothing; a test can
 // make the next writes fail.
 type fakeDatapath struct {
-	mu      sync.Mutex
-	rules   map[string]loader.Rule
+	mu    sync.Mutex
+	rules map[string]loader.Rule
+	// order is rules' names in the order Counts gives them, the same
+	// from one call to the next, as the kernel's slots; nil after a
+	// change of the rules.
+	order   []string
 	synced  map[string]loader.Rule // as the last Sync wrote them, before any Put
 	stats   map[string]loader.Stats
 	adopted bool
@@ -113,7 +117,7 @@ func (f *fakeDatapath) Sync(rules []loader.Rule) error {
 			keys[k] = r.Name
 		}
 	}
-	f.rules, f.synced = next, maps.Clone(next)
+	f.rules, f.synced, f.order = next, maps.Clone(next), nil
 	f.syncs++
 	return nil
 }
@@ -128,6 +132,7 @@ func (f *fakeDatapath) Put(r loader.Rule) error {
 		return err
 	}
 	f.rules[r.Name] = r
+	f.order = nil
 	f.puts++
 	return nil
 }
@@ -243,6 +248,22 @@ func (f *fakeDatapath) Status() ([]loader.RuleStatus, error) {
 		out = append(out, loader.RuleStatus{Rule: f.rules[name], Stats: f.stats[name]})
 	}
 	return out, nil
+}
+
+func (f *fakeDatapath) Counts(fn func(r *loader.Rule, s *loader.Stats)) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.order == nil {
+		f.order = slices.Sorted(maps.Keys(f.rules))
+	}
+	var r loader.Rule
+	var st loader.Stats
+	for _, name := range f.order {
+		r, st = f.rules[name], f.stats[name]
+		st.ConnectLatency, st.RequestLatency = loader.Histogram{}, loader.Histogram{}
+		fn(&r, &st)
+	}
+	return nil
 }
 
 func (f *fakeDatapath) Lost() (loader.Lost, error) { return loader.Lost{}, nil }

@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -98,6 +100,14 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_adaptive_settled_limit",
 		"egressd_baseline_latency_seconds",
 		"egressd_build_info",
+		"egressd_class_connect_failures_total",
+		"egressd_class_in_flight_requests",
+		"egressd_class_leases_total",
+		"egressd_class_live_connections",
+		"egressd_class_recount_drifting_rules",
+		"egressd_class_recount_released_total",
+		"egressd_class_recount_remarked_total",
+		"egressd_class_rules",
 		"egressd_connect_failures_total",
 		"egressd_connect_latency_seconds",
 		"egressd_events_lost_total",
@@ -106,6 +116,8 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_limit",
 		"egressd_limit_window_seconds",
 		"egressd_live_connections",
+		"egressd_per_rule_series_max_rules",
+		"egressd_per_rule_series_rules",
 		"egressd_policy_last_load_ok",
 		"egressd_policy_reloads_total",
 		"egressd_recount_drift",
@@ -300,5 +312,78 @@ egressd_recount_remarked_total{rule="web"} 1
 	}
 	if !slices.Equal(listed, wantEvents) {
 		t.Errorf("events %+v, want %+v", listed, wantEvents)
+	}
+}
+
+// TestPerRuleSeriesBounded: with more rules than the bound, the rules the
+// policy names and then the busiest have series of their own, every rule
+// is in its class's sums, and the daemon says so in the metrics and the
+// log, once.
+func TestPerRuleSeriesBounded(t *testing.T) {
+	td := newTestDaemon(t)
+	var log bytes.Buffer
+	td.log = slog.New(slog.NewTextHandler(&log, nil))
+	td.metrics.maxRules = 2
+	td.apply(t, `metrics: {rules: [keep]}
+rules:
+  - {name: keep, destination: 10.0.0.1, concurrency: 5}
+  - {name: webhook, destination: 10.0.0.2, concurrency: 5}
+  - {name: a-idle, destination: 10.0.0.3, concurrency: 5}
+  - {name: b-idle, destination: 10.0.0.4, concurrency: 5}
+  - {name: trial, destination: 10.0.0.5, perSecond: {permits: 5}, shadow: true}
+`)
+	td.fake.set("webhook", loader.Stats{Admitted: 10, Refused: 100})
+	td.fake.set("trial", loader.Stats{Admitted: 50, ShadowRefused: 20})
+	// The first read: counts from here; no rule has refused yet, so the
+	// first by name after the named one has series of its own.
+	if n := testutil.CollectAndCount(td.metrics, "egressd_live_connections"); n != 2 {
+		t.Fatalf("%d egressd_live_connections series, want 2", n)
+	}
+	td.clock.Advance(10 * time.Second)
+	td.fake.set("webhook", loader.Stats{Admitted: 12, Refused: 400})
+	td.fake.set("trial", loader.Stats{Admitted: 53, ShadowRefused: 21})
+	want := `
+# HELP egressd_class_leases_total Connections the class's rules were asked for, by outcome (as egressd_leases_total), since the daemon started.
+# TYPE egressd_class_leases_total counter
+egressd_class_leases_total{outcome="acquired",scope="host",shadow="false",shape="concurrency",shared="false"} 2
+egressd_class_leases_total{outcome="acquired",scope="host",shadow="true",shape="perSecond",shared="false"} 3
+egressd_class_leases_total{outcome="denied",scope="host",shadow="false",shape="concurrency",shared="false"} 300
+egressd_class_leases_total{outcome="denied",scope="host",shadow="true",shape="perSecond",shared="false"} 0
+egressd_class_leases_total{outcome="shadow_denied",scope="host",shadow="false",shape="concurrency",shared="false"} 0
+egressd_class_leases_total{outcome="shadow_denied",scope="host",shadow="true",shape="perSecond",shared="false"} 1
+# HELP egressd_class_rules Rules of the class, by state: installed in the kernel or pending.
+# TYPE egressd_class_rules gauge
+egressd_class_rules{scope="host",shadow="false",shape="concurrency",shared="false",state="installed"} 4
+egressd_class_rules{scope="host",shadow="false",shape="concurrency",shared="false",state="pending"} 0
+egressd_class_rules{scope="host",shadow="true",shape="perSecond",shared="false",state="installed"} 1
+egressd_class_rules{scope="host",shadow="true",shape="perSecond",shared="false",state="pending"} 0
+# HELP egressd_live_connections Connections holding a slot of the rule now.
+# TYPE egressd_live_connections gauge
+egressd_live_connections{rule="webhook"} 0
+egressd_live_connections{rule="keep"} 0
+# HELP egressd_per_rule_series_max_rules The most rules the metrics serve series of their own for (egressd run --metrics-rules); every rule is in the egressd_class_* sums.
+# TYPE egressd_per_rule_series_max_rules gauge
+egressd_per_rule_series_max_rules 2
+# HELP egressd_per_rule_series_rules Rules with series of their own in this scrape, by why: all (there are no more rules than the bound), named (by the policy's metrics.rules), trouble (drift at the last recount, or a shared budget's Redis out of reach) or busiest (refusals a second lately, then live connections).
+# TYPE egressd_per_rule_series_rules gauge
+egressd_per_rule_series_rules{reason="all"} 0
+egressd_per_rule_series_rules{reason="busiest"} 1
+egressd_per_rule_series_rules{reason="named"} 1
+egressd_per_rule_series_rules{reason="trouble"} 0
+`
+	families := []string{"egressd_class_leases_total", "egressd_class_rules", "egressd_live_connections", "egressd_per_rule_series_max_rules", "egressd_per_rule_series_rules"}
+	if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), families...); err != nil {
+		t.Error(err)
+	}
+	if n := strings.Count(log.String(), "more rules than --metrics-rules"); n != 1 {
+		t.Errorf("the log says %d times that rules are left out, want once:\n%s", n, log.String())
+	}
+	// Back under the bound: every rule's series, and the log says so.
+	td.apply(t, "rules:\n  - {name: keep, destination: 10.0.0.1, concurrency: 5}\n")
+	if n := testutil.CollectAndCount(td.metrics, "egressd_live_connections"); n != 1 {
+		t.Errorf("%d egressd_live_connections series for one rule", n)
+	}
+	if !strings.Contains(log.String(), "every rule has series of its own again") {
+		t.Errorf("the log does not say every rule has its series again:\n%s", log.String())
 	}
 }
