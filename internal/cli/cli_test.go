@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,14 +40,33 @@ func TestNameLast(t *testing.T) {
 	}
 }
 
-// fakeDaemon serves the limits route on a control socket of the test's own.
-func fakeDaemon(t *testing.T, limits []control.Limit) string {
+// fakeDaemon serves the limits route on a control socket of the test's
+// own: every limit, whatever the query, which it keeps in asked.
+func fakeDaemon(t *testing.T, limits []control.Limit) (sock string, asked *[]control.LimitsQuery) {
 	t.Helper()
+	asked = new([]control.LimitsQuery)
+	var mu sync.Mutex
 	return serveRoutes(t, map[string]controlserver.Route{
-		control.RouteLimits: {Method: http.MethodGet, Handler: controlserver.JSON(func(*http.Request, struct{}) ([]control.Limit, error) {
-			return limits, nil
-		})},
-	})
+		control.RouteLimits: {Method: http.MethodGet, Stream: true, Handler: func(w http.ResponseWriter, r *http.Request) error {
+			q, err := control.ParseLimitsQuery(r.URL.Query())
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			*asked = append(*asked, q)
+			mu.Unlock()
+			sw, err := controlserver.NewStreamWriter(w)
+			if err != nil {
+				return err
+			}
+			for _, l := range limits {
+				if err := sw.Queue(l); err != nil {
+					return err
+				}
+			}
+			return sw.Flush()
+		}},
+	}), asked
 }
 
 // serveRoutes serves routes on a control socket of the test's own until
@@ -71,7 +91,7 @@ func serveRoutes(t *testing.T, routes map[string]controlserver.Route) string {
 // TestTopCountStopsAfterLastRefresh: `top --count N` prints N tables and
 // exits, without sleeping one more interval after the last.
 func TestTopCountStopsAfterLastRefresh(t *testing.T) {
-	sock := fakeDaemon(t, []control.Limit{{Name: "web", Shape: "concurrency", Limit: 2, Live: 1}})
+	sock, _ := fakeDaemon(t, []control.Limit{{Name: "web", Shape: "concurrency", Limit: 2, Live: 1}})
 	app := App()
 	var out bytes.Buffer
 	app.Writer = &out
@@ -95,7 +115,7 @@ func TestTopCountStopsAfterLastRefresh(t *testing.T) {
 // shadow one, as limit ls does, and writes no clear-screen codes where its
 // output is not a terminal.
 func TestTopText(t *testing.T) {
-	sock := fakeDaemon(t, []control.Limit{
+	sock, asked := fakeDaemon(t, []control.Limit{
 		{Name: "web", Shape: "concurrency", Limit: 2, Live: 1},
 		{Name: "later", Shape: "concurrency", Pending: "unit web.service is not running"},
 		{Name: "trial", Shape: "per_second", Limit: 5, Shadow: true},
@@ -128,6 +148,11 @@ func TestTopText(t *testing.T) {
 	}
 	if rows != 2*len(want) {
 		t.Errorf("%d rows, want %d:\n%s", rows, 2*len(want), out)
+	}
+	// Each refresh asks for the busiest rows.
+	busiest := control.LimitsQuery{Sort: control.SortBusy, Max: topDefaultRows}
+	if len(*asked) != 2 || (*asked)[0] != busiest || (*asked)[1] != busiest {
+		t.Errorf("top asked %+v, want %+v twice", *asked, busiest)
 	}
 }
 

@@ -1,6 +1,9 @@
 package cli
 
 import (
+	"bufio"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -47,14 +50,16 @@ func limitCommand() *cli.Command {
 			{
 				Name:    "ls",
 				Aliases: []string{"list"},
-				Usage:   "list every limit",
-				Flags:   []cli.Flag{jsonFlag},
+				Usage:   "list the limits, every one or those the flags pick, printed as the daemon reads them",
+				Description: "With thousands of rules, pick the ones to see: the filters combine, --sort busy puts first the rules " +
+					"refusing most lately, and --rows keeps the first N. The table is aligned by blocks of " + fmt.Sprint(listBlock) + " rows.",
+				Flags: append(listFlags(control.SortName, 0), jsonFlag),
 				Action: func(c *cli.Context) error {
-					ls, err := client(c).Limits(c.Context)
+					q, err := listQuery(c)
 					if err != nil {
 						return err
 					}
-					return output(c, ls, func(w io.Writer) { printLimits(w, ls) })
+					return listLimits(c, q)
 				},
 			},
 			{
@@ -195,13 +200,91 @@ func ago(now, then time.Time) time.Duration {
 	return max(now.Sub(then), 0).Round(time.Millisecond)
 }
 
-func printLimits(w io.Writer, ls []control.Limit) {
+// listFlags pick the rules limit ls and top show; sort and rows are the
+// command's defaults.
+func listFlags(sort string, rows int) []cli.Flag {
+	rowsText := "all"
+	if rows > 0 {
+		rowsText = ""
+	}
+	return []cli.Flag{
+		&cli.StringFlag{Name: "state", Usage: "only rules installed (in the kernel), pending, shadow or shared"},
+		&cli.StringFlag{Name: "shape", Usage: "only rules of a shape: concurrency, adaptive, per_second or per_window"},
+		&cli.StringFlag{Name: "name", Usage: "only rules whose name matches a pattern (* any run of characters but /, ? one, [abc] one of a set)"},
+		&cli.StringFlag{Name: "dest", Usage: "only rules with a destination holding an address, overlapping a prefix, or that is a host name"},
+		&cli.StringFlag{Name: "source", Usage: "only rules of the policy file (policy) or set at run time (cli)"},
+		&cli.StringFlag{Name: "sort", Value: sort, Usage: "name, or busy: the most refusals a second over about the last minute first, then the most live connections"},
+		&cli.IntFlag{Name: "rows", Value: rows, DefaultText: rowsText, Usage: "show at most this many rules, the first in the order of --sort; 0 for all"},
+	}
+}
+
+// listQuery is the query listFlags' values make.
+func listQuery(c *cli.Context) (control.LimitsQuery, error) {
+	if c.Int("rows") < 0 {
+		return control.LimitsQuery{}, cli.Exit(fmt.Sprintf("--rows %d is negative", c.Int("rows")), exitUsage)
+	}
+	return control.LimitsQuery{State: c.String("state"), Shape: c.String("shape"), Name: c.String("name"), Dest: c.String("dest"),
+		Source: c.String("source"), Sort: c.String("sort"), Max: c.Int("rows")}, nil
+}
+
+// listBlock is how many rows of limit ls are aligned together: each block
+// is printed as soon as it is read.
+const listBlock = 1000
+
+// listLimits prints the limits q picks as the daemon sends them: with
+// --json a JSON array, one element at a time.
+func listLimits(c *cli.Context, q control.LimitsQuery) error {
+	w := bufio.NewWriter(c.App.Writer)
+	var row func(l control.Limit) error
+	var end func() error
+	if wantJSON(c) {
+		n := 0
+		row = func(l control.Limit) error {
+			b, err := json.MarshalIndent(l, "  ", "  ")
+			if err != nil {
+				return err
+			}
+			sep := ",\n  "
+			if n++; n == 1 {
+				sep = "[\n  "
+			}
+			w.WriteString(sep)
+			w.Write(b)
+			return nil
+		}
+		end = func() error {
+			if n == 0 {
+				w.WriteString("[]\n")
+			} else {
+				w.WriteString("\n]\n")
+			}
+			return w.Flush()
+		}
+	} else {
+		tw := limitsTable(w)
+		n := 0
+		row = func(l control.Limit) error {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, l.Shape, strings.Join(l.Protocols, ","), l.Limit, l.Live, l.InFlight, l.Admitted, l.Refused, l.Source, limitState(l))
+			if n++; n%listBlock == 0 {
+				tw.Flush()
+				return w.Flush()
+			}
+			return nil
+		}
+		end = func() error {
+			tw.Flush()
+			return w.Flush()
+		}
+	}
+	err := client(c).Limits(c.Context, q, row)
+	return errors.Join(err, end())
+}
+
+// limitsTable starts limit ls's table on w.
+func limitsTable(w io.Writer) *tabwriter.Writer {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSHAPE\tPROTOCOLS\tLIMIT\tLIVE\tIN FLIGHT\tADMITTED\tREFUSED\tSOURCE\tSTATE")
-	for _, l := range ls {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, l.Shape, strings.Join(l.Protocols, ","), l.Limit, l.Live, l.InFlight, l.Admitted, l.Refused, l.Source, limitState(l))
-	}
-	tw.Flush()
+	return tw
 }
 
 // limitState is a rule's STATE in limit ls and top: whether it is in the

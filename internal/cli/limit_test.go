@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -257,5 +258,50 @@ func TestPrintLoop(t *testing.T) {
 				t.Errorf("printed:\n%s\nwant:\n%s", b.String(), tt.want)
 			}
 		})
+	}
+}
+
+// TestLimitList: limit ls sends its filters, and prints what the daemon
+// streams as a table, or with --json as the JSON array it printed whole.
+func TestLimitList(t *testing.T) {
+	limits := []control.Limit{
+		{Name: "pay-eu", Shape: "concurrency", Limit: 5, Live: 2, Admitted: 9, Refused: 1, Source: "policy", Destinations: []string{"10.1.0.0/16"}},
+		{Name: "pay-us", Shape: "adaptive", Limit: 4, Source: "cli", Pending: "host name not resolved", Destinations: []string{}},
+	}
+	sock, asked := fakeDaemon(t, limits)
+	code, out, errOut := runCLI("--socket", sock, "limit", "ls", "--state", "installed", "--shape", "per_second", "--name", "pay-*",
+		"--dest", "10.0.0.0/8", "--source", "cli", "--sort", "busy", "--rows", "20")
+	if code != 0 {
+		t.Fatalf("limit ls: status %d: %s", code, errOut)
+	}
+	want := control.LimitsQuery{State: "installed", Shape: "per_second", Name: "pay-*", Dest: "10.0.0.0/8", Source: "cli", Sort: "busy", Max: 20}
+	if len(*asked) != 1 || (*asked)[0] != want {
+		t.Errorf("limit ls asked %+v, want %+v", *asked, want)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") || !strings.HasPrefix(lines[1], "pay-eu ") ||
+		!strings.Contains(lines[2], "pending: host name not resolved") {
+		t.Errorf("limit ls printed:\n%s", out)
+	}
+	code, out, errOut = runCLI("--socket", sock, "--json", "limit", "ls")
+	if code != 0 {
+		t.Fatalf("limit ls --json: status %d: %s", code, errOut)
+	}
+	whole, err := json.MarshalIndent(limits, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != string(whole)+"\n" {
+		t.Errorf("limit ls --json printed\n%s\nwant\n%s", out, whole)
+	}
+	if (*asked)[1] != (control.LimitsQuery{Sort: control.SortName}) {
+		t.Errorf("limit ls without flags asked %+v", (*asked)[1])
+	}
+	empty, _ := fakeDaemon(t, nil)
+	if _, out, _ := runCLI("--socket", empty, "--json", "limit", "ls"); out != "[]\n" {
+		t.Errorf("limit ls --json of no rules printed %q", out)
+	}
+	if code, _, errOut := runCLI("--socket", sock, "limit", "ls", "--rows", "-1"); code != exitUsage {
+		t.Errorf("limit ls --rows -1: status %d (%s), want %d", code, errOut, exitUsage)
 	}
 }

@@ -17,18 +17,24 @@ import (
 func topCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "top",
-		Usage: "a live table of every rule: limit, live, in flight, admitted and refused per second, baseline, probes and state",
+		Usage: "a live table of the busiest rules: limit, live, in flight, admitted and refused per second, baseline, probes and state",
 		Description: "STATE says, as in limit ls, whether a rule is installed, pending (not in the kernel, with why; its limit shows as -), " +
-			"in shadow or shared. On a terminal the table is redrawn in place; into a file or a pipe each table follows the last.",
-		Flags: []cli.Flag{
+			"in shadow or shared. The rows are the busiest rules (--sort busy: the most refusals a second over about the last minute, " +
+			"then the most live connections), " + fmt.Sprint(topDefaultRows) + " of them unless --rows says otherwise, picked by the same filters as limit ls. " +
+			"On a terminal the table is redrawn in place; into a file or a pipe each table follows the last.",
+		Flags: append([]cli.Flag{
 			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "refresh period"},
 			&cli.IntFlag{Name: "count", DefaultText: "until interrupted", Usage: "stop after this many refreshes"},
 			jsonFlag,
-		},
+		}, listFlags(control.SortBusy, topDefaultRows)...),
 		Action: func(c *cli.Context) error {
 			interval := c.Duration("interval")
 			if interval <= 0 {
 				return cli.Exit("--interval must be positive", exitUsage)
+			}
+			q, err := listQuery(c)
+			if err != nil {
+				return err
 			}
 			cl := client(c)
 			prev := map[string]control.Limit{}
@@ -37,8 +43,8 @@ func topCommand() *cli.Command {
 			defer t.Stop()
 			count := c.Int("count")
 			for n := 1; ; n++ {
-				ls, err := cl.Limits(c.Context)
-				if err != nil {
+				var ls []control.Limit
+				if err := cl.Limits(c.Context, q, func(l control.Limit) error { ls = append(ls, l); return nil }); err != nil {
 					return err
 				}
 				now := time.Now()
@@ -50,6 +56,7 @@ func topCommand() *cli.Command {
 				if err := output(c, rows, func(w io.Writer) { printTop(w, rows, now) }); err != nil {
 					return err
 				}
+				clear(prev) // the rows of the last table, for the rates of the next
 				for _, l := range ls {
 					prev[l.Name] = l
 				}
@@ -66,6 +73,10 @@ func topCommand() *cli.Command {
 		},
 	}
 }
+
+// topDefaultRows is how many rules top shows unless --rows says
+// otherwise.
+const topDefaultRows = 50
 
 type topRow struct {
 	control.Limit

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -138,17 +139,39 @@ func TestStream(t *testing.T) {
 	}
 }
 
+// TestLimitsQueryValues: a query comes back as it was sent, and a max
+// that is no count of rules is refused.
+func TestLimitsQueryValues(t *testing.T) {
+	for _, q := range []control.LimitsQuery{
+		{},
+		{State: control.StatePending, Shape: "per_second", Name: "pay-*", Dest: "10.0.0.0/8", Source: "cli", Sort: control.SortBusy, Max: 20},
+	} {
+		got, err := control.ParseLimitsQuery(q.Values())
+		if err != nil || got != q {
+			t.Errorf("ParseLimitsQuery(%v) = %+v, %v; want %+v", q.Values(), got, err, q)
+		}
+	}
+	for _, bad := range []string{"-1", "x", "1.5"} {
+		if _, err := control.ParseLimitsQuery(url.Values{"max": {bad}}); !errors.Is(err, control.ErrInvalid) {
+			t.Errorf("max %q: %v, want invalid", bad, err)
+		}
+	}
+}
+
 // TestStreamSkipsKeepalives: the empty lines a stream sends to find a
-// peer that left are no values to the client.
+// peer that left are no values to the client; values queued without a
+// flush reach it when the handler returns.
 func TestStreamSkipsKeepalives(t *testing.T) {
 	h := start(t, controlserver.Config{})
-	var got []string
-	err := h.client.Stream(context.Background(), "events?keepalive=1", func(m json.RawMessage) error {
-		got = append(got, string(m))
-		return nil
-	})
-	if want := []string{`{"seq":0}`, `{"seq":1}`, `{"seq":2}`}; err != nil || !slices.Equal(got, want) {
-		t.Errorf("stream with keepalives: %v, got %q, want %q", err, got, want)
+	for _, route := range []string{"events?keepalive=1", "events?queue=1"} {
+		var got []string
+		err := h.client.Stream(context.Background(), route, func(m json.RawMessage) error {
+			got = append(got, string(m))
+			return nil
+		})
+		if want := []string{`{"seq":0}`, `{"seq":1}`, `{"seq":2}`}; err != nil || !slices.Equal(got, want) {
+			t.Errorf("%s: %v, got %q, want %q", route, err, got, want)
+		}
 	}
 }
 

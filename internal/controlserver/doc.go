@@ -19,8 +19,8 @@
 // [MaxBodyBytes], no unknown fields, nothing after it. Every problem is a
 // 400 whose message says what was wrong and where. [JSON] adapts a typed
 // function to a handler. [StreamWriter] writes newline-delimited JSON for
-// long-lived responses (egressd events --follow); control.Client.Stream
-// reads them.
+// long-lived responses (egressd events --follow) and long ones (the list
+// of 100,000 rules, sent as it is read); control.Client.Stream reads them.
 //
 // # Who may do what
 //

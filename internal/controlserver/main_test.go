@@ -194,7 +194,11 @@ func (tr *testRoutes) table() map[string]controlserver.Route {
 						return err
 					}
 				}
-				if err := sw.Send(map[string]int{"seq": i}); err != nil {
+				send := sw.Send
+				if q.Get("queue") != "" {
+					send = sw.Queue
+				}
+				if err := send(map[string]int{"seq": i}); err != nil {
 					return err
 				}
 				if q.Get("follow") != "" {

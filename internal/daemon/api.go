@@ -30,7 +30,7 @@ func (d *Daemon) routes() map[string]controlserver.Route {
 	}
 	return map[string]controlserver.Route{
 		control.RouteStatus:       get(controlserver.JSON(d.handleStatus)),
-		control.RouteLimits:       get(controlserver.JSON(d.handleLimits)),
+		control.RouteLimits:       {Method: http.MethodGet, Stream: true, Handler: d.handleLimits},
 		control.RouteLimit:        get(controlserver.JSON(d.handleLimit)),
 		control.RouteLimitSet:     post(controlserver.JSON(d.handleSetLimit)),
 		control.RouteLimitRemove:  post(controlserver.JSON(d.handleRemoveLimit)),
@@ -78,45 +78,6 @@ func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, erro
 	slices.Sort(s.Unreachable)
 	slices.Sort(s.Frozen)
 	return s, nil
-}
-
-// handleLimits describes every rule, with the kernel's counts of all of
-// them read in one pass: with 100,000 rules, one lookup after another took
-// seconds.
-func (d *Daemon) handleLimits(r *http.Request, _ struct{}) ([]control.Limit, error) {
-	d.mu.Lock()
-	rules := make([]viewed, 0, len(d.entries))
-	for name, e := range d.entries {
-		rules = append(rules, viewedLocked(name, e))
-	}
-	d.mu.Unlock()
-	slices.SortFunc(rules, func(a, b viewed) int { return strings.Compare(a.name, b.name) })
-	status, err := d.dp.Status()
-	if err != nil {
-		return nil, err
-	}
-	kernel := make(map[string]*loader.RuleStatus, len(status))
-	for i := range status {
-		kernel[status[i].Name] = &status[i]
-	}
-	forReader := readOnly(r)
-	out := make([]control.Limit, 0, len(rules))
-	for _, v := range rules {
-		var k loader.RuleStatus
-		if v.e.installed() {
-			found, ok := kernel[v.name]
-			if !ok {
-				continue // removed after the table was read
-			}
-			k = *found
-		}
-		l, err := view(v, k.Stats, k.Rule, forReader)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, l)
-	}
-	return out, nil
 }
 
 func (d *Daemon) handleLimit(r *http.Request, _ struct{}) (control.Limit, error) {

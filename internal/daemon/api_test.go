@@ -257,7 +257,6 @@ func TestLimitViewsWhileLimitMoves(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		list := httptest.NewRequest("GET", control.Prefix+control.RouteLimits, nil)
 		for {
 			select {
 			case <-stop:
@@ -268,7 +267,7 @@ func TestLimitViewsWhileLimitMoves(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			if _, err := td.handleLimits(list, struct{}{}); err != nil {
+			if err := td.limits(control.LimitsQuery{}, false, func(control.Limit) error { return nil }); err != nil {
 				t.Error(err)
 				return
 			}

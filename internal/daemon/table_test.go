@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -713,10 +712,7 @@ func TestLimitsList(t *testing.T) {
 	td.fake.stats["db"] = loader.Stats{Live: 3, Admitted: 7, Refused: 2}
 	td.fake.stats["api"] = loader.Stats{Live: 1, InFlight: 1, Admitted: 4}
 	td.fake.mu.Unlock()
-	list, err := td.handleLimits(httptest.NewRequest("GET", control.Prefix+control.RouteLimits, nil), struct{}{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	list := td.list(t, control.LimitsQuery{})
 	var names []string
 	for _, l := range list {
 		names = append(names, l.Name)

@@ -223,10 +223,88 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	return s, c.Get(ctx, RouteStatus, &s)
 }
 
-// Limits lists every rule, in the kernel or pending.
-func (c *Client) Limits(ctx context.Context) ([]Limit, error) {
-	var ls []Limit
-	return ls, c.Get(ctx, RouteLimits, &ls)
+// LimitsQuery picks and orders the rules Limits lists. Its zero value
+// lists every rule, in the kernel or pending, by name.
+type LimitsQuery struct {
+	// State keeps the rules in one state: StateInstalled (in the kernel),
+	// StatePending, StateShadow or StateShared.
+	State string
+	// Shape keeps the rules of one shape, as Limit.Shape names it
+	// (concurrency, adaptive, per_second, per_window; the policy's
+	// perSecond and perWindow too).
+	Shape string
+	// Name keeps the rules whose name matches a pattern (path.Match's: a
+	// * matches any run of characters but /).
+	Name string
+	// Dest keeps the rules with a destination that holds an address or
+	// overlaps a prefix (10.0.0.0/8), or that is a host name.
+	Dest string
+	// Source keeps the rules of the policy file ("policy") or set at run
+	// time ("cli").
+	Source string
+	// Sort orders the rules: SortName (the default) or SortBusy.
+	Sort string
+	// Max is the most rules listed; 0 lists all.
+	Max int
+}
+
+// LimitsQuery's values.
+const (
+	StateInstalled = "installed"
+	StatePending   = "pending"
+	StateShadow    = "shadow"
+	StateShared    = "shared"
+	SortName       = "name"
+	// SortBusy puts first the rules with the most refusals a second over
+	// about the last minute, then the most live connections.
+	SortBusy = "busy"
+)
+
+// Values encodes q as a route's query; ParseLimitsQuery reads it back.
+func (q LimitsQuery) Values() url.Values {
+	v := url.Values{}
+	for _, f := range []struct{ key, value string }{
+		{"state", q.State}, {"shape", q.Shape}, {"name", q.Name}, {"dest", q.Dest}, {"source", q.Source}, {"sort", q.Sort},
+	} {
+		if f.value != "" {
+			v.Set(f.key, f.value)
+		}
+	}
+	if q.Max != 0 {
+		v.Set("max", strconv.Itoa(q.Max))
+	}
+	return v
+}
+
+// ParseLimitsQuery reads a query Values made; the daemon judges its
+// values.
+func ParseLimitsQuery(v url.Values) (LimitsQuery, error) {
+	q := LimitsQuery{State: v.Get("state"), Shape: v.Get("shape"), Name: v.Get("name"), Dest: v.Get("dest"),
+		Source: v.Get("source"), Sort: v.Get("sort")}
+	if s := v.Get("max"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return q, Errorf(CodeInvalid, "max %q is not a whole number of rules", s)
+		}
+		q.Max = n
+	}
+	return q, nil
+}
+
+// Limits calls fn with each rule q picks, in its order, as the daemon
+// reads them: the first comes before the daemon has read the last.
+func (c *Client) Limits(ctx context.Context, q LimitsQuery, fn func(Limit) error) error {
+	route := RouteLimits
+	if v := q.Values(); len(v) > 0 {
+		route += "?" + v.Encode()
+	}
+	return c.Stream(ctx, route, func(raw json.RawMessage) error {
+		var l Limit
+		if err := json.Unmarshal(raw, &l); err != nil {
+			return err
+		}
+		return fn(l)
+	})
 }
 
 // Limit reads one rule.
