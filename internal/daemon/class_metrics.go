@@ -8,7 +8,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // what it counted in it.
 type classDescs struct {
 	rules, leases, live, inFlight, connectFailed *prometheus.Desc
-	released, remarked, drifting                 *prometheus.Desc
+	released, remarked, drifting, unreachable    *prometheus.Desc
 }
 
 // classLabels are a class's labels, in the order collect gives them.
@@ -25,11 +25,12 @@ func newClassDescs() classDescs {
 		released:      prometheus.NewDesc("egressd_class_recount_released_total", "Slots of the class's rules the recounts gave back, by cause (as egressd_recount_released_total).", with("cause"), nil),
 		remarked:      prometheus.NewDesc("egressd_class_recount_remarked_total", "Sockets of the class's rules whose marks the recounts put back.", with(), nil),
 		drifting:      prometheus.NewDesc("egressd_class_recount_drifting_rules", "Rules of the class whose last recount found drift (egressd_recount_drift not 0).", with(), nil),
+		unreachable:   prometheus.NewDesc("egressd_class_shared_unreachable_rules", "Rules of a shared class whose Redis is out of reach now (egressd_shared_store_up 0).", with(), nil),
 	}
 }
 
 func (c classDescs) describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rules, c.leases, c.live, c.inFlight, c.connectFailed, c.released, c.remarked, c.drifting} {
+	for _, d := range []*prometheus.Desc{c.rules, c.leases, c.live, c.inFlight, c.connectFailed, c.released, c.remarked, c.drifting, c.unreachable} {
 		ch <- d
 	}
 }
@@ -61,6 +62,9 @@ func (c classDescs) collect(ch chan<- prometheus.Metric, totals *[classes]classT
 		counter(c.released, countReleasedFreed, "freed_socket")
 		counter(c.remarked, countRemarked)
 		gauge(c.drifting, float64(tot.drifting))
+		if cl.shared() {
+			gauge(c.unreachable, float64(tot.unreachable))
+		}
 	}
 }
 

@@ -169,8 +169,8 @@ func (m *metrics) read(fn func(t *tracker)) (tableCounts, error) {
 		t.name(d.policy.MetricsRules)
 	}
 	for i, e := range d.order {
-		troubled := e.share != nil && e.share.view().outage.Failing()
-		t.classify(i, e.spec.Name, classOf(e), e.installed(), troubled)
+		unreachable := e.share != nil && e.share.view().outage.Failing()
+		t.classify(i, e.spec.Name, classOf(e), e.installed(), unreachable)
 		if e.installed() {
 			tc.installed++
 		} else {

@@ -108,6 +108,7 @@ func TestMetricsLint(t *testing.T) {
 		"egressd_class_recount_released_total",
 		"egressd_class_recount_remarked_total",
 		"egressd_class_rules",
+		"egressd_class_shared_unreachable_rules",
 		"egressd_connect_failures_total",
 		"egressd_connect_latency_seconds",
 		"egressd_events_lost_total",

@@ -110,9 +110,9 @@ type tracked struct {
 	// busyWindow.
 	refusing float64
 	// named is whether the policy names the rule for series of its own,
-	// as of the patterns of generation namedGen; trouble whether the
-	// table sees something wrong with it (a shared budget out of reach);
-	// chosen whether the last choice gave it series of its own.
+	// as of the patterns of generation namedGen; trouble whether its
+	// shared budget's Redis is out of reach; chosen whether the last
+	// choice gave it series of its own.
 	named    bool
 	namedGen uint64
 	trouble  bool
@@ -124,8 +124,9 @@ type classTotals struct {
 	counts             counters
 	live, inFlight     int64
 	installed, pending int
-	// drifting counts the rules whose last recount found drift.
-	drifting int
+	// drifting counts the rules whose last recount found drift,
+	// unreachable those whose shared budget's Redis is out of reach.
+	drifting, unreachable int
 }
 
 // tracker is the state of the reads. Its methods are the steps of a read
@@ -336,6 +337,9 @@ func (t *tracker) end() {
 		}
 		if t.drifting(r) {
 			tot.drifting++
+		}
+		if r.trouble {
+			tot.unreachable++
 		}
 	}
 	clear(t.list[len(kept):])

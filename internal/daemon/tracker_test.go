@@ -12,22 +12,24 @@ import (
 	"github.com/egressd/egressd/pkg/loader"
 )
 
-// seen is a rule as one read finds it: in the table with its class, and
-// in the kernel with its counts unless pending.
+// seen is a rule as one read finds it: in the table with its class (and
+// its shared budget's Redis out of reach or not), and in the kernel with
+// its counts unless pending.
 type seen struct {
-	name     string
-	class    class
-	pending  bool
-	admitted uint64
-	refused  uint64
-	live     int64
+	name        string
+	class       class
+	unreachable bool
+	pending     bool
+	admitted    uint64
+	refused     uint64
+	live        int64
 }
 
 // read runs one read of the tracker at now over rules, in their order.
 func read(t *tracker, now time.Time, rules ...seen) {
 	t.begin(now, len(rules))
 	for i, r := range rules {
-		t.classify(i, r.name, r.class, !r.pending, false)
+		t.classify(i, r.name, r.class, !r.pending, r.unreachable)
 	}
 	k := 0
 	for _, r := range rules {
@@ -126,8 +128,9 @@ func TestClassSums(t *testing.T) {
 	}
 }
 
-// TestClassTotalsGauges: live connections and rules by state are the
-// class's as this read found them.
+// TestClassTotalsGauges: live connections, rules by state, rules that
+// drift and shared rules out of reach are the class's as this read found
+// them.
 func TestClassTotalsGauges(t *testing.T) {
 	tr := newTracker()
 	read(tr, t0,
@@ -141,11 +144,11 @@ func TestClassTotalsGauges(t *testing.T) {
 		seen{name: "a", class: hostConc, live: 3},
 		seen{name: "b", class: hostConc, live: 4},
 		seen{name: "c", class: hostConc, pending: true},
-		seen{name: "d", class: sharedGroup, live: 1},
+		seen{name: "d", class: sharedGroup, live: 1, unreachable: true},
 	)
 	want := map[class]classTotals{
 		hostConc:    {live: 7, installed: 2, pending: 1, drifting: 1},
-		sharedGroup: {live: 1, installed: 1, counts: counters{countReleasedFreed: 2, countRemarked: 1}},
+		sharedGroup: {live: 1, installed: 1, unreachable: 1, counts: counters{countReleasedFreed: 2, countRemarked: 1}},
 	}
 	for c, w := range want {
 		if got := tr.totals[c]; got != w {
