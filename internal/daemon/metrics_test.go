@@ -2,11 +2,15 @@ package daemon
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -387,4 +391,73 @@ egressd_per_rule_series_rules{reason="trouble"} 0
 	if !strings.Contains(log.String(), "every rule has series of its own again") {
 		t.Errorf("the log does not say every rule has its series again:\n%s", log.String())
 	}
+}
+
+// TestMetricsGzip: the metrics are gzipped when the scraper takes gzip
+// and only then, the same text either way, and an error goes as text.
+func TestMetricsGzip(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egressd_test", Help: "A test."}, func() float64 { return 1 }))
+	serve := func(g prometheus.Gatherer, accept string) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		if accept != "" {
+			r.Header.Set("Accept-Encoding", accept)
+		}
+		metricsHandler(g).ServeHTTP(w, r)
+		return w
+	}
+	want := serve(reg, "").Body.String()
+	if !strings.Contains(want, "egressd_test 1") {
+		t.Fatalf("plain answer %q", want)
+	}
+	for _, tt := range []struct {
+		accept string
+		gzip   bool
+	}{
+		{"", false},
+		{"gzip", true},
+		{"deflate, gzip;q=0.5", true},
+		{"gzip;q=0", false},
+		{"identity", false},
+		{"x-gzip", false},
+	} {
+		w := serve(reg, tt.accept)
+		body := w.Body.String()
+		if enc := w.Header().Get("Content-Encoding"); (enc == "gzip") != tt.gzip {
+			t.Errorf("Accept-Encoding %q: Content-Encoding %q, want gzip %v", tt.accept, enc, tt.gzip)
+			continue
+		}
+		if tt.gzip {
+			z, err := gzip.NewReader(w.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(z)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body = string(b)
+		}
+		if body != want {
+			t.Errorf("Accept-Encoding %q: body %q, want %q", tt.accept, body, want)
+		}
+	}
+	failing := prometheus.NewRegistry()
+	failing.MustRegister(failingCollector{})
+	w := serve(failing, "gzip")
+	if w.Code != http.StatusInternalServerError || w.Header().Get("Content-Encoding") != "" || !strings.Contains(w.Body.String(), "maps unreadable") {
+		t.Errorf("error: %d, Content-Encoding %q, body %q; want a 500 in text", w.Code, w.Header().Get("Content-Encoding"), w.Body.String())
+	}
+}
+
+// failingCollector's every scrape fails.
+type failingCollector struct{}
+
+var failingDesc = prometheus.NewDesc("egressd_test_failing", "Never read.", nil, nil)
+
+func (failingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- failingDesc }
+
+func (failingCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.NewInvalidMetric(failingDesc, errors.New("maps unreadable"))
 }

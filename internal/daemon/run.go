@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/loader"
@@ -278,7 +277,7 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *controlserver.
 	if metricsLn != nil {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(d.metrics)
-		metricsSrv = &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = &http.Server{Handler: metricsHandler(reg), ReadHeaderTimeout: 10 * time.Second}
 		wg.Go(func() {
 			if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {
 				d.log.Error("metrics server", "err", err)
