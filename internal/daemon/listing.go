@@ -170,31 +170,41 @@ func (p pick) matches(v viewed) bool {
 
 // pickRules returns the rules p picks, in its order, and with counts
 // the kernel's counts of them when it was quicker to read every rule's
-// than each one's (nil: read each).
+// than each one's (nil: read each). The table's order is replaced, never
+// written in place, and a rule's name is its spec's, which never
+// changes: the rules are ranked by their places in it outside its lock.
 func (d *Daemon) pickRules(p pick) ([]viewed, map[string]*counted, error) {
 	d.mu.Lock()
-	var rows []viewed
+	order := d.order
+	var places []int
 	installed := 0
-	for _, e := range d.order {
+	for i, e := range order {
 		if e.installed() {
 			installed++
 		}
-		if v := viewedLocked(e.spec.Name, e); p.matches(v) {
-			rows = append(rows, v)
+		if p.matches(viewedLocked(e.spec.Name, e)) {
+			places = append(places, i)
 		}
 	}
 	d.mu.Unlock()
-	byName := func(a, b viewed) bool { return a.name < b.name }
-	if p.q.Sort == control.SortBusy {
+	name := func(i int) string { return order[i].spec.Name }
+	switch {
+	case p.q.Sort == control.SortBusy:
 		var err error
-		if rows, err = d.busiest(rows, p.q.Max); err != nil {
+		if places, err = d.busiest(name, places, p.q.Max); err != nil {
 			return nil, nil, err
 		}
-	} else if p.q.Max > 0 && p.q.Max < len(rows) {
-		rows = best(slices.Values(rows), p.q.Max, byName)
-	} else {
-		slices.SortFunc(rows, func(a, b viewed) int { return strings.Compare(a.name, b.name) })
+	case p.q.Max > 0 && p.q.Max < len(places):
+		places = best(slices.Values(places), p.q.Max, func(a, b int) bool { return name(a) < name(b) })
+	default:
+		slices.SortFunc(places, func(a, b int) int { return strings.Compare(name(a), name(b)) })
 	}
+	rows := make([]viewed, len(places))
+	d.mu.Lock()
+	for i, at := range places {
+		rows[i] = viewedLocked(name(at), order[at])
+	}
+	d.mu.Unlock()
 	if len(rows)*8 < installed {
 		return rows, nil, nil
 	}
@@ -202,33 +212,38 @@ func (d *Daemon) pickRules(p pick) ([]viewed, map[string]*counted, error) {
 	return rows, all, err
 }
 
-// busiest orders rows by how busy they have been lately, and keeps max
-// of them (0: all): a read of every rule's counts moves their averages.
-func (d *Daemon) busiest(rows []viewed, max int) ([]viewed, error) {
-	type ranked struct {
-		c candidate
-		v viewed
+// busiest orders the rules at places in the table by how busy they have
+// been lately, and keeps max of them (0: all): a read of every rule's
+// counts moves their averages, and finds each rule at its place.
+func (d *Daemon) busiest(name func(int) string, places []int, max int) ([]int, error) {
+	if max <= 0 {
+		max = len(places)
 	}
-	ranks := make([]ranked, 0, len(rows))
+	type ranked struct {
+		c     candidate
+		place int
+	}
+	var kept []ranked
 	_, err := d.metrics.read(func(t *tracker) {
-		for _, v := range rows {
-			c := candidate{name: v.name}
-			if r := t.rules[v.name]; r != nil {
-				c.refusing, c.live = r.refusing, r.live
+		each := func(yield func(ranked) bool) {
+			for _, at := range places {
+				r := ranked{c: candidate{name: name(at)}, place: at}
+				if tr := t.find(&t.byTable, at, r.c.name); tr != nil {
+					r.c.refusing, r.c.live = tr.refusing, tr.live
+				}
+				if !yield(r) {
+					return
+				}
 			}
-			ranks = append(ranks, ranked{c, v})
 		}
+		kept = best(each, max, func(a, b ranked) bool { return busier(a.c, b.c) })
 	})
 	if err != nil {
 		return nil, err
 	}
-	if max <= 0 {
-		max = len(ranks)
-	}
-	kept := best(slices.Values(ranks), max, func(a, b ranked) bool { return busier(a.c, b.c) })
-	out := make([]viewed, len(kept))
+	out := make([]int, len(kept))
 	for i, k := range kept {
-		out[i] = k.v
+		out[i] = k.place
 	}
 	return out, nil
 }
