@@ -9,6 +9,7 @@ package deploy
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -394,5 +395,174 @@ func TestQueriedFindsNames(t *testing.T) {
 		if got := exported(families, name); got != want {
 			t.Errorf("exported(%s) = %v, want %v", name, got, want)
 		}
+	}
+}
+
+// Modes a daemon's metrics come in: every rule with series of its own
+// (no more rules than --metrics-rules), a few rules with series of their
+// own and every rule in its class's sums (more), and the sums alone
+// (--metrics-rules 0).
+const (
+	perRuleMode = "per-rule"
+	boundedMode = "bounded"
+	sumsMode    = "sums only"
+)
+
+// modeRule is a rule of the test host, and whether it has series of its
+// own in the bounded mode.
+type modeRule struct {
+	name, shape       string
+	requests, shared  bool
+	rate, chosenBound bool
+}
+
+// modeRules are the test host's rules: one of each kind, and idle rules
+// of their classes that only the per-rule mode shows one by one. In the
+// bounded mode the chosen are one of each kind, as the busiest could be.
+var modeRules = []modeRule{
+	{name: "web", shape: "concurrency", chosenBound: true},
+	{name: "api", shape: "perSecond", chosenBound: true},
+	{name: "batch", shape: "perWindow", chosenBound: true},
+	{name: "adapt", shape: "adaptive", requests: true, chosenBound: true},
+	{name: "pool", shape: "concurrency", shared: true, chosenBound: true},
+	{name: "prate", shape: "perSecond", shared: true, rate: true, chosenBound: true},
+	{name: "idle1", shape: "concurrency"},
+	{name: "idle2", shape: "perSecond"},
+}
+
+// modeSeries are the series a daemon serves in mode, as promtool input:
+// each rule's when it has series of its own, each class's sums always,
+// and the host's.
+func modeSeries(mode string) []string {
+	const at = `job="egressd",instance="h1:9464"`
+	var out []string
+	add := func(name, labels, values string) {
+		out = append(out, fmt.Sprintf("      - series: '%s{%s%s}'\n        values: '%s'\n", name, at, labels, values))
+	}
+	counter, gauge, one := "0+60x30", "3x30", "1x30"
+	type class struct{ shape, shared string }
+	classes := map[class]bool{}
+	perRule := 0
+	for _, r := range modeRules {
+		classes[class{r.shape, strconv.FormatBool(r.shared)}] = true
+		if mode == sumsMode || mode == boundedMode && !r.chosenBound {
+			continue
+		}
+		perRule++
+		rule := fmt.Sprintf(`,rule="%s"`, r.name)
+		for _, o := range []string{"acquired", "denied", "shadow_denied"} {
+			add("egressd_leases_total", rule+`,outcome="`+o+`"`, counter)
+		}
+		for _, g := range []string{"egressd_live_connections", "egressd_in_flight_requests", "egressd_limit"} {
+			add(g, rule, gauge)
+		}
+		add("egressd_connect_failures_total", rule, counter)
+		add("egressd_rule_info", rule+`,shape="`+r.shape+`"`, one)
+		add("egressd_recount_drift", rule, one)
+		add("egressd_recount_released_total", rule+`,cause="drift"`, counter)
+		histograms := []string{"egressd_connect_latency_seconds"}
+		if r.requests {
+			histograms = append(histograms, "egressd_request_latency_seconds")
+		}
+		for _, h := range histograms {
+			for _, le := range []string{"0.001", "0.002", "+Inf"} {
+				add(h+"_bucket", rule+`,le="`+le+`"`, counter)
+			}
+			add(h+"_sum", rule, "0+0.1x30")
+			add(h+"_count", rule, counter)
+		}
+		switch {
+		case r.shape == "perWindow":
+			add("egressd_limit_window_seconds", rule, "60x30")
+		case r.shape == "adaptive":
+			add("egressd_baseline_latency_seconds", rule, "0.001x30")
+		case r.rate:
+			add("egressd_shared_granted_permits_total", rule, counter)
+			add("egressd_shared_returned_permits_total", rule, "0+6x30")
+		case r.shared:
+			add("egressd_shared_slots", rule, gauge)
+		}
+		if r.shared {
+			add("egressd_shared_store_up", rule, "0x30")
+			add("egressd_shared_failure_mode_info", rule+`,mode="throw"`, one)
+			add("egressd_shared_store_errors_total", rule, counter)
+		}
+	}
+	for c := range classes {
+		labels := fmt.Sprintf(`,shape="%s",scope="host",shared="%s",shadow="false"`, c.shape, c.shared)
+		add("egressd_class_rules", labels+`,state="installed"`, gauge)
+		for _, o := range []string{"acquired", "denied", "shadow_denied"} {
+			add("egressd_class_leases_total", labels+`,outcome="`+o+`"`, counter)
+		}
+		add("egressd_class_live_connections", labels, gauge)
+		add("egressd_class_in_flight_requests", labels, gauge)
+		add("egressd_class_connect_failures_total", labels, counter)
+		add("egressd_class_recount_released_total", labels+`,cause="drift"`, counter)
+		add("egressd_class_recount_drifting_rules", labels, one)
+		if c.shared == "true" {
+			add("egressd_class_shared_unreachable_rules", labels, one)
+		}
+	}
+	add("up", "", one)
+	add("egressd_build_info", `,version="test",goversion="go"`, one)
+	add("egressd_rules", `,state="installed"`, strconv.Itoa(len(modeRules))+"x30")
+	add("egressd_rules", `,state="pending"`, "0x30")
+	add("egressd_events_lost_total", `,kind="refusal"`, counter)
+	add("egressd_per_rule_series_rules", `,reason="busiest"`, strconv.Itoa(perRule)+"x30")
+	return out
+}
+
+// everyRuleRows are the dashboard's rows whose panels show every rule,
+// whatever has series of its own.
+var everyRuleRows = []string{"Host", "Classes (every rule)"}
+
+// TestDashboardBothModes: in each mode, promtool finds data for every
+// panel that can have some: those of every rule always, those of rules
+// with series of their own in the per-rule and the bounded modes (the
+// rule variable too), none of them relying on series of every rule.
+func TestDashboardBothModes(t *testing.T) {
+	p := promtool(t)
+	d := readDashboard(t)
+	vars := strings.NewReplacer("$__rate_interval", "1m", "$instance", ".*", "$rule", ".*")
+	type query struct{ row, expr string }
+	var queries []query
+	row := ""
+	for _, pn := range d.Panels {
+		if pn.Type == "row" {
+			row = pn.Title
+			continue
+		}
+		for _, tg := range pn.Targets {
+			queries = append(queries, query{row, tg.Expr})
+		}
+	}
+	for _, q := range dashboardQueries(t, dashboard{Templating: d.Templating}) {
+		queries = append(queries, query{"variables", q})
+	}
+	rules, err := filepath.Abs(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "rule_files:\n  - %s\nevaluation_interval: 1m\ntests:\n", rules)
+	for _, mode := range []string{perRuleMode, boundedMode, sumsMode} {
+		fmt.Fprintf(&b, "  # %s\n  - interval: 1m\n    input_series:\n%s    promql_expr_test:\n", mode, strings.Join(modeSeries(mode), ""))
+		for _, q := range queries {
+			if mode == sumsMode && !slices.Contains(everyRuleRows, q.row) {
+				continue
+			}
+			// absent() of a query with data is empty.
+			fmt.Fprintf(&b, "      - expr: %s\n        eval_time: 10m\n        exp_samples: []\n", strconv.Quote("absent("+vars.Replace(q.expr)+")"))
+		}
+	}
+	file := filepath.Join(t.TempDir(), "dashboard-modes.test.yml")
+	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(p, "test", "rules", file).CombinedOutput(); err != nil {
+		t.Fatalf("a dashboard query has no data in a mode (absent() gave a sample):\n%s", out)
+	}
+	if n := len(queries); n < 30 {
+		t.Fatalf("%d queries found: the panels' walk is broken", n)
 	}
 }
