@@ -227,9 +227,14 @@ func manyRules(n int) string {
 
 // BenchmarkDaemon100k measures what a daemon enforcing 100,000 rules costs
 // while it runs, from /proc: its CPU idle for 10 s (between two recounts,
-// which come every 30 s), a metrics scrape (its size, how long it takes,
-// the daemon's CPU), and the list of every rule that `egressd limit list`
-// asks for, twice (the first writes each rule's text, which is kept).
+// which come every 30 s); metrics scrapes as Prometheus makes them (gzip
+// asked), with the default --metrics-rules (500) and with 1,000: the
+// first after start, which builds what the daemon keeps of each rule, then
+// five a second apart (their mean and the slowest); the list of every rule
+// `egressd limit ls` asks for, twice (the first writes each rule's text),
+// with the time to its first row; a list of the rules named r123* (111);
+// the busiest 50 that `egressd top` asks for at each refresh; and the
+// events `egressd events` lists.
 func BenchmarkDaemon100k(b *testing.B) {
 	privtest.RequireRoot(b)
 	dir := b.TempDir()
@@ -238,68 +243,174 @@ func BenchmarkDaemon100k(b *testing.B) {
 		b.Fatal(err)
 	}
 	cg := privtest.Cgroup(b, "daemon100k")
-	var idle, scrape, scrapeCPU, list, listCPU, again, againCPU time.Duration
-	var scraped int64
+	var idle time.Duration
+	scrapes := map[int]*scrapeFigures{500: {}, 1000: {}}
+	var list, listFirst, listCPU, again, againCPU, named, namedCPU, top, topCPU, events time.Duration
 	for i := 0; b.Loop(); i++ {
-		metrics := freeLoopbackAddr(b)
-		socket := filepath.Join(dir, fmt.Sprint("s", i))
-		cmd := exec.Command(egressd, "run", "--cgroup", cg, "--bpffs", privtest.PinDir(b), "--socket", socket,
-			"--state-dir", filepath.Join(dir, fmt.Sprint("state", i)), "--policy", pol, "--metrics", metrics)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		stop := func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }
-		c := &control.Client{Socket: socket, Timeout: time.Minute}
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-			if _, err := c.Status(context.Background()); err == nil {
-				break
-			} else if time.Now().After(deadline) {
-				stop()
-				b.Fatalf("daemon not ready: %v", err)
+		for _, perRule := range []int{500, 1000} {
+			d := startDaemon100k(b, dir, pol, cg, fmt.Sprint(i, "-", perRule), perRule)
+			if perRule == 500 {
+				cpu0 := cpuTime(b, d.pid)
+				time.Sleep(10 * time.Second)
+				idle += cpuTime(b, d.pid) - cpu0
 			}
-		}
-		pid := cmd.Process.Pid
-		time.Sleep(time.Second) // past what start-up left running
-		cpu0 := cpuTime(b, pid)
-		time.Sleep(10 * time.Second)
-		idle += cpuTime(b, pid) - cpu0
-
-		cpu0, t0 := cpuTime(b, pid), time.Now()
-		resp, err := http.Get("http://" + metrics + "/metrics")
-		if err != nil {
-			stop()
-			b.Fatal(err)
-		}
-		n, err := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			stop()
-			b.Fatalf("scrape: %v, %s", err, resp.Status)
-		}
-		scrape, scrapeCPU, scraped = scrape+time.Since(t0), scrapeCPU+cpuTime(b, pid)-cpu0, scraped+n
-
-		for _, into := range []struct{ wall, cpu *time.Duration }{{&list, &listCPU}, {&again, &againCPU}} {
-			cpu0, t0 := cpuTime(b, pid), time.Now()
-			n := 0
-			err := c.Limits(context.Background(), control.LimitsQuery{}, func(control.Limit) error { n++; return nil })
-			if err != nil || n != 100_000 {
-				stop()
-				b.Fatalf("limits: %d, %v", n, err)
+			scrapes[perRule].add(b, d)
+			if perRule == 1000 {
+				d.stop()
+				continue
 			}
-			*into.wall, *into.cpu = *into.wall+time.Since(t0), *into.cpu+cpuTime(b, pid)-cpu0
+			for _, into := range []struct{ wall, first, cpu *time.Duration }{{&list, &listFirst, &listCPU}, {&again, new(time.Duration), &againCPU}} {
+				n := d.list(b, control.LimitsQuery{}, into.wall, into.first, into.cpu)
+				if n != 100_000 {
+					d.stop()
+					b.Fatalf("listed %d rules", n)
+				}
+			}
+			if n := d.list(b, control.LimitsQuery{Name: "r123*"}, &named, new(time.Duration), &namedCPU); n != 111 {
+				d.stop()
+				b.Fatalf("listed %d rules r123*", n)
+			}
+			if n := d.list(b, control.LimitsQuery{Sort: control.SortBusy, Max: 50}, &top, new(time.Duration), &topCPU); n != 50 {
+				d.stop()
+				b.Fatalf("listed %d busiest rules", n)
+			}
+			t0 := time.Now()
+			if err := d.c.Events(context.Background(), false, func(control.Event) error { return nil }); err != nil {
+				d.stop()
+				b.Fatal(err)
+			}
+			events += time.Since(t0)
+			d.stop()
 		}
-		stop()
 	}
 	per := func(d time.Duration) float64 { return d.Seconds() / float64(b.N) }
-	b.ReportMetric(per(idle)*1000, "idle-cpu-ms/10s")
-	b.ReportMetric(float64(scraped)/float64(b.N)/1e6, "scrape-MB")
-	b.ReportMetric(per(scrape), "scrape-s")
-	b.ReportMetric(per(scrapeCPU), "scrape-cpu-s")
+	ms := func(d time.Duration) float64 { return per(d) * 1000 }
+	b.ReportMetric(ms(idle), "idle-cpu-ms/10s")
+	def, more := scrapes[500], scrapes[1000]
+	cpu, wall := def.mean()
+	b.ReportMetric(def.bytes/float64(b.N)/1e6, "scrape-MB")
+	b.ReportMetric(cpu, "scrape-cpu-ms")
+	b.ReportMetric(def.slowest*1000, "scrape-max-cpu-ms")
+	b.ReportMetric(ms(def.first), "scrape-first-cpu-ms")
+	b.ReportMetric(wall, "scrape-ms")
+	cpu, _ = more.mean()
+	b.ReportMetric(more.bytes/float64(b.N)/1e6, "scrape-1000-MB")
+	b.ReportMetric(cpu, "scrape-1000-cpu-ms")
+	b.ReportMetric(more.bytes/def.bytes, "scrape-1000/500")
 	b.ReportMetric(per(list), "list-s")
+	b.ReportMetric(per(listFirst), "list-first-row-s")
 	b.ReportMetric(per(listCPU), "list-cpu-s")
 	b.ReportMetric(per(again), "list-again-s")
 	b.ReportMetric(per(againCPU), "list-again-cpu-s")
+	b.ReportMetric(ms(named), "list-name-ms")
+	b.ReportMetric(ms(namedCPU), "list-name-cpu-ms")
+	b.ReportMetric(ms(top), "top-ms")
+	b.ReportMetric(ms(topCPU), "top-cpu-ms")
+	b.ReportMetric(ms(events), "events-ms")
+}
+
+// daemon100k is a daemon BenchmarkDaemon100k started.
+type daemon100k struct {
+	cmd     *exec.Cmd
+	pid     int
+	c       *control.Client
+	metrics string
+}
+
+// startDaemon100k starts a daemon of the policy pol, with --metrics-rules
+// perRule, and waits until it answers and has settled.
+func startDaemon100k(b *testing.B, dir, pol, cg, name string, perRule int) *daemon100k {
+	d := &daemon100k{metrics: freeLoopbackAddr(b)}
+	socket := filepath.Join(dir, "s"+name)
+	d.cmd = exec.Command(egressd, "run", "--cgroup", cg, "--bpffs", privtest.PinDir(b), "--socket", socket,
+		"--state-dir", filepath.Join(dir, "state"+name), "--policy", pol, "--metrics", d.metrics, "--metrics-rules", fmt.Sprint(perRule))
+	d.cmd.Stderr = os.Stderr
+	if err := d.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	d.pid = d.cmd.Process.Pid
+	d.c = &control.Client{Socket: socket, Timeout: time.Minute}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := d.c.Status(context.Background()); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			d.stop()
+			b.Fatalf("daemon not ready: %v", err)
+		}
+	}
+	time.Sleep(time.Second) // past what start-up left running
+	return d
+}
+
+func (d *daemon100k) stop() { d.cmd.Process.Signal(syscall.SIGTERM); d.cmd.Wait() }
+
+// scrape gets /metrics as Prometheus does, gzip asked (Go's client asks
+// and inflates), and returns the text's size, the time and the daemon's
+// CPU it took.
+func (d *daemon100k) scrape(b *testing.B) (size int64, wall, cpu time.Duration) {
+	cpu0, t0 := cpuTime(b, d.pid), time.Now()
+	resp, err := http.Get("http://" + d.metrics + "/metrics")
+	if err != nil {
+		d.stop()
+		b.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		d.stop()
+		b.Fatalf("scrape: %v, %s", err, resp.Status)
+	}
+	return n, time.Since(t0), cpuTime(b, d.pid) - cpu0
+}
+
+// list lists the rules q picks, adding to wall the time it took, to
+// first the time to the first rule, and to cpu the daemon's CPU; it
+// returns how many rules came.
+func (d *daemon100k) list(b *testing.B, q control.LimitsQuery, wall, first, cpu *time.Duration) int {
+	cpu0, t0 := cpuTime(b, d.pid), time.Now()
+	n := 0
+	err := d.c.Limits(context.Background(), q, func(control.Limit) error {
+		if n++; n == 1 {
+			*first += time.Since(t0)
+		}
+		return nil
+	})
+	if err != nil {
+		d.stop()
+		b.Fatal(err)
+	}
+	*wall, *cpu = *wall+time.Since(t0), *cpu+cpuTime(b, d.pid)-cpu0
+	return n
+}
+
+// scrapeFigures add up the scrapes of the daemons of one --metrics-rules.
+type scrapeFigures struct {
+	bytes         float64 // of each daemon's last scrape
+	first, wall   time.Duration
+	steady        time.Duration // the CPU of the scrapes after the first
+	slowest       float64       // seconds
+	steadyScrapes int
+}
+
+// add scrapes d once, then five times a second apart.
+func (f *scrapeFigures) add(b *testing.B, d *daemon100k) {
+	_, _, cpu := d.scrape(b)
+	f.first += cpu
+	for range 5 {
+		time.Sleep(time.Second)
+		n, wall, cpu := d.scrape(b)
+		f.wall += wall
+		f.steady += cpu
+		f.steadyScrapes++
+		f.slowest = max(f.slowest, cpu.Seconds())
+		f.bytes += float64(n) / 5
+	}
+}
+
+// mean is a scrape after the first, its CPU and its time, in ms.
+func (f *scrapeFigures) mean() (cpu, wall float64) {
+	n := float64(f.steadyScrapes)
+	return f.steady.Seconds() * 1000 / n, f.wall.Seconds() * 1000 / n
 }
 
 // freeLoopbackAddr is a loopback address with a port nobody listens on now.
