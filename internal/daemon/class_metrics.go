@@ -18,8 +18,8 @@ func newClassDescs() classDescs {
 	with := func(extra ...string) []string { return append(append([]string(nil), classLabels...), extra...) }
 	return classDescs{
 		rules:         prometheus.NewDesc("egressd_class_rules", "Rules of the class, by state: installed in the kernel or pending.", with("state"), nil),
-		leases:        prometheus.NewDesc("egressd_class_leases_total", "Connections the class's rules were asked for, by outcome (as egressd_leases_total), since the daemon started.", with("outcome"), nil),
-		live:          prometheus.NewDesc("egressd_class_live_connections", "Connections holding a slot of one of the class's rules now.", with(), nil),
+		leases:        prometheus.NewDesc("egressd_class_leases_total", "Connections and UDP flows the class's rules were asked for, by outcome (as egressd_leases_total), since the daemon started.", with("outcome"), nil),
+		live:          prometheus.NewDesc("egressd_class_live_connections", "Connections and UDP flows holding a slot of one of the class's rules now.", with(), nil),
 		inFlight:      prometheus.NewDesc("egressd_class_in_flight_requests", "Requests sent and not yet answered on the connections of the class's rules.", with(), nil),
 		connectFailed: prometheus.NewDesc("egressd_class_connect_failures_total", "Admitted connections of the class's rules that ended before reaching ESTABLISHED, since the daemon started.", with(), nil),
 		released:      prometheus.NewDesc("egressd_class_recount_released_total", "Slots of the class's rules the recounts gave back, by cause (as egressd_recount_released_total).", with("cause"), nil),

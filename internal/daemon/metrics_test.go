@@ -348,7 +348,7 @@ rules:
 	td.fake.set("webhook", loader.Stats{Admitted: 12, Refused: 400})
 	td.fake.set("trial", loader.Stats{Admitted: 53, ShadowRefused: 21})
 	want := `
-# HELP egressd_class_leases_total Connections the class's rules were asked for, by outcome (as egressd_leases_total), since the daemon started.
+# HELP egressd_class_leases_total Connections and UDP flows the class's rules were asked for, by outcome (as egressd_leases_total), since the daemon started.
 # TYPE egressd_class_leases_total counter
 egressd_class_leases_total{outcome="acquired",scope="host",shadow="false",shape="concurrency",shared="false"} 2
 egressd_class_leases_total{outcome="acquired",scope="host",shadow="true",shape="perSecond",shared="false"} 3
@@ -362,7 +362,7 @@ egressd_class_rules{scope="host",shadow="false",shape="concurrency",shared="fals
 egressd_class_rules{scope="host",shadow="false",shape="concurrency",shared="false",state="pending"} 0
 egressd_class_rules{scope="host",shadow="true",shape="perSecond",shared="false",state="installed"} 1
 egressd_class_rules{scope="host",shadow="true",shape="perSecond",shared="false",state="pending"} 0
-# HELP egressd_live_connections Connections holding a slot of the rule now.
+# HELP egressd_live_connections Connections and UDP flows holding a slot of the rule now.
 # TYPE egressd_live_connections gauge
 egressd_live_connections{rule="webhook"} 0
 egressd_live_connections{rule="keep"} 0
