@@ -25,10 +25,13 @@ type RedisTimeouts struct {
 // *redis.ClusterClient. redisurl.Check says what is wrong with the URL, in
 // the words OpenRedis would.
 func OpenRedis(s string, t RedisTimeouts) (redis.UniversalClient, error) {
-	k, plain, err := redisurl.Split(s)
+	// Check refuses what go-redis would, and what it would open and then
+	// panic on (a Sentinel URL that routes to replicas).
+	k, err := redisurl.Check(s)
 	if err != nil {
 		return nil, err
 	}
+	_, plain, _ := redisurl.Split(s)
 	switch k {
 	case redisurl.Sentinel:
 		o, err := redis.ParseFailoverURL(plain)

@@ -35,7 +35,8 @@ func TestOpenRedisKinds(t *testing.T) {
 // OpenRedis refuses a URL in the words redisurl.Check, which the policy
 // uses, says it would.
 func TestOpenRedisRefusesAsCheck(t *testing.T) {
-	for _, url := range []string{"redis://h:1/x", "redis+sentinel://h:1?addr=bad", "redis+cluster://h:1?bogus=1", "http://h:1"} {
+	for _, url := range []string{"redis://h:1/x", "redis+sentinel://h:1?addr=bad", "redis+cluster://h:1?bogus=1", "http://h:1",
+		"redis+sentinel://h:1?master_name=m&route_by_latency=true", "redis+sentinel://h:1?master_name=m&route_randomly=1", "redis+sentinel://h:1"} {
 		_, want := redisurl.Check(url)
 		if _, err := OpenRedis(url, RedisTimeouts{}); err == nil || want == nil || err.Error() != want.Error() {
 			t.Errorf("OpenRedis(%q): %v; Check: %v", url, err, want)

@@ -176,10 +176,17 @@ func checkSentinel(u *url.URL) error {
 		return err
 	}
 	q := query{values: u.Query()}
-	primary := ""
-	if vs := q.values["master_name"]; len(vs) > 0 {
-		primary = vs[len(vs)-1]
+	last := func(name string) string {
+		if vs := q.values[name]; len(vs) > 0 {
+			return vs[len(vs)-1]
+		}
+		return ""
 	}
+	primary := last("master_name")
+	routed := slices.ContainsFunc([]string{"route_by_latency", "route_randomly"}, func(p string) bool {
+		v := last(p)
+		return v == "true" || v == "1"
+	})
 	q.read(sentinelParams)
 	if q.err != nil {
 		return q.err
@@ -199,8 +206,16 @@ func checkSentinel(u *url.URL) error {
 	if primary == "" {
 		return errors.New("names no primary: add ?master_name=NAME")
 	}
+	if routed {
+		return errRouted
+	}
 	return nil
 }
+
+// errRouted refuses a Sentinel URL that routes commands to replicas:
+// go-redis's failover client panics on it, and a budget's counts must be
+// read and written on the primary.
+var errRouted = errors.New("route_by_latency and route_randomly send commands to replicas, which a shared budget cannot use: leave them out")
 
 // checkCluster is redis.ParseClusterURL's checks: it reads no path.
 func checkCluster(u *url.URL) error {

@@ -22,6 +22,9 @@ func TestCheck(t *testing.T) {
 		{"redis+cluster://10.0.0.1:7000?addr=10.0.0.2:7000", Cluster, ""},
 		{"redis://", Server, "has no host"},
 		{"redis+sentinel://10.0.0.1:26379", Sentinel, "names no primary"},
+		{"redis+sentinel://10.0.0.1:26379?master_name=m&route_by_latency=true", Sentinel, "route_by_latency and route_randomly"},
+		{"redis+sentinel://10.0.0.1:26379?master_name=m&route_randomly=1", Sentinel, "route_by_latency and route_randomly"},
+		{"redis+sentinel://10.0.0.1:26379?master_name=m&route_randomly=false", Sentinel, ""},
 		{"redis://h:1/x", Server, "invalid database number"},
 		{"redis://h:1?bogus=1", Server, "unexpected option: bogus"},
 		{"http://h:1", Server, "is not a redis://"},
@@ -61,11 +64,12 @@ func goRedisCheck(s string) (Kind, error) {
 		return k, err
 	}
 	var master string
+	var routed bool
 	switch k {
 	case Sentinel:
 		var o *redis.FailoverOptions
 		if o, err = redis.ParseFailoverURL(plain); err == nil {
-			master = o.MasterName
+			master, routed = o.MasterName, o.RouteByLatency || o.RouteRandomly
 		}
 	case Cluster:
 		_, err = redis.ParseClusterURL(plain)
@@ -77,6 +81,8 @@ func goRedisCheck(s string) (Kind, error) {
 		return k, errors.New(strings.TrimPrefix(err.Error(), "redis: "))
 	case k == Sentinel && master == "":
 		return k, errors.New("names no primary: add ?master_name=NAME")
+	case routed: // redis.NewFailoverClient panics on it
+		return k, errRouted
 	}
 	return k, nil
 }
