@@ -423,17 +423,19 @@ func TestUnreadAnswerTimesOut(t *testing.T) {
 	}
 }
 
-// A peer that reads a large answer slowly, taking many times the write
-// timeout over the whole of it but never stalling for as long, gets all
-// of it: the timeout bounds a stall, not the answer's size. (The reader
-// pauses 10 ms a read; the timeout leaves room for a loaded machine to
-// stop it far longer: with 200 ms, CI once saw a write time out.)
+// A peer that reads a large answer slowly, taking more than twice the
+// write timeout over the whole of it (256 reads, each after a 20 ms
+// pause) but never stalling for as long, gets all of it: the timeout
+// bounds a stall, not the answer's size. The timeout is a hundred pauses:
+// a loaded machine stops the reader longer than its pause (with 200 ms,
+// CI once saw a write time out, and 500 ms failed at a load of 20 on 2
+// CPUs).
 func TestSlowReaderGetsWholeAnswer(t *testing.T) {
-	const n, timeout = 4 << 20, 500 * time.Millisecond
+	const n, timeout = 4 << 20, 2 * time.Second
 	sock, _, done := bigAnswer(t, n, timeout)
 	c := get(t, sock, "/v1/big")
 	start := time.Now()
-	resp, err := http.ReadResponse(bufio.NewReaderSize(&slowReader{r: c, every: 10 * time.Millisecond}, 16<<10), nil)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(&slowReader{r: c, every: 20 * time.Millisecond}, 16<<10), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +446,7 @@ func TestSlowReaderGetsWholeAnswer(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("handler: %v", err)
 	}
-	if took := time.Since(start); took < 4*timeout {
+	if took := time.Since(start); took < 2*timeout {
 		t.Errorf("read in %v, too fast to show a slow reader served", took)
 	}
 }
