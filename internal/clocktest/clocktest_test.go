@@ -1,0 +1,52 @@
+package clocktest_test
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/egressd/egressd/internal/clocktest"
+)
+
+// Advance moves the bubble's clock by exactly d, and what the timers it
+// passes wake has run by the time it returns.
+func TestAdvance(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var fired []time.Duration
+		for _, d := range []time.Duration{time.Second, 3 * time.Second} {
+			time.AfterFunc(d, func() { fired = append(fired, time.Since(start)) })
+		}
+		clocktest.Advance(2 * time.Second)
+		if got := time.Since(start); got != 2*time.Second || len(fired) != 1 || fired[0] != time.Second {
+			t.Fatalf("after Advance(2s): %v passed, timers fired at %v; want 2s, [1s]", got, fired)
+		}
+		clocktest.Advance(time.Second)
+		if len(fired) != 2 || fired[1] != 3*time.Second {
+			t.Fatalf("after Advance(1s) more: timers fired at %v; want [1s 3s]", fired)
+		}
+	})
+}
+
+// Outside a bubble Advance panics before it sleeps: it never waits in
+// real time.
+func TestAdvanceOutsideABubblePanics(t *testing.T) {
+	start := time.Now()
+	defer func() {
+		if recover() == nil {
+			t.Error("Advance outside a bubble returned; want a panic")
+		}
+		if time.Since(start) >= time.Hour {
+			t.Error("Advance slept before it panicked")
+		}
+	}()
+	clocktest.Advance(time.Hour)
+}
+
+func TestEventually(t *testing.T) {
+	calls := 0
+	clocktest.Eventually(t, "the third call", func() bool { calls++; return calls == 3 })
+	if calls != 3 {
+		t.Fatalf("cond called %d times; want 3: until it held, and no more", calls)
+	}
+}
