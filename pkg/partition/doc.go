@@ -41,8 +41,8 @@
 //
 // Eviction is lazy: an Acquire sweeps the map when IdleTimeout/2 has passed
 // since the last sweep, so no goroutine runs; [Partitioned.Sweep] sweeps at
-// once for a caller that wants a ticker. Time is read from an injectable
-// [Clock], so eviction is table-tested without sleeping.
+// once for a caller that wants a ticker. Eviction reads the real clock; its
+// tests run on the fake one of a testing/synctest bubble, without sleeping.
 //
 // At most MaxPartitions partitions are held. A new key beyond that is
 // refused, as a *verdict.RateLimitedError wrapping [ErrTooManyPartitions],

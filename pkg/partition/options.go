@@ -19,11 +19,6 @@ const (
 	DefaultMaxPartitions = 1 << 16
 )
 
-// Clock is the source of time eviction reads. A limit.Clock is one.
-type Clock interface {
-	Now() time.Time
-}
-
 // Options configure a [Partitioned] limiter. Set exactly one of Local,
 // Shared or New: what each partition's limiter is. Settings are copied by
 // [New].
@@ -64,10 +59,6 @@ type Options struct {
 	// MaxPartitions is the most partitions held at once; zero means
 	// DefaultMaxPartitions.
 	MaxPartitions int
-	// Clock is eviction's source of time. Nil means Local.Clock when Local
-	// has one, so that a local partition's budget and its idleness are
-	// measured on the same clock, and the real clock otherwise.
-	Clock Clock
 	// OnCount, if set, is told how many partitions there are each time a
 	// partition is made or evicted, for a gauge. It is called with the
 	// partitioned limiter's lock held: it must be quick, and must not call

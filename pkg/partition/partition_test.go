@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/egressd/egressd/internal/clocktest"
@@ -79,10 +81,9 @@ func TestValidate(t *testing.T) {
 
 // One partition spending its budget leaves every other partition's whole.
 func TestPartitionsAreIsolated(t *testing.T) {
-	clock := clocktest.New()
 	p := newPartitioned(t, partition.Options{
 		Name:  "tenant-api",
-		Local: &limit.Options{Name: "tenant-api", PerWindow: &limit.PerWindowOptions{Permits: 2, Window: time.Hour}, Clock: clock},
+		Local: &limit.Options{Name: "tenant-api", PerWindow: &limit.PerWindowOptions{Permits: 2, Window: time.Hour}},
 	})
 	ctx := context.Background()
 	admitted := func(key string, n int) (got int) {
@@ -137,37 +138,38 @@ func TestEviction(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := clocktest.New()
-			tt.local.Clock = clock
-			p := newPartitioned(t, partition.Options{Local: tt.local, IdleTimeout: idle})
-			leases := make([]partition.Lease, tt.acquired)
-			for i := range leases {
-				var err error
-				if leases[i], err = p.Acquire(context.Background(), "k"); err != nil {
-					t.Fatalf("Acquire %d: %v", i, err)
+			synctest.Test(t, func(t *testing.T) {
+				p := newPartitioned(t, partition.Options{Local: tt.local, IdleTimeout: idle})
+				leases := make([]partition.Lease, tt.acquired)
+				for i := range leases {
+					var err error
+					if leases[i], err = p.Acquire(context.Background(), "k"); err != nil {
+						t.Fatalf("Acquire %d: %v", i, err)
+					}
 				}
-			}
-			for i := range tt.released {
-				leases[i].Release()
-			}
-			clock.Advance(tt.after)
-			p.Sweep()
-			if got := p.Len(); got != tt.want {
-				t.Errorf("%d partitions after %v idle; want %d", got, tt.after, tt.want)
-			}
-			for i := tt.released; i < tt.acquired; i++ {
-				leases[i].Release()
-			}
+				for i := range tt.released {
+					leases[i].Release()
+				}
+				clocktest.Advance(tt.after)
+				p.Sweep()
+				if got := p.Len(); got != tt.want {
+					t.Errorf("%d partitions after %v idle; want %d", got, tt.after, tt.want)
+				}
+				for i := tt.released; i < tt.acquired; i++ {
+					leases[i].Release()
+				}
+			})
 		})
 	}
 }
 
 // A local rate partition kept past IdleTimeout still holds its spent
 // budget: eviction never forgives what was spent.
-func TestEvictionNeverForgivesBudget(t *testing.T) {
-	clock := clocktest.New()
+func TestEvictionNeverForgivesBudget(t *testing.T) { synctest.Test(t, testEvictionNeverForgivesBudget) }
+
+func testEvictionNeverForgivesBudget(t *testing.T) {
 	p := newPartitioned(t, partition.Options{
-		Local:       &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Minute}, Clock: clock},
+		Local:       &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Minute}},
 		IdleTimeout: time.Second,
 	})
 	ctx := context.Background()
@@ -177,13 +179,13 @@ func TestEvictionNeverForgivesBudget(t *testing.T) {
 	}
 	lease.Release()
 	for _, step := range []time.Duration{time.Second, 29 * time.Second, 29 * time.Second} {
-		clock.Advance(step)
+		clocktest.Advance(step)
 		p.Sweep()
 		if _, err := p.Acquire(ctx, "k"); !sdk.IsRateLimited(err) {
 			t.Fatalf("Acquire within the window = %v; want a refusal", err)
 		}
 	}
-	clock.Advance(time.Minute)
+	clocktest.Advance(time.Minute)
 	if n := p.Sweep(); n != 1 {
 		t.Fatalf("Sweep after the window evicted %d; want 1", n)
 	}
@@ -194,11 +196,12 @@ func TestEvictionNeverForgivesBudget(t *testing.T) {
 
 // Acquire sweeps by itself once IdleTimeout/2 has passed since the last
 // sweep.
-func TestAcquireSweepsLazily(t *testing.T) {
-	clock := clocktest.New()
+func TestAcquireSweepsLazily(t *testing.T) { synctest.Test(t, testAcquireSweepsLazily) }
+
+func testAcquireSweepsLazily(t *testing.T) {
 	var counts []int
 	p := newPartitioned(t, partition.Options{
-		Local:       &limit.Options{Concurrency: 1, Clock: clock},
+		Local:       &limit.Options{Concurrency: 1},
 		IdleTimeout: time.Second,
 		OnCount:     func(n int) { counts = append(counts, n) },
 	})
@@ -210,14 +213,14 @@ func TestAcquireSweepsLazily(t *testing.T) {
 		lease.Release()
 	}
 	use("a")
-	clock.Advance(400 * time.Millisecond)
+	clocktest.Advance(400 * time.Millisecond)
 	use("b") // no sweep yet: 400ms < 500ms
-	clock.Advance(700 * time.Millisecond)
+	clocktest.Advance(700 * time.Millisecond)
 	use("c") // sweeps at 1.1s: a idle 1.1s, b 0.7s
 	if p.Len() != 2 {
 		t.Errorf("Len = %d, want 2: a evicted, b and c kept", p.Len())
 	}
-	clock.Advance(900 * time.Millisecond)
+	clocktest.Advance(900 * time.Millisecond)
 	use("c") // sweeps at 2s: b idle 1.6s, c 0.9s
 	if p.Len() != 1 {
 		t.Errorf("Len = %d, want 1: b evicted, c kept", p.Len())
@@ -229,11 +232,12 @@ func TestAcquireSweepsLazily(t *testing.T) {
 
 // Beyond MaxPartitions a new key is refused; an idle partition makes room
 // for it, a busy one does not.
-func TestMaxPartitions(t *testing.T) {
-	clock := clocktest.New()
+func TestMaxPartitions(t *testing.T) { synctest.Test(t, testMaxPartitions) }
+
+func testMaxPartitions(t *testing.T) {
 	p := newPartitioned(t, partition.Options{
 		Name:          "tenants",
-		Local:         &limit.Options{Concurrency: 1, Clock: clock},
+		Local:         &limit.Options{Concurrency: 1},
 		IdleTimeout:   time.Minute,
 		MaxPartitions: 2,
 	})
@@ -248,13 +252,13 @@ func TestMaxPartitions(t *testing.T) {
 	if !ok || rl.Limiter != "tenants" || !errors.Is(err, partition.ErrTooManyPartitions) {
 		t.Fatalf("third key = %v; want a refusal by tenants wrapping ErrTooManyPartitions", err)
 	}
-	clock.Advance(time.Hour) // idle enough, but both are held
+	clocktest.Advance(time.Hour) // idle enough, but both are held
 	if _, err := p.Acquire(ctx, "c"); !errors.Is(err, partition.ErrTooManyPartitions) {
 		t.Fatalf("third key with both partitions held = %v; want ErrTooManyPartitions", err)
 	}
 	a.Release()
 	b.Release()
-	clock.Advance(time.Minute)
+	clocktest.Advance(time.Minute)
 	c, err := p.Acquire(ctx, "c")
 	if err != nil {
 		t.Fatalf("third key once the others are idle = %v", err)
@@ -343,59 +347,57 @@ func TestAcquireAllocations(t *testing.T) {
 
 // Eviction racing acquires and releases never evicts a partition that is
 // in use: if it did, the partition would come back empty and admit a
-// second holder past its bound of one.
+// second holder past its bound of one. It runs on the real clock, which
+// moves while the goroutines race, with an IdleTimeout so short that a
+// partition looks idle the moment nothing is inside it; a bubble's clock
+// would stand still while they spin.
 func TestNeverEvictsABusyPartition(t *testing.T) {
-	clock := clocktest.New()
 	p := newPartitioned(t, partition.Options{
-		Local:       &limit.Options{Concurrency: 1, Clock: clock},
-		IdleTimeout: time.Millisecond,
+		Local:       &limit.Options{Concurrency: 1},
+		IdleTimeout: time.Nanosecond,
 	})
 	keys := []string{"a", "b", "c", "d"}
 	var holders [4]atomic.Int32
-	var over, admitted atomic.Int64
+	var over, evicted atomic.Int64
 	ctx := context.Background()
-	var wg sync.WaitGroup
+	var workers, sweeper sync.WaitGroup
 	stop := make(chan struct{})
 	for range 8 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+		workers.Go(func() {
+			for admitted := 0; admitted < 2500; {
 				k := rand.IntN(len(keys))
 				lease, err := p.Acquire(ctx, keys[k])
 				if err != nil {
 					continue
 				}
-				admitted.Add(1)
+				admitted++
 				if holders[k].Add(1) > 1 {
 					over.Add(1)
 				}
-				clock.Advance(time.Millisecond) // every partition looks idle
+				runtime.Gosched() // hold it while others run
 				holders[k].Add(-1)
 				lease.Release()
 			}
 		})
 	}
-	wg.Go(func() {
+	sweeper.Go(func() {
 		for {
 			select {
 			case <-stop:
 				return
 			default:
-				p.Sweep()
+				evicted.Add(int64(p.Sweep()))
 			}
 		}
 	})
-	for admitted.Load() < 20_000 {
-		time.Sleep(time.Millisecond)
-	}
+	workers.Wait()
 	close(stop)
-	wg.Wait()
+	sweeper.Wait()
 	if over.Load() != 0 {
 		t.Fatalf("%d admissions found their partition already held", over.Load())
+	}
+	if evicted.Load() == 0 {
+		t.Fatal("nothing was evicted: the race the test is for never ran")
 	}
 }
 
@@ -434,58 +436,53 @@ func BenchmarkAcquire(b *testing.B) {
 func TestOnCountPanicLeavesLimiterUsable(t *testing.T) {
 	tests := []struct {
 		name   string
-		change func(p *partition.Partitioned, clock *clocktest.Manual)
+		change func(p *partition.Partitioned)
 	}{
-		{"new partition", func(p *partition.Partitioned, _ *clocktest.Manual) {
+		{"new partition", func(p *partition.Partitioned) {
 			_, _ = p.Acquire(context.Background(), "b")
 		}},
-		{"lazy sweep", func(p *partition.Partitioned, clock *clocktest.Manual) {
-			clock.Advance(time.Hour)
+		{"lazy sweep", func(p *partition.Partitioned) {
+			clocktest.Advance(time.Hour)
 			_, _ = p.Acquire(context.Background(), "a") // sweeps "a" out, then makes it again
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := clocktest.New()
-			var armed atomic.Bool
-			p := newPartitioned(t, partition.Options{
-				Local:       &limit.Options{Concurrency: 1, Clock: clock},
-				IdleTimeout: time.Minute,
-				OnCount: func(int) {
-					if armed.Load() {
-						panic("gauge bug")
-					}
-				},
-			})
-			lease, err := p.Acquire(context.Background(), "a")
-			if err != nil {
-				t.Fatal(err)
-			}
-			lease.Release()
-			armed.Store(true)
-			func() {
-				defer func() {
-					if recover() == nil {
-						t.Error("OnCount's panic did not reach the caller")
-					}
-				}()
-				tt.change(p, clock)
-			}()
-			armed.Store(false)
-			done := make(chan error, 1)
-			go func() {
-				lease, err := p.Acquire(context.Background(), "c")
+			synctest.Test(t, func(t *testing.T) {
+				var armed atomic.Bool
+				p := newPartitioned(t, partition.Options{
+					Local:       &limit.Options{Concurrency: 1},
+					IdleTimeout: time.Minute,
+					OnCount: func(int) {
+						if armed.Load() {
+							panic("gauge bug")
+						}
+					},
+				})
+				lease, err := p.Acquire(context.Background(), "a")
+				if err != nil {
+					t.Fatal(err)
+				}
 				lease.Release()
-				done <- err
-			}()
-			select {
-			case err := <-done:
+				armed.Store(true)
+				func() {
+					defer func() {
+						if recover() == nil {
+							t.Error("OnCount's panic did not reach the caller")
+						}
+					}()
+					tt.change(p)
+				}()
+				armed.Store(false)
+				if partition.Locked(p) {
+					t.Fatal("OnCount's panic left the lock held: every later Acquire would hang")
+				}
+				lease, err = p.Acquire(context.Background(), "c")
 				if err != nil {
 					t.Errorf("Acquire after the panic = %v", err)
 				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("Acquire still blocked 5s after OnCount panicked: the lock is held")
-			}
+				lease.Release()
+			})
 		})
 	}
 }
@@ -529,9 +526,12 @@ func TestAdaptivePartitionsReportNoLimit(t *testing.T) {
 // partition counted both releases, thought itself idle with a lease still
 // held, and was evicted; made again empty, it admitted past its bound.
 func TestReleasingACopyKeepsThePartition(t *testing.T) {
-	clock := clocktest.New()
+	synctest.Test(t, testReleasingACopyKeepsThePartition)
+}
+
+func testReleasingACopyKeepsThePartition(t *testing.T) {
 	p := newPartitioned(t, partition.Options{
-		Local:       &limit.Options{Concurrency: 2, Clock: clock},
+		Local:       &limit.Options{Concurrency: 2},
 		IdleTimeout: time.Second,
 	})
 	ctx := context.Background()
@@ -547,7 +547,7 @@ func TestReleasingACopyKeepsThePartition(t *testing.T) {
 	leaseCopy := lease
 	lease.Release()
 	leaseCopy.Release()
-	clock.Advance(time.Hour)
+	clocktest.Advance(time.Hour)
 	if n := p.Sweep(); n != 0 {
 		t.Fatalf("Sweep evicted %d partitions; want none while a lease is held", n)
 	}

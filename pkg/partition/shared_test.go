@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/partition"
 	"github.com/egressd/egressd/pkg/sdk"
@@ -19,7 +18,6 @@ import (
 func TestSharedPartitionKeepsItsStateWhenEvicted(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	clock := clocktest.New()
 	p := newPartitioned(t, partition.Options{
 		Shared: &shared.Options{
 			Key: "tenant-api",
@@ -28,7 +26,6 @@ func TestSharedPartitionKeepsItsStateWhenEvicted(t *testing.T) {
 		},
 		Redis:       rdb,
 		IdleTimeout: time.Minute,
-		Clock:       clock,
 	})
 	ctx := context.Background()
 	spend := func(key string, n int) (admitted int) {
@@ -57,8 +54,7 @@ func TestSharedPartitionKeepsItsStateWhenEvicted(t *testing.T) {
 		t.Fatalf("Redis keys %q; want tenant-api/a%%2Fb and tenant-api/c (shared.KeyFor)", keys)
 	}
 
-	clock.Advance(time.Minute)
-	if n := p.Sweep(); n != 2 || p.Len() != 0 {
+	if n := p.SweepLater(time.Minute); n != 2 || p.Len() != 0 {
 		t.Fatalf("Sweep evicted %d, left %d; want both evicted", n, p.Len())
 	}
 	if n, err := rdb.Exists(ctx, "tenant-api/a%2Fb", "tenant-api/c").Result(); err != nil || n != 2 {
@@ -74,12 +70,10 @@ func TestSharedPartitionKeepsItsStateWhenEvicted(t *testing.T) {
 func TestSharedConcurrencyPartitionIsNotEvictedWhileHeld(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	clock := clocktest.New()
 	opts := partition.Options{
 		Shared:      &shared.Options{Key: "uploads", Concurrency: &shared.ConcurrencyOptions{Permits: 1, LeaseDuration: 3 * time.Second}},
 		Redis:       rdb,
 		IdleTimeout: time.Second,
-		Clock:       clock,
 	}
 	here, there := newPartitioned(t, opts), newPartitioned(t, opts)
 	ctx := context.Background()
@@ -88,8 +82,7 @@ func TestSharedConcurrencyPartitionIsNotEvictedWhileHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock.Advance(time.Hour)
-	if n := here.Sweep(); n != 0 {
+	if n := here.SweepLater(time.Hour); n != 0 {
 		t.Fatalf("Sweep evicted a partition holding a lease")
 	}
 	if _, err := there.Acquire(ctx, "alice"); !sdk.IsRateLimited(err) {
@@ -105,8 +98,7 @@ func TestSharedConcurrencyPartitionIsNotEvictedWhileHeld(t *testing.T) {
 	if n, err := rdb.ZCard(ctx, "uploads/alice").Result(); err != nil || n != 0 {
 		t.Fatalf("%d leases in Redis after Release (%v); want 0", n, err)
 	}
-	clock.Advance(time.Second)
-	if n := here.Sweep(); n != 1 {
+	if n := here.SweepLater(time.Second); n != 1 {
 		t.Fatalf("Sweep evicted %d after the lease was released and the partition idle; want 1", n)
 	}
 	again, err := there.Acquire(ctx, "alice")
