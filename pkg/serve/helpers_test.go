@@ -31,6 +31,31 @@ func listen(t *testing.T, h http.Handler) *httptest.Server {
 	return srv
 }
 
+// inProcess returns a client whose requests h serves on the calling
+// goroutine, through no network, so that a test can make them inside a
+// synctest bubble: on its fake clock, which a loopback connection would
+// keep from moving. The handler sees a server's request, from 192.0.2.1.
+func inProcess(h http.Handler) *http.Client {
+	return &http.Client{Transport: handlerTransport{h}}
+}
+
+// handlerTransport is inProcess's RoundTripper.
+type handlerTransport struct{ h http.Handler }
+
+func (ht handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r := req.Clone(req.Context())
+	r.RemoteAddr, r.RequestURI = "192.0.2.1:1234", req.URL.RequestURI()
+	if r.Body == nil {
+		r.Body = http.NoBody
+	}
+	w := httptest.NewRecorder()
+	ht.h.ServeHTTP(w, r)
+	return w.Result(), nil
+}
+
+// inProcessURL is the URL of inProcess's requests: any would do.
+const inProcessURL = "http://serve.test/"
+
 // clientFrom returns a client whose connections come from the loopback
 // address ip, so that one test can be several clients to ByClientIP. All
 // of 127.0.0.0/8 is this host's on Linux; elsewhere the test is skipped.

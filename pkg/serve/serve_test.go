@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -165,20 +166,20 @@ func TestRetryAfter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := clocktest.New()
-			tt.local.Clock = clock
-			m := newMiddleware(t, serve.Options{Policies: []serve.Policy{{Name: "api", Limiter: partition.Options{Local: &tt.local}}}})
-			srv := listen(t, m.Handler("api", ok))
-			for i := range tt.spend {
-				if r := get(t, http.DefaultClient, srv.URL); r.code != 200 {
-					t.Fatalf("request %d = %d; want 200", i+1, r.code)
+			synctest.Test(t, func(t *testing.T) {
+				m := newMiddleware(t, serve.Options{Policies: []serve.Policy{{Name: "api", Limiter: partition.Options{Local: &tt.local}}}})
+				c := inProcess(m.Handler("api", ok))
+				for i := range tt.spend {
+					if r := get(t, c, inProcessURL); r.code != 200 {
+						t.Fatalf("request %d = %d; want 200", i+1, r.code)
+					}
 				}
-			}
-			clock.Advance(tt.advance)
-			r := get(t, http.DefaultClient, srv.URL)
-			if r.code != 429 || r.retryAfter != tt.want || r.hasRetry != (tt.want != "") {
-				t.Errorf("refusal = %d with Retry-After %q (set %v); want 429 with %q", r.code, r.retryAfter, r.hasRetry, tt.want)
-			}
+				clocktest.Advance(tt.advance)
+				r := get(t, c, inProcessURL)
+				if r.code != 429 || r.retryAfter != tt.want || r.hasRetry != (tt.want != "") {
+					t.Errorf("refusal = %d with Retry-After %q (set %v); want 429 with %q", r.code, r.retryAfter, r.hasRetry, tt.want)
+				}
+			})
 		})
 	}
 }
@@ -266,19 +267,25 @@ func TestNoQueueRefusesAtOnce(t *testing.T) {
 // here the deadline its caller sent, which ends the wait while the permit
 // is still held. A request that can wait gets the permit when it is free.
 func TestQueueWaitsNoLongerThanTheRequest(t *testing.T) {
+	synctest.Test(t, testQueueWaitsNoLongerThanTheRequest)
+}
+
+func testQueueWaitsNoLongerThanTheRequest(t *testing.T) {
 	rec := newRecorder()
 	m := newMiddleware(t, serve.Options{
 		Policies: []serve.Policy{{Name: "uploads", Limiter: partition.Options{Local: &limit.Options{Concurrency: 1, QueueLimit: 1}}}},
 		Observer: rec,
 	})
 	b := newBlocking(t)
-	srv := listen(t, m.Handler("uploads", b))
-	first := background(http.DefaultClient, srv.URL)
+	c := inProcess(m.Handler("uploads", b))
+	first := background(c, inProcessURL)
 	<-b.entered
 
-	r := get(t, http.DefaultClient, srv.URL, sdk.TimeoutHeader, "100")
-	if r.code != 429 || rec.count("uploads", serve.Cancelled) != 1 {
-		t.Fatalf("request with 100ms to wait = %d, observed %v; want 429, cancelled", r.code, rec.requests["uploads"])
+	start := time.Now()
+	r := get(t, c, inProcessURL, sdk.TimeoutHeader, "100")
+	if r.code != 429 || rec.count("uploads", serve.Cancelled) != 1 || time.Since(start) != 100*time.Millisecond {
+		t.Fatalf("request with 100ms to wait = %d after %v, observed %v; want 429 after 100ms, cancelled",
+			r.code, time.Since(start), rec.requests["uploads"])
 	}
 	select {
 	case r := <-first:
@@ -286,7 +293,8 @@ func TestQueueWaitsNoLongerThanTheRequest(t *testing.T) {
 	default:
 	}
 
-	third := background(http.DefaultClient, srv.URL)
+	third := background(c, inProcessURL)
+	synctest.Wait() // the third request is queued
 	b.open()
 	if r := <-first; r.code != 200 {
 		t.Errorf("first = %d", r.code)
@@ -297,11 +305,13 @@ func TestQueueWaitsNoLongerThanTheRequest(t *testing.T) {
 }
 
 // A custom hook answers rejections, told everything about them.
-func TestRejectHook(t *testing.T) {
+func TestRejectHook(t *testing.T) { synctest.Test(t, testRejectHook) }
+
+func testRejectHook(t *testing.T) {
 	var got *serve.Rejection
 	m := newMiddleware(t, serve.Options{
 		Policies: []serve.Policy{{Name: "search", Partition: serve.ByHeader("X-Api-Key"), Limiter: partition.Options{
-			Local: &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: 90 * time.Second, Segments: 1}, Clock: clocktest.New()},
+			Local: &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: 90 * time.Second, Segments: 1}},
 		}}},
 		Reject: func(w http.ResponseWriter, r *http.Request, rej *serve.Rejection) {
 			got = rej
@@ -313,9 +323,9 @@ func TestRejectHook(t *testing.T) {
 			fmt.Fprintf(w, `{"policy":%q}`, rej.Policy)
 		},
 	})
-	srv := listen(t, m.Handler("search", ok))
-	get(t, http.DefaultClient, srv.URL, "X-Api-Key", "k1")
-	r := get(t, http.DefaultClient, srv.URL, "X-Api-Key", "k1")
+	c := inProcess(m.Handler("search", ok))
+	get(t, c, inProcessURL, "X-Api-Key", "k1")
+	r := get(t, c, inProcessURL, "X-Api-Key", "k1")
 	if r.code != 429 || r.retryAfter != "90" || r.body != `{"policy":"search"}` {
 		t.Fatalf("refusal = %d %q, Retry-After %q", r.code, r.body, r.retryAfter)
 	}
@@ -355,20 +365,21 @@ func TestStoreFailure(t *testing.T) {
 
 // A refusal reaches a client of package sdkhttp as a self-imposed-looking
 // throttle it can honour: Throttled, with the server's Retry-After.
-func TestSDKClientReadsTheRefusal(t *testing.T) {
+func TestSDKClientReadsTheRefusal(t *testing.T) { synctest.Test(t, testSDKClientReadsTheRefusal) }
+
+func testSDKClientReadsTheRefusal(t *testing.T) {
 	m := newMiddleware(t, serve.Options{Policies: []serve.Policy{{Name: "api", Limiter: partition.Options{
-		Local: &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1}, Clock: clocktest.New()},
+		Local: &limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1}},
 	}}}})
-	srv := listen(t, m.Handler("api", ok))
-	rt, err := sdkhttp.NewStack(nil).Retry(&sdk.Policy{MaxAttempts: 1}).Build()
+	rt, err := sdkhttp.NewStack(handlerTransport{m.Handler("api", ok)}).Retry(&sdk.Policy{MaxAttempts: 1}).Build()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(rt.CloseIdleConnections)
 	client := &http.Client{Transport: rt}
-	get(t, client, srv.URL)
+	get(t, client, inProcessURL)
 	var res sdkhttp.Result
-	req, _ := http.NewRequestWithContext(sdkhttp.WithResult(context.Background(), &res), http.MethodGet, srv.URL, nil)
+	req, _ := http.NewRequestWithContext(sdkhttp.WithResult(context.Background(), &res), http.MethodGet, inProcessURL, nil)
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
