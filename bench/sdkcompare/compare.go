@@ -26,7 +26,6 @@ import (
 	"os"
 	"slices"
 	"testing"
-	"time"
 
 	"golang.org/x/time/rate"
 
@@ -36,15 +35,8 @@ import (
 // Both limiters are as large as limit allows - a billion a second, a
 // billion of burst - so that neither refuses in a run and every iteration
 // measures the admitting path.
-func newLimit() *limit.Local { return limit.PerSecond(limit.MaxRate) }
-func newRate() *rate.Limiter { return rate.NewLimiter(rate.Limit(limit.MaxRate), limit.MaxRate) }
-func newLimitWallClock() *limit.Local {
-	l, err := limit.New(limit.Options{PerSecond: &limit.PerSecondOptions{Permits: limit.MaxRate}, Clock: wallClock{}})
-	if err != nil {
-		panic(err)
-	}
-	return l
-}
+func newLimit() *limit.Local      { return limit.PerSecond(limit.MaxRate) }
+func newRate() *rate.Limiter      { return rate.NewLimiter(rate.Limit(limit.MaxRate), limit.MaxRate) }
 func refusingLimit() *limit.Local { return limit.PerSecond(1) }
 func refusingRate() *rate.Limiter { return rate.NewLimiter(1, 1) }
 func background() context.Context { return context.Background() }
@@ -76,11 +68,9 @@ var limiterTable = table{
 }
 
 var limiterPairs = []pair{
-	{name: "admitting", ours: limitAcquire(newLimit), theirs: rateAllow(newRate), target: 1.0},
 	// The limiter reads the monotonic clock alone (time.Since), which costs
-	// half of the time.Now that Allow reads; this row gives it time.Now
-	// through an injected clock, to show what the rest of the path costs.
-	{name: "admitting, time.Now", ours: limitAcquire(newLimitWallClock), theirs: rateAllow(newRate)},
+	// half of the time.Now that Allow reads.
+	{name: "admitting", ours: limitAcquire(newLimit), theirs: rateAllow(newRate), target: 1.0},
 	{name: "refusing", ours: limitAcquire(refusingLimit), theirs: rateAllow(refusingRate)},
 	{name: "admitting, parallel", ours: limitAcquireParallel(newLimit), theirs: rateAllowParallel(newRate)},
 }
@@ -130,13 +120,6 @@ func rateAllowParallel(newL func() *rate.Limiter) func(b *testing.B) {
 		})
 	}
 }
-
-// wallClock is the real clock through limit.Clock: time.Now on every read.
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
-
-func (wallClock) AfterFunc(d time.Duration, f func()) limit.Timer { return time.AfterFunc(d, f) }
 
 func main() {
 	rounds := flag.Int("rounds", 5, "runs of each benchmark, interleaved; the median is reported")

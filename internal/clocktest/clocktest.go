@@ -19,8 +19,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/egressd/egressd/pkg/limit"
 )
 
 // Advance moves the fake clock of the calling goroutine's synctest bubble
@@ -77,10 +75,3 @@ func (c *Manual) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 }
-
-// AfterFunc returns a timer that never fires.
-func (c *Manual) AfterFunc(time.Duration, func()) limit.Timer { return stopped{} }
-
-type stopped struct{}
-
-func (stopped) Stop() bool { return false }

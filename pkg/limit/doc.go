@@ -10,7 +10,7 @@
 //   - Adaptive: a concurrency limit that package adaptive moves by watching
 //     latency; the time a lease is held is the sample. Its defaults are
 //     package adaptive's, drain probes included (ProbeEvery NoProbes is the
-//     reference loop); the limiter's clock is the probes' too, so hosts
+//     reference loop); the probes' windows are on the real clock, so hosts
 //     whose clocks agree probe in the same windows.
 //
 // Exactly one shape per [Options]; [Options.Validate] lists every problem at
@@ -47,7 +47,8 @@
 //
 // The arithmetic is pure: the bucket and the window take the instant as an
 // argument and never read a clock, so they are table-tested at fixed instants;
-// a [Local] reads an injectable [Clock]. State reaches metrics through an
+// a [Local] reads the real clock, and its tests run on the fake one of a
+// testing/synctest bubble. State reaches metrics through an
 // [Observer]; package limitmetrics implements it with Prometheus. Besides the
 // standard library the package imports only packages adaptive and verdict,
 // not the SDK; a test holds it to that.

@@ -66,9 +66,8 @@ type Local struct {
 	name       string
 	shape      shape
 	queueLimit int
-	newest     bool // NewestFirst
-	clock      Clock
-	origin     time.Time // instants are nanoseconds since this, on clock
+	newest     bool      // NewestFirst
+	origin     time.Time // instants are nanoseconds since this
 	obs        Observer
 	limit      int                  // Concurrency's; PerSecond's and PerWindow's Permits
 	ctrl       *adaptive.Controller // Adaptive's
@@ -100,13 +99,8 @@ func New(opts Options) (*Local, error) {
 	l := &Local{
 		queueLimit: opts.QueueLimit,
 		newest:     opts.QueueOrder == NewestFirst,
-		clock:      opts.Clock,
+		origin:     time.Now(), // with its monotonic reading, for time.Since
 		obs:        opts.Observer,
-	}
-	if l.clock != nil {
-		l.origin = l.clock.Now()
-	} else {
-		l.origin = time.Now() // with its monotonic reading, for time.Since
 	}
 	origin := l.origin
 	switch {
@@ -252,15 +246,9 @@ func (l *Local) Queued() int {
 	return l.queue.len
 }
 
-// tick returns the time on the limiter's clock as nanoseconds since origin.
-// The real clock's is time.Since, which reads the monotonic clock alone:
-// half what time.Now costs, and all a limiter needs.
-func (l *Local) tick() int64 {
-	if l.clock == nil {
-		return int64(time.Since(l.origin))
-	}
-	return int64(l.clock.Now().Sub(l.origin))
-}
+// tick returns the time as nanoseconds since origin. time.Since reads the
+// monotonic clock alone: half what time.Now costs, and all a limiter needs.
+func (l *Local) tick() int64 { return int64(time.Since(l.origin)) }
 
 func (l *Local) inFlightShape() bool { return l.shape >= concurrency }
 

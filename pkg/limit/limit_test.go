@@ -6,15 +6,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/verdict"
 )
-
-var t0 = time.Date(2025, time.January, 1, 0, 0, 0, 0, time.UTC)
 
 // recorder is an Observer that remembers what it was told.
 type recorder struct {
@@ -52,7 +52,9 @@ func mustNew(t testing.TB, opts limit.Options) *limit.Local {
 }
 
 // TestRefusals checks what each shape's refusal says: a *sdk.RateLimitedError
-// naming the limiter, with the shape's hint.
+// naming the limiter, with the shape's hint. Like every test here that
+// reads the limiter's time, it runs in a synctest bubble, whose clock
+// stands still until the test moves it.
 func TestRefusals(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -67,21 +69,22 @@ func TestRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.opts.Clock = limit.NewFakeClock(t0)
-			l := mustNew(t, tt.opts)
-			for i := range tt.admits {
-				if _, err := l.Acquire(context.Background()); err != nil {
-					t.Fatalf("acquire %d: %v", i, err)
+			synctest.Test(t, func(t *testing.T) {
+				l := mustNew(t, tt.opts)
+				for i := range tt.admits {
+					if _, err := l.Acquire(context.Background()); err != nil {
+						t.Fatalf("acquire %d: %v", i, err)
+					}
 				}
-			}
-			_, err := l.Acquire(context.Background())
-			rl, ok := sdk.AsRateLimited(err)
-			if !ok || !errors.Is(err, sdk.ErrRateLimited) {
-				t.Fatalf("refusal %v (%T); want a *sdk.RateLimitedError", err, err)
-			}
-			if rl.Limiter != "api" || rl.RetryAfter != tt.retryAfter || rl.Err != nil {
-				t.Fatalf("refusal %+v; want limiter api, retry after %v, no cause", rl, tt.retryAfter)
-			}
+				_, err := l.Acquire(context.Background())
+				rl, ok := sdk.AsRateLimited(err)
+				if !ok || !errors.Is(err, sdk.ErrRateLimited) {
+					t.Fatalf("refusal %v (%T); want a *sdk.RateLimitedError", err, err)
+				}
+				if rl.Limiter != "api" || rl.RetryAfter != tt.retryAfter || rl.Err != nil {
+					t.Fatalf("refusal %+v; want limiter api, retry after %v, no cause", rl, tt.retryAfter)
+				}
+			})
 		})
 	}
 }
@@ -89,9 +92,10 @@ func TestRefusals(t *testing.T) {
 // TestRefusalThroughTheExecutor checks the point of the error type: the
 // executor reads a refusal as Throttled and SelfImposed with the limiter's
 // hint, whatever the classifier's rules say.
-func TestRefusalThroughTheExecutor(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{Name: "payments", PerSecond: &limit.PerSecondOptions{Permits: 2, Burst: 1}, Clock: clock})
+func TestRefusalThroughTheExecutor(t *testing.T) { synctest.Test(t, testRefusalThroughTheExecutor) }
+
+func testRefusalThroughTheExecutor(t *testing.T) {
+	l := mustNew(t, limit.Options{Name: "payments", PerSecond: &limit.PerSecondOptions{Permits: 2, Burst: 1}})
 	p := &sdk.Policy{
 		MaxAttempts: 1,
 		// A rule that would make every error Transient; a refusal is
@@ -189,13 +193,13 @@ func TestConcurrencyBound(t *testing.T) {
 // sample, reaching the limit constrains the round, and the observer hears
 // the limit move. The loop's own rules are package adaptive's to test; the
 // reference loop (no drain probes) keeps this one short.
-func TestAdaptive(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
+func TestAdaptive(t *testing.T) { synctest.Test(t, testAdaptive) }
+
+func testAdaptive(t *testing.T) {
 	rec := &recorder{}
 	var changes [][2]int
 	l := mustNew(t, limit.Options{
-		Name:  "payments",
-		Clock: clock,
+		Name: "payments",
 		Adaptive: &adaptive.Options{
 			Minimum: 1, Initial: 4, Maximum: 10, ProbeEvery: adaptive.NoProbes,
 			OnChange: func(from, to int) { changes = append(changes, [2]int{from, to}) },
@@ -214,7 +218,7 @@ func TestAdaptive(t *testing.T) {
 				t.Fatalf("acquire %d of %d: %v", i, len(leases), err)
 			}
 		}
-		clock.Advance(hold)
+		clocktest.Advance(hold)
 		for i := range leases {
 			leases[i].Release()
 		}
@@ -247,10 +251,11 @@ func TestAdaptive(t *testing.T) {
 // runs drain probes: the first round judged starts one at Minimum, and its
 // state says so. The observer is told the limit settled on, which a probe
 // does not move: its gauge would otherwise dip at every probe.
-func TestAdaptiveProbesByDefault(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
+func TestAdaptiveProbesByDefault(t *testing.T) { synctest.Test(t, testAdaptiveProbesByDefault) }
+
+func testAdaptiveProbesByDefault(t *testing.T) {
 	rec := &recorder{}
-	l := mustNew(t, limit.Options{Clock: clock, Adaptive: &adaptive.Options{}, Observer: rec})
+	l := mustNew(t, limit.Options{Adaptive: &adaptive.Options{}, Observer: rec})
 	ctx := context.Background()
 	leases := make([]limit.Lease, l.Limit())
 	for i := range leases {
@@ -259,7 +264,7 @@ func TestAdaptiveProbesByDefault(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	clock.Advance(10 * time.Millisecond)
+	clocktest.Advance(10 * time.Millisecond)
 	for _, lease := range leases {
 		lease.Release()
 	}
@@ -277,16 +282,17 @@ func TestAdaptiveProbesByDefault(t *testing.T) {
 
 // TestAdaptiveIdleDoesNotGrow: rounds that never reach the limit hold it,
 // and a refusal alone is enough to say the limit constrained.
-func TestAdaptiveIdleDoesNotGrow(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{Clock: clock, Adaptive: &adaptive.Options{Minimum: 1, Initial: 2, Maximum: 10, ProbeEvery: adaptive.NoProbes}})
+func TestAdaptiveIdleDoesNotGrow(t *testing.T) { synctest.Test(t, testAdaptiveIdleDoesNotGrow) }
+
+func testAdaptiveIdleDoesNotGrow(t *testing.T) {
+	l := mustNew(t, limit.Options{Adaptive: &adaptive.Options{Minimum: 1, Initial: 2, Maximum: 10, ProbeEvery: adaptive.NoProbes}})
 	ctx := context.Background()
 	one := func() {
 		lease, err := l.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		clock.Advance(time.Millisecond)
+		clocktest.Advance(time.Millisecond)
 		lease.Release()
 	}
 	for range 20 { // one at a time: in-flight never reaches 2
@@ -300,7 +306,7 @@ func TestAdaptiveIdleDoesNotGrow(t *testing.T) {
 	if _, err := l.Acquire(ctx); !sdk.IsRateLimited(err) {
 		t.Fatalf("third acquire at limit 2: %v; want a refusal", err)
 	}
-	clock.Advance(time.Millisecond)
+	clocktest.Advance(time.Millisecond)
 	a.Release()
 	b.Release()
 	if l.Limit() != 3 {
@@ -308,9 +314,10 @@ func TestAdaptiveIdleDoesNotGrow(t *testing.T) {
 	}
 }
 
-func TestRateShapesReleaseNothing(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1}, Clock: clock})
+func TestRateShapesReleaseNothing(t *testing.T) { synctest.Test(t, testRateShapesReleaseNothing) }
+
+func testRateShapesReleaseNothing(t *testing.T) {
+	l := mustNew(t, limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1}})
 	lease, err := l.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -97,8 +97,6 @@ type Options struct {
 
 	// Observer, if set, is told about every acquire (see [Observer]).
 	Observer Observer
-	// Clock is the limiter's source of time; nil is the real clock.
-	Clock Clock
 }
 
 // shapes returns the names of the shapes o sets.

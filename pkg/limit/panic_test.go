@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/egressd/egressd/pkg/adaptive"
@@ -64,7 +65,6 @@ func TestObserverPanicGivesPermitBack(t *testing.T) {
 // A rate permit too: its token (or its count in the window) goes back, so
 // that the next caller, on a clock that has not moved, is admitted.
 func TestObserverPanicGivesRatePermitBack(t *testing.T) {
-	at := time.Unix(1_750_000_000, 0)
 	tests := []struct {
 		name string
 		opts limit.Options
@@ -76,26 +76,32 @@ func TestObserverPanicGivesRatePermitBack(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			obs := &panicky{in: "OnLease"}
-			opts := tt.opts
-			opts.Observer, opts.Clock = obs, limit.NewFakeClock(at)
-			l := mustNew(t, opts)
-			obs.armed.Store(true)
-			if !panics(func() { _, _ = l.Acquire(context.Background()) }) {
-				t.Fatal("the observer's panic did not reach Acquire's caller")
-			}
-			obs.armed.Store(false)
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel() // a queue must not wait: the permit is free now or never
-			if _, err := l.Acquire(ctx); err != nil {
-				t.Fatalf("Acquire after the panic = %v; want the permit back", err)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				obs := &panicky{in: "OnLease"}
+				opts := tt.opts
+				opts.Observer = obs
+				l := mustNew(t, opts)
+				obs.armed.Store(true)
+				if !panics(func() { _, _ = l.Acquire(context.Background()) }) {
+					t.Fatal("the observer's panic did not reach Acquire's caller")
+				}
+				obs.armed.Store(false)
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel() // a queue must not wait: the permit is free now or never
+				if _, err := l.Acquire(ctx); err != nil {
+					t.Fatalf("Acquire after the panic = %v; want the permit back", err)
+				}
+			})
 		})
 	}
 }
 
 // The same for a caller served from the queue once a lease comes back.
 func TestObserverPanicAfterWaitGivesPermitBack(t *testing.T) {
+	synctest.Test(t, testObserverPanicAfterWaitGivesPermitBack)
+}
+
+func testObserverPanicAfterWaitGivesPermitBack(t *testing.T) {
 	obs := &panicky{in: "OnLease"}
 	l := mustNew(t, limit.Options{Concurrency: 1, QueueLimit: 1, Observer: obs})
 	held, err := l.Acquire(context.Background())
@@ -104,7 +110,7 @@ func TestObserverPanicAfterWaitGivesPermitBack(t *testing.T) {
 	}
 	done := make(chan bool)
 	go func() { done <- panics(func() { _, _ = l.Acquire(context.Background()) }) }()
-	queued(t, l, 1)
+	synctest.Wait() // queued
 	obs.armed.Store(true)
 	held.Release() // serves the waiter, whose observer panics
 	if !<-done {

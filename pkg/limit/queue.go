@@ -51,7 +51,7 @@ func (q *queue) remove(w *waiter) {
 // timer is the one pending wake-up of a rate limiter with waiters: the
 // instant the waiter next in line may be served.
 type timer struct {
-	t     Timer
+	t     *time.Timer
 	at    int64 // tick
 	armed bool
 	gen   uint64 // tells the current timer's call from a stopped one's
@@ -232,11 +232,7 @@ func (l *Local) arm(now int64, wait time.Duration) {
 	t.gen++
 	gen := t.gen
 	t.at, t.armed = at, true
-	clock := l.clock
-	if clock == nil {
-		clock = realClock{}
-	}
-	t.t = clock.AfterFunc(wait, func() { l.fire(gen) })
+	t.t = time.AfterFunc(wait, func() { l.fire(gen) })
 }
 
 // fire is the timer's call: serve whoever can be served now, and wait for

@@ -3,12 +3,12 @@ package limit_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"slices"
-	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
@@ -19,6 +19,9 @@ type result struct {
 	lease limit.Lease
 	err   error
 }
+
+// The queue's tests run in synctest bubbles: a waiter is queued once the
+// bubble is idle, and the limiter's wake-ups fire on its fake clock.
 
 // waiters starts one Acquire per id, in order, each queued before the next
 // starts, and returns where their results arrive.
@@ -36,14 +39,13 @@ func waiters(t *testing.T, l *limit.Local, ctx context.Context, ids ...int) chan
 	return out
 }
 
-// queued waits, without sleeping, until n callers are queued.
+// queued waits until every other goroutine of the bubble is blocked, and
+// checks that n callers are queued then.
 func queued(t *testing.T, l *limit.Local, n int) {
 	t.Helper()
-	for i := 0; l.Queued() != n; i++ {
-		if i > 10_000_000 {
-			t.Fatalf("%d queued; want %d", l.Queued(), n)
-		}
-		runtime.Gosched()
+	synctest.Wait()
+	if got := l.Queued(); got != n {
+		t.Fatalf("%d queued; want %d", got, n)
 	}
 }
 
@@ -58,7 +60,9 @@ func none(t *testing.T, out chan result) {
 	}
 }
 
-func TestQueueOldestFirst(t *testing.T) {
+func TestQueueOldestFirst(t *testing.T) { synctest.Test(t, testQueueOldestFirst) }
+
+func testQueueOldestFirst(t *testing.T) {
 	rec := &recorder{}
 	l := mustNew(t, limit.Options{Concurrency: 1, QueueLimit: 3, Observer: rec})
 	ctx := context.Background()
@@ -91,7 +95,9 @@ func TestQueueOldestFirst(t *testing.T) {
 	}
 }
 
-func TestQueueNewestFirst(t *testing.T) {
+func TestQueueNewestFirst(t *testing.T) { synctest.Test(t, testQueueNewestFirst) }
+
+func testQueueNewestFirst(t *testing.T) {
 	l := mustNew(t, limit.Options{Concurrency: 1, QueueLimit: 2, QueueOrder: limit.NewestFirst})
 	ctx := context.Background()
 	held, _ := l.Acquire(ctx)
@@ -123,7 +129,9 @@ func TestQueueNewestFirst(t *testing.T) {
 
 // TestQueueCancellation: a waiter whose context ends gets the context's
 // error, not a refusal, and its place is given up.
-func TestQueueCancellation(t *testing.T) {
+func TestQueueCancellation(t *testing.T) { synctest.Test(t, testQueueCancellation) }
+
+func testQueueCancellation(t *testing.T) {
 	rec := &recorder{}
 	l := mustNew(t, limit.Options{Concurrency: 1, QueueLimit: 2, Observer: rec})
 	held, _ := l.Acquire(context.Background())
@@ -151,38 +159,20 @@ func TestQueueCancellation(t *testing.T) {
 
 // TestQueueDeadline: a waiter whose deadline passes gets DeadlineExceeded -
 // the attempt's timeout, which is what it is - and gives up its place.
-func TestQueueDeadline(t *testing.T) {
+func TestQueueDeadline(t *testing.T) { synctest.Test(t, testQueueDeadline) }
+
+func testQueueDeadline(t *testing.T) {
 	l := mustNew(t, limit.Options{Concurrency: 1, QueueLimit: 1})
 	held, _ := l.Acquire(context.Background())
 	defer held.Release()
-	ctx := &deadlineContext{Context: context.Background(), done: make(chan struct{})}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
 	out := waiters(t, l, ctx, 1)
-	ctx.expire()
-	if r := <-out; !errors.Is(r.err, context.DeadlineExceeded) || l.Queued() != 0 {
-		t.Fatalf("acquire past its deadline: %v with %d queued; want DeadlineExceeded and none", r.err, l.Queued())
+	if r := <-out; !errors.Is(r.err, context.DeadlineExceeded) || l.Queued() != 0 || time.Since(start) != time.Second {
+		t.Fatalf("acquire past its deadline: %v after %v with %d queued; want DeadlineExceeded after 1s and none",
+			r.err, time.Since(start), l.Queued())
 	}
-}
-
-// deadlineContext is a context whose deadline passes when the test says, not
-// on the real clock.
-type deadlineContext struct {
-	context.Context
-	done    chan struct{}
-	expired atomic.Bool
-}
-
-func (c *deadlineContext) Done() <-chan struct{} { return c.done }
-
-func (c *deadlineContext) Err() error {
-	if c.expired.Load() {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
-func (c *deadlineContext) expire() {
-	c.expired.Store(true)
-	close(c.done)
 }
 
 func TestQueueDoneContextDoesNotQueue(t *testing.T) {
@@ -197,11 +187,12 @@ func TestQueueDoneContextDoesNotQueue(t *testing.T) {
 }
 
 // TestQueuePerSecond: waiters are served as tokens fall due, one per token,
-// in order, woken by the limiter's timer on the injected clock.
-func TestQueuePerSecond(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
+// in order, woken by the limiter's timer.
+func TestQueuePerSecond(t *testing.T) { synctest.Test(t, testQueuePerSecond) }
+
+func testQueuePerSecond(t *testing.T) {
 	rec := &recorder{}
-	l := mustNew(t, limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 2, Burst: 1}, QueueLimit: 2, Clock: clock, Observer: rec})
+	l := mustNew(t, limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 2, Burst: 1}, QueueLimit: 2, Observer: rec})
 	ctx := context.Background()
 	if _, err := l.Acquire(ctx); err != nil {
 		t.Fatal(err)
@@ -211,89 +202,66 @@ func TestQueuePerSecond(t *testing.T) {
 	if rl, ok := sdk.AsRateLimited(err); !ok || rl.RetryAfter != 500*time.Millisecond || !errors.Is(err, limit.ErrQueueFull) {
 		t.Fatalf("acquire on a full queue: %v; want a queue-full refusal, retry after 500ms", err)
 	}
-	clock.Advance(499 * time.Millisecond)
+	clocktest.Advance(499 * time.Millisecond)
 	if l.Queued() != 2 {
 		t.Fatalf("1ms before the token: %d queued; want 2", l.Queued())
 	}
-	clock.Advance(time.Millisecond)
+	clocktest.Advance(time.Millisecond)
 	if r := <-out; r.id != 1 || r.err != nil {
 		t.Fatalf("waiter %d: %v; want waiter 1 served at 500ms", r.id, r.err)
 	}
 	none(t, out)
-	clock.Advance(500 * time.Millisecond)
+	clocktest.Advance(500 * time.Millisecond)
 	if r := <-out; r.id != 2 || r.err != nil {
 		t.Fatalf("waiter %d: %v; want waiter 2 served at 1s", r.id, r.err)
 	}
 	if rec.leases != [2]int{3, 1} || !slices.Equal(rec.waits, []time.Duration{0, 0, 500 * time.Millisecond, time.Second}) {
 		t.Fatalf("observed leases %v, waits %v; want 3 acquired, 1 denied; waits 0, 0 (the refusal), 500ms, 1s", rec.leases, rec.waits)
 	}
-	if clock.Pending() != 0 {
-		t.Fatalf("%d timers pending with an empty queue", clock.Pending())
+	if l.WakeupArmed() {
+		t.Fatal("a wake-up is armed with an empty queue")
 	}
 }
 
-func TestQueuePerWindow(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 2, Window: 4 * time.Second, Segments: 4}, QueueLimit: 4, Clock: clock})
+func TestQueuePerWindow(t *testing.T) { synctest.Test(t, testQueuePerWindow) }
+
+func testQueuePerWindow(t *testing.T) {
+	l := mustNew(t, limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 2, Window: 4 * time.Second, Segments: 4}, QueueLimit: 4})
 	ctx := context.Background()
 	l.Acquire(ctx)
-	clock.Advance(time.Second)
+	clocktest.Advance(time.Second)
 	l.Acquire(ctx)
 	out := waiters(t, l, ctx, 1, 2, 3)
-	clock.Advance(3*time.Second - 1)
+	clocktest.Advance(3*time.Second - 1)
 	if l.Queued() != 3 {
 		t.Fatalf("1ns before the first segment leaves: %d queued", l.Queued())
 	}
-	clock.Advance(1) // 4s: segment 0 leaves, one permit
+	clocktest.Advance(1) // 4s: segment 0 leaves, one permit
 	if r := <-out; r.id != 1 {
 		t.Fatalf("waiter %d served at 4s; want 1", r.id)
 	}
-	clock.Advance(time.Second) // 5s: segment 1 leaves
+	clocktest.Advance(time.Second) // 5s: segment 1 leaves
 	if r := <-out; r.id != 2 {
 		t.Fatalf("waiter %d served at 5s; want 2", r.id)
 	}
 	none(t, out)
-	clock.Advance(3 * time.Second) // 8s: segment 4 (waiter 1's) leaves
+	clocktest.Advance(3 * time.Second) // 8s: segment 4 (waiter 1's) leaves
 	if r := <-out; r.id != 3 {
 		t.Fatalf("waiter %d served at 8s; want 3", r.id)
 	}
 }
 
-// TestQueueNoBarging: a newcomer arriving when a token is due but the wake-up
-// has not run yet does not take it from the waiter in front of it.
-func TestQueueNoBarging(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{PerSecond: &limit.PerSecondOptions{Permits: 1}, QueueLimit: 1, Clock: clock})
-	ctx := context.Background()
-	l.Acquire(ctx)
-	out := waiters(t, l, ctx, 1)
-	clock.Jump(time.Second) // the token is due; the timer has not fired
-	late := make(chan result, 1)
-	go func() {
-		lease, err := l.Acquire(ctx)
-		late <- result{2, lease, err}
-	}()
-	// The newcomer serves the waiter in front of it, then waits itself.
-	if r := <-out; r.id != 1 || r.err != nil {
-		t.Fatalf("waiter %d: %v; want waiter 1 served by the newcomer's arrival", r.id, r.err)
-	}
-	queued(t, l, 1)
-	none(t, late)
-	clock.Advance(time.Second)
-	if r := <-late; r.err != nil {
-		t.Fatalf("newcomer: %v", r.err)
-	}
-}
-
 // TestQueueAdaptive: a queued adaptive limiter serves waiters as leases come
 // back, and its lease's hold time starts when the waiter is served.
-func TestQueueAdaptive(t *testing.T) {
-	clock := limit.NewFakeClock(t0)
-	l := mustNew(t, limit.Options{Adaptive: &adaptive.Options{Minimum: 1, Initial: 1, Maximum: 4}, QueueLimit: 1, Clock: clock})
+func TestQueueAdaptive(t *testing.T) { synctest.Test(t, testQueueAdaptive) }
+
+func testQueueAdaptive(t *testing.T) {
+	t0 := time.Now()
+	l := mustNew(t, limit.Options{Adaptive: &adaptive.Options{Minimum: 1, Initial: 1, Maximum: 4}, QueueLimit: 1})
 	ctx := context.Background()
 	held, _ := l.Acquire(ctx)
 	out := waiters(t, l, ctx, 1)
-	clock.Advance(time.Hour) // queued for an hour
+	clocktest.Advance(time.Hour) // queued for an hour
 	held.Release()
 	r := <-out
 	if r.err != nil || l.InFlight() != 1 || !r.lease.HeldSince().Equal(t0.Add(time.Hour)) {
