@@ -297,13 +297,17 @@ func (s *slot) tryClaim() bool {
 	return w&phaseMask == phaseFree && s.word.CompareAndSwap(w, phaseClaimed)
 }
 
-// claim takes a free slot for an attempt starting at start (microseconds).
+// claim takes a free slot for an attempt starting at start (microseconds):
+// the first free one from where start hashes, the table doubling only once
+// every slot is taken. Calls that start in the same microsecond hash
+// alike; growing when the few slots after theirs were taken doubled the
+// table again and again for as long as those calls ran.
 func (h *Hedge) claim(start uint64) *slot {
 	for {
 		t := *h.table.Load()
 		n := uint64(len(t))
 		i := (start ^ start>>7) & (n - 1) // spread concurrent calls
-		for probe := range min(n, 8) {
+		for probe := range n {
 			if s := t[(i+probe)&(n-1)]; s.tryClaim() {
 				return s
 			}

@@ -8,8 +8,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/verdict"
 )
 
@@ -1057,4 +1059,29 @@ func TestRunHedgedNotFiringAllocations(t *testing.T) {
 			t.Errorf("%s: RunHedged %v allocs, Run %v; want %v more", tc.name, hedgedRun, run, tc.extra)
 		}
 	}
+}
+
+// Calls that start in the same microsecond hash to the same slot: each
+// takes the next free one, and the table grows only when every slot is
+// taken. Before, once the eight slots after the hash were taken the table
+// doubled for as long as their calls ran: in a bubble, where forty calls
+// start at one instant and none ends, without end.
+func TestHedgeSlotsForCallsStartingTogether(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &Policy{Hedge: NewHedge(HedgeOptions{Delay: time.Hour})}
+		release := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 40 {
+			wg.Go(func() {
+				_, _ = RunHedged(context.Background(), p, func(context.Context) (int, error) { <-release; return 0, nil })
+			})
+		}
+		synctest.Wait()
+		if n := len(*p.Hedge.table.Load()); n != 64 {
+			t.Errorf("%d slots for 40 calls running; want 64: 16 doubled until every call has one", n)
+		}
+		close(release)
+		wg.Wait()
+		clocktest.Advance(3 * time.Hour) // the watcher's two idle looks, an hour apart
+	})
 }
