@@ -15,6 +15,7 @@
 package clocktest
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -30,6 +31,28 @@ func Advance(d time.Duration) {
 	synctest.Wait()
 	time.Sleep(d) // fake time: returns once the bubble's clock has moved d
 	synctest.Wait()
+}
+
+// bubbleStart is where a synctest bubble's clock starts, as
+// testing/synctest documents: midnight UTC on 2000-01-01.
+var bubbleStart = time.Date(2000, time.January, 1, 0, 0, 0, 0, time.UTC)
+
+// Latency is the work of a simulated dependency - a handler, a
+// RoundTripper, a callback - that takes d: it returns nil after d of the
+// bubble's fake time, or ctx's error as soon as ctx ends. It is for
+// goroutines other than the test's, which Advance is not (synctest.Wait
+// must not run on two at once). It panics unless the clock reads within a
+// year of a bubble's start, so that it never waits in real time.
+func Latency(ctx context.Context, d time.Duration) error {
+	if now := time.Now(); now.Before(bubbleStart) || !now.Before(bubbleStart.AddDate(1, 0, 0)) {
+		panic("clocktest.Latency outside a synctest bubble")
+	}
+	select {
+	case <-time.After(d): // collected once unreachable, fired or not (Go 1.23)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Within is how long Eventually waits before it fails the test: far longer

@@ -1,6 +1,7 @@
 package clocktest_test
 
 import (
+	"context"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -41,6 +42,28 @@ func TestAdvanceOutsideABubblePanics(t *testing.T) {
 		}
 	}()
 	clocktest.Advance(time.Hour)
+}
+
+// Latency takes d of fake time, or less when its context ends, and refuses
+// to run outside a bubble.
+func TestLatency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		if err := clocktest.Latency(context.Background(), time.Minute); err != nil || time.Since(start) != time.Minute {
+			t.Fatalf("Latency(1m) = %v after %v; want nil after 1m", err, time.Since(start))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := clocktest.Latency(ctx, time.Hour); err != context.DeadlineExceeded || time.Since(start) != time.Minute+time.Second {
+			t.Fatalf("Latency(1h) with 1s left = %v after %v; want DeadlineExceeded after 1s more", err, time.Since(start))
+		}
+	})
+	defer func() {
+		if recover() == nil {
+			t.Error("Latency outside a bubble returned; want a panic")
+		}
+	}()
+	clocktest.Latency(context.Background(), time.Hour)
 }
 
 func TestEventually(t *testing.T) {
