@@ -11,8 +11,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/verdict"
@@ -21,18 +23,27 @@ import (
 const testHedgeDelay = 20 * time.Millisecond
 
 // hedgePolicy hedges once, testHedgeDelay into an attempt.
-func hedgePolicy() *sdk.Policy {
+func hedgePolicy(t *testing.T) *sdk.Policy {
 	p := testPolicy(3)
-	p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: testHedgeDelay})
+	p.Hedge = newHedge(t, sdk.HedgeOptions{Delay: testHedgeDelay})
 	return p
+}
+
+// newHedge is sdk.NewHedge for a test in a bubble. A hedge's watcher
+// goroutine runs until it has looked twice and found no call, and a bubble
+// ends only once every goroutine in it has: when the test ends, the
+// bubble's clock is moved on for the watcher to stop.
+func newHedge(t *testing.T, o sdk.HedgeOptions) *sdk.Hedge {
+	t.Cleanup(func() { clocktest.Advance(time.Minute) })
+	return sdk.NewHedge(o)
 }
 
 // hedgeAfter is hedgePolicy with its hedges held in Admit until first is
 // closed: what the test waits for there (the first attempt reaching the
 // server, taking a permit) happens before a hedge does anything, however
 // late the loaded machine runs the first attempt.
-func hedgeAfter(first <-chan struct{}) *sdk.Policy {
-	p := hedgePolicy()
+func hedgeAfter(t *testing.T, first <-chan struct{}) *sdk.Policy {
+	p := hedgePolicy(t)
 	p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
 		if next.Hedge {
 			select {
@@ -73,52 +84,59 @@ func TestHedgedRequests(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var cancelled atomic.Int32
-			reached := make(chan struct{})
-			first := func(w http.ResponseWriter, r *http.Request) {
-				close(reached)
-				stall(&cancelled)(w, r)
-			}
-			srv := serve(t, first, okReply)
-			c := build(t, NewStack(nil).Retry(hedgeAfter(reached)))
-			// A request that is not hedged stalls until its deadline: a
-			// short one. One that is returns when its hedge answers.
-			timeout := 5 * testHedgeDelay
-			if tt.wantHedged {
-				timeout = time.Minute
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			req := mustRequest(t, ctx, tt.method, srv.URL, strings.NewReader("payload"))
-			if tt.header != "" {
-				req.Header.Set(tt.header, "k1")
-			}
-			code, _, res, err := do(t, c, req)
-			if !tt.wantHedged {
-				// Never hedged: the stalled request runs into the caller's
-				// deadline alone.
-				if err == nil || srv.hits.Load() != 1 {
-					t.Fatalf("%s: %d, %v after %d requests; want the deadline after one", tt.method, code, err, srv.hits.Load())
+			synctest.Test(t, func(t *testing.T) {
+				var cancelled atomic.Int32
+				reached := make(chan struct{})
+				first := func(w http.ResponseWriter, r *http.Request) {
+					close(reached)
+					stall(&cancelled)(w, r)
 				}
-				return
-			}
-			if err != nil || code != http.StatusOK {
-				t.Fatalf("%s: %d, %v; want the hedge's 200", tt.method, code, err)
-			}
-			if got := kinds(res.Attempts); !slices.Equal(got, []string{"Permanent", "OK"}) || !res.Attempts[0].Lost() || !res.Attempts[1].Hedge() {
-				t.Errorf("attempt log %v, want the first lost and the hedge OK", res.Attempts)
-			}
-			waitFor(t, func() bool { return cancelled.Load() == 1 }, "the first request cancelled at the server")
-			if got := srv.received(); tt.method != http.MethodHead && (len(got) != 2 || got[0] != "payload" || got[1] != "payload") {
-				t.Errorf("server received bodies %q, want the payload twice", got)
-			}
+				srv := serve(t, first, okReply)
+				c := build(t, NewStack(nil).Retry(hedgeAfter(t, reached)))
+				// A request that is not hedged stalls until its deadline: a
+				// short one. One that is returns when its hedge answers.
+				timeout := 5 * testHedgeDelay
+				if tt.wantHedged {
+					timeout = time.Minute
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				defer cancel()
+				req := mustRequest(t, ctx, tt.method, srv.URL, strings.NewReader("payload"))
+				if tt.header != "" {
+					req.Header.Set(tt.header, "k1")
+				}
+				code, _, res, err := do(t, c, req)
+				if !tt.wantHedged {
+					// Never hedged: the stalled request runs into the caller's
+					// deadline alone.
+					if err == nil || srv.hits.Load() != 1 {
+						t.Fatalf("%s: %d, %v after %d requests; want the deadline after one", tt.method, code, err, srv.hits.Load())
+					}
+					return
+				}
+				if err != nil || code != http.StatusOK {
+					t.Fatalf("%s: %d, %v; want the hedge's 200", tt.method, code, err)
+				}
+				if got := kinds(res.Attempts); !slices.Equal(got, []string{"Permanent", "OK"}) || !res.Attempts[0].Lost() || !res.Attempts[1].Hedge() {
+					t.Errorf("attempt log %v, want the first lost and the hedge OK", res.Attempts)
+				}
+				synctest.Wait()
+				if cancelled.Load() != 1 {
+					t.Errorf("%d requests cancelled at the server; want the first", cancelled.Load())
+				}
+				if got := srv.received(); tt.method != http.MethodHead && (len(got) != 2 || got[0] != "payload" || got[1] != "payload") {
+					t.Errorf("server received bodies %q, want the payload twice", got)
+				}
+			})
 		})
 	}
 }
 
 // Both copies answer 200 at once: one wins, the other's response is drained
 // and closed, and every permit the Limit step took is given back.
-func TestLosingResponseIsClosed(t *testing.T) {
+func TestLosingResponseIsClosed(t *testing.T) { synctest.Test(t, testLosingResponseIsClosed) }
+
+func testLosingResponseIsClosed(t *testing.T) {
 	second := make(chan struct{})
 	var served atomic.Int32
 	srv := serve(t,
@@ -134,7 +152,7 @@ func TestLosingResponseIsClosed(t *testing.T) {
 		},
 	)
 	bulkhead := newLimiter(t, limit.Options{Name: "pair", Concurrency: 2})
-	c := build(t, NewStack(nil).Retry(hedgePolicy()).Limit(bulkhead))
+	c := build(t, NewStack(nil).Retry(hedgePolicy(t)).Limit(bulkhead))
 	code, body, res, err := get(t, c, srv.URL)
 	if err != nil || code != http.StatusOK || (body != "first" && body != "second") {
 		t.Fatalf("GET: %d %q %v", code, body, err)
@@ -142,22 +160,23 @@ func TestLosingResponseIsClosed(t *testing.T) {
 	if len(res.Attempts) != 2 || !res.Attempts[1].Hedge() {
 		t.Fatalf("attempt log %v, want the first attempt and a hedge", res.Attempts)
 	}
-	waitFor(t, func() bool { return served.Load() == 2 }, "both requests served")
+	synctest.Wait()
+	if served.Load() != 2 {
+		t.Errorf("%d requests served; want both", served.Load())
+	}
 	// Both permits are free again: the winner's body was closed by get, the
 	// loser's by the Retry step.
-	waitFor(t, func() bool {
-		a, errA := bulkhead.Acquire(context.Background())
-		b, errB := bulkhead.Acquire(context.Background())
-		a.Release()
-		b.Release()
-		return errA == nil && errB == nil
-	}, "both permits given back")
+	if n := bulkhead.InFlight(); n != 0 {
+		t.Errorf("%d permits held; want both given back", n)
+	}
 }
 
 // The limiter inside the retry loop is asked per attempt: the hedge finds
 // the bulkhead full (the first attempt holds it) and is refused, a
 // self-imposed refusal in the log; the first attempt's answer is the call's.
-func TestHedgeRefusedByTheLimiter(t *testing.T) {
+func TestHedgeRefusedByTheLimiter(t *testing.T) { synctest.Test(t, testHedgeRefusedByTheLimiter) }
+
+func testHedgeRefusedByTheLimiter(t *testing.T) {
 	release := make(chan struct{})
 	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
 		<-release
@@ -165,7 +184,7 @@ func TestHedgeRefusedByTheLimiter(t *testing.T) {
 	})
 	denied := &denials{counter: &counter{}, granted: make(chan struct{}), release: release}
 	bulkhead := newLimiter(t, limit.Options{Name: "one", Concurrency: 1, Observer: denied})
-	c := build(t, NewStack(nil).Retry(hedgeAfter(denied.granted)).Limit(bulkhead))
+	c := build(t, NewStack(nil).Retry(hedgeAfter(t, denied.granted)).Limit(bulkhead))
 	code, _, res, err := get(t, c, srv.URL)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("GET: %d %v", code, err)
@@ -202,15 +221,6 @@ func (d *denials) OnLease(o limit.Outcome) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // roundTripFunc is a RoundTripper made of a function.
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
@@ -240,6 +250,10 @@ func bodyThrough(t *testing.T, base http.RoundTripper, p *sdk.Policy) (string, e
 // The first attempt answers while the hedge sent beside it is still in
 // Admit: the hedge, which has lost, leaves the winner's body to the caller.
 func TestLosingHedgeKeepsTheWinnersBody(t *testing.T) {
+	synctest.Test(t, testLosingHedgeKeepsTheWinnersBody)
+}
+
+func testLosingHedgeKeepsTheWinnersBody(t *testing.T) {
 	want := strings.Repeat("x", 100)
 	answered := make(chan struct{})
 	var sent atomic.Int32
@@ -252,7 +266,7 @@ func TestLosingHedgeKeepsTheWinnersBody(t *testing.T) {
 		<-r.Context().Done()
 		return nil, r.Context().Err()
 	})
-	p := hedgePolicy()
+	p := hedgePolicy(t)
 	p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
 		if next.Hedge {
 			<-answered // the winner is on its way back
@@ -270,13 +284,17 @@ func TestLosingHedgeKeepsTheWinnersBody(t *testing.T) {
 // first attempt of a round drops earlier rounds' responses, not those of
 // its own hedges.
 func TestLateFirstAttemptKeepsTheHedgesBody(t *testing.T) {
+	synctest.Test(t, testLateFirstAttemptKeepsTheHedgesBody)
+}
+
+func testLateFirstAttemptKeepsTheHedgesBody(t *testing.T) {
 	want := strings.Repeat("x", 100)
 	hedgeAnswered := make(chan struct{})
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		defer close(hedgeAnswered) // only the hedge gets here: the first attempt loses in Admit
 		return okResponse(r, want), nil
 	})
-	p := hedgePolicy()
+	p := hedgePolicy(t)
 	p.Admit = func(ctx context.Context, next sdk.NextAttempt) verdict.Verdict {
 		if !next.Hedge {
 			<-hedgeAnswered
@@ -293,6 +311,10 @@ func TestLateFirstAttemptKeepsTheHedgesBody(t *testing.T) {
 // last round gets no response, the caller gets the error, not a stale 503,
 // and the 503's body is closed.
 func TestHedgedRetryDropsTheEarlierResponse(t *testing.T) {
+	synctest.Test(t, testHedgedRetryDropsTheEarlierResponse)
+}
+
+func testHedgedRetryDropsTheEarlierResponse(t *testing.T) {
 	busy := &trackedBody{Reader: strings.NewReader("busy")}
 	var sent atomic.Int32
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
@@ -301,7 +323,7 @@ func TestHedgedRetryDropsTheEarlierResponse(t *testing.T) {
 		}
 		return nil, syscall.ECONNRESET
 	})
-	rt, err := NewStack(base).Retry(hedgePolicy()).Build()
+	rt, err := NewStack(base).Retry(hedgePolicy(t)).Build()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,42 +342,44 @@ func TestLosingHedgesUnderLoadKeepTheWinnersBody(t *testing.T) {
 	admitAll := func(context.Context, sdk.NextAttempt) verdict.Verdict { return verdict.Verdict{} }
 	for name, admit := range map[string]func(context.Context, sdk.NextAttempt) verdict.Verdict{"no Admit": nil, "Admit": admitAll} {
 		t.Run(name, func(t *testing.T) {
-			want := strings.Repeat("x", 100)
-			base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				time.Sleep(time.Millisecond) // about the hedge delay: both race
-				return okResponse(r, want), nil
-			})
-			p := testPolicy(3)
-			p.Budget = nil // a hedge on every call
-			p.Hedge = sdk.NewHedge(sdk.HedgeOptions{Delay: time.Millisecond})
-			p.Admit = admit
-			rt, err := NewStack(base).Retry(p).Build()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var bad, total atomic.Int32
-			var wg sync.WaitGroup
-			for range 32 {
-				wg.Go(func() {
-					for range 100 {
-						req, _ := http.NewRequest("GET", "http://example.test/", nil)
-						resp, err := rt.RoundTrip(req)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						total.Add(1)
-						if b, _ := io.ReadAll(resp.Body); string(b) != want {
-							bad.Add(1)
-						}
-						resp.Body.Close()
-					}
+			synctest.Test(t, func(t *testing.T) {
+				want := strings.Repeat("x", 100)
+				base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					clocktest.Latency(context.Background(), time.Millisecond) // the hedge delay: both race
+					return okResponse(r, want), nil
 				})
-			}
-			wg.Wait()
-			if bad.Load() > 0 {
-				t.Errorf("%d of %d responses came back without their body", bad.Load(), total.Load())
-			}
+				p := testPolicy(3)
+				p.Budget = nil // a hedge on every call
+				p.Hedge = newHedge(t, sdk.HedgeOptions{Delay: time.Millisecond})
+				p.Admit = admit
+				rt, err := NewStack(base).Retry(p).Build()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var bad, total atomic.Int32
+				var wg sync.WaitGroup
+				for range 32 {
+					wg.Go(func() {
+						for range 100 {
+							req, _ := http.NewRequest("GET", "http://example.test/", nil)
+							resp, err := rt.RoundTrip(req)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							total.Add(1)
+							if b, _ := io.ReadAll(resp.Body); string(b) != want {
+								bad.Add(1)
+							}
+							resp.Body.Close()
+						}
+					})
+				}
+				wg.Wait()
+				if bad.Load() > 0 {
+					t.Errorf("%d of %d responses came back without their body", bad.Load(), total.Load())
+				}
+			})
 		})
 	}
 }

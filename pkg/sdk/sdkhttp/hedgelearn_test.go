@@ -7,8 +7,10 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/sdk"
 )
 
@@ -16,13 +18,16 @@ import (
 // called through the defaults with a hedge that learns its delay at p95,
 // beside the same calls unhedged: the delay in force stays below the slow
 // mode, and the hedged p99 is far below the unhedged p99 of the same run.
-// Some slow first attempts are seen in full (their hedge was slow too, or
-// a loaded machine sent it late), and workers in a closed loop call in
-// bursts of fast calls between slow ones. The bounds leave a loaded machine
-// room: the delay settles at the edge of the fast calls, milliseconds, where
-// the slow mode starts at slowFor; the hedged p99, about the delay and a
-// fast call, is then far below half the unhedged, which is slowFor.
+// Workers in a closed loop call in bursts of fast calls between slow ones.
+// It runs in a bubble, on the fake clock: a fast call takes 1-5ms of it,
+// a slow one slowFor. The delay settles at the edge of the fast calls,
+// where the slow mode starts at slowFor; the hedged p99, about the delay
+// and a fast call, is then far below half the unhedged, which is slowFor.
 func TestHedgeLearnsTheEdgeOfASlowMode(t *testing.T) {
+	synctest.Test(t, testHedgeLearnsTheEdgeOfASlowMode)
+}
+
+func testHedgeLearnsTheEdgeOfASlowMode(t *testing.T) {
 	const (
 		slowShare = 0.05
 		slowFor   = 600 * time.Millisecond
@@ -33,22 +38,22 @@ func TestHedgeLearnsTheEdgeOfASlowMode(t *testing.T) {
 		maxRatio  = 0.5
 	)
 	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		took := time.Duration(1+rand.IntN(5)) * time.Millisecond
 		if rand.Float64() < slowShare {
-			select {
-			case <-time.After(slowFor):
-			case <-r.Context().Done(): // a hedge won
-				return
-			}
+			took = slowFor
+		}
+		if clocktest.Latency(r.Context(), took) != nil {
+			return // a hedge won
 		}
 		io.WriteString(w, "ok")
 	})
 	client := func(p *sdk.Policy) *http.Client {
-		base := http.DefaultTransport.(*http.Transport).Clone()
+		base := transport(t)
 		base.MaxIdleConnsPerHost = 4 * workers
 		return build(t, NewStack(base).Retry(p))
 	}
 	hedged := Defaults()
-	h := sdk.NewHedge(sdk.HedgeOptions{Percentile: 0.95})
+	h := newHedge(t, sdk.HedgeOptions{Percentile: 0.95})
 	hedged.Hedge = h
 	// The default ratio, and room for as many hedges at once as calls run:
 	// the default's five spare tokens go in one stall of a loaded machine,

@@ -2,10 +2,10 @@ package sdkhttp
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/pipenet"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/egressd/egressd/pkg/verdict"
@@ -40,10 +41,20 @@ func testPolicy(attempts int) *sdk.Policy {
 	}
 }
 
-// server is a loopback HTTP server whose handler plays a script, one step
-// per request, repeating the last step once the script runs out.
+// The tests' servers and clients meet on an in-memory network, so that
+// most tests run in synctest bubbles: their backoffs, hedge delays and
+// deadlines pass on a fake clock, which a loopback socket would keep from
+// moving. A server is at its own address, srvN.test.
+var (
+	network pipenet.Network
+	servers atomic.Int64
+)
+
+// server is an HTTP server on the network whose handler plays a script,
+// one step per request, repeating the last step once the script runs out.
 type server struct {
-	*httptest.Server
+	URL  string
+	srv  *http.Server
 	hits atomic.Int32
 
 	mu     sync.Mutex
@@ -53,16 +64,35 @@ type server struct {
 func serve(t *testing.T, steps ...http.HandlerFunc) *server {
 	t.Helper()
 	s := &server{}
-	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	host := fmt.Sprintf("srv%d.test", servers.Add(1))
+	l, err := network.Listen(host + ":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.URL = "http://" + host
+	s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := int(s.hits.Add(1)) - 1
 		b, _ := io.ReadAll(r.Body)
 		s.mu.Lock()
 		s.bodies = append(s.bodies, string(b))
 		s.mu.Unlock()
 		steps[min(n, len(steps)-1)](w, r)
-	}))
+	})}
+	go s.srv.Serve(l)
 	t.Cleanup(s.Close)
 	return s
+}
+
+// Close stops the server and closes its connections: dials to it are
+// refused from then on.
+func (s *server) Close() { s.srv.Close() }
+
+// transport returns a transport that dials the tests' servers, its idle
+// connections closed when the test ends.
+func transport(t *testing.T) *http.Transport {
+	tr := &http.Transport{DialContext: network.DialContext}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
 }
 
 func (s *server) received() []string {
@@ -87,10 +117,14 @@ func reply(code int, body string, headers ...string) http.HandlerFunc {
 
 var okReply = reply(http.StatusOK, "ok")
 
-// build builds s, failing the test on an error, and closes its idle
+// build builds s, over a transport to the tests' servers unless it has a
+// base of its own, failing the test on an error, and closes its idle
 // connections when the test ends.
 func build(t *testing.T, s *Stack) *http.Client {
 	t.Helper()
+	if s.base == nil {
+		s.base = transport(t)
+	}
 	rt, err := s.Build()
 	if err != nil {
 		t.Fatalf("Build: %v", err)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/egressd/egressd/pkg/sdk"
@@ -72,32 +73,34 @@ func TestPropagate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var seen edgeSeen
-			srv := serve(t, seen.handler(okReply))
-			c := build(t, tt.stack())
-			ctx := tt.ctx(context.Background())
-			cancel := context.CancelFunc(func() {})
-			if tt.deadline > 0 {
-				ctx, cancel = context.WithTimeout(ctx, tt.deadline)
-			}
-			defer cancel()
-			req := mustRequest(t, ctx, http.MethodGet, srv.URL, nil)
-			for i := 0; i+1 < len(tt.headers); i += 2 {
-				req.Header.Set(tt.headers[i], tt.headers[i+1])
-			}
-			before := req.Header.Clone()
-			if code, _, _, err := do(t, c, req); err != nil || code != 200 {
-				t.Fatalf("GET = %d, %v", code, err)
-			}
-			if got := seen.criticality[0]; !slices.Equal(got, tt.wantCrit) {
-				t.Errorf("criticality sent %q; want %q", got, tt.wantCrit)
-			}
-			if got := seen.timeouts[0]; !tt.timeout.ok(got) {
-				t.Errorf("timeout sent %q; want %s", got, tt.timeout.want)
-			}
-			if !maps.EqualFunc(req.Header, before, slices.Equal) {
-				t.Errorf("the caller's request headers went from %v to %v", before, req.Header)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				var seen edgeSeen
+				srv := serve(t, seen.handler(okReply))
+				c := build(t, tt.stack())
+				ctx := tt.ctx(context.Background())
+				cancel := context.CancelFunc(func() {})
+				if tt.deadline > 0 {
+					ctx, cancel = context.WithTimeout(ctx, tt.deadline)
+				}
+				defer cancel()
+				req := mustRequest(t, ctx, http.MethodGet, srv.URL, nil)
+				for i := 0; i+1 < len(tt.headers); i += 2 {
+					req.Header.Set(tt.headers[i], tt.headers[i+1])
+				}
+				before := req.Header.Clone()
+				if code, _, _, err := do(t, c, req); err != nil || code != 200 {
+					t.Fatalf("GET = %d, %v", code, err)
+				}
+				if got := seen.criticality[0]; !slices.Equal(got, tt.wantCrit) {
+					t.Errorf("criticality sent %q; want %q", got, tt.wantCrit)
+				}
+				if got := seen.timeouts[0]; !tt.timeout.ok(got) {
+					t.Errorf("timeout sent %q; want %s", got, tt.timeout.want)
+				}
+				if !maps.EqualFunc(req.Header, before, slices.Equal) {
+					t.Errorf("the caller's request headers went from %v to %v", before, req.Header)
+				}
+			})
 		})
 	}
 }
@@ -127,7 +130,9 @@ func within(d time.Duration) timeoutCheck {
 
 // Every attempt carries the headers, each measured when it leaves, and the
 // caller's request is not changed.
-func TestPropagateEveryAttempt(t *testing.T) {
+func TestPropagateEveryAttempt(t *testing.T) { synctest.Test(t, testPropagateEveryAttempt) }
+
+func testPropagateEveryAttempt(t *testing.T) {
 	var seen edgeSeen
 	srv := serve(t, seen.handler(reply(503, "busy")), seen.handler(okReply))
 	c := build(t, NewStack(nil).Retry(testPolicy(2)).Propagate())

@@ -18,15 +18,6 @@ import (
 // sdk.ErrRateLimited.
 var ErrQuotaExhausted = errors.New("published quota exhausted")
 
-// Clock is the Quota step's source of time. A limit.Clock is one.
-type Clock interface {
-	Now() time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
 // QuotaOptions configure the Quota step.
 //
 // The allowance a host publishes is in force until its reset time. While it
@@ -49,8 +40,6 @@ type QuotaOptions struct {
 	// it; raise it to leave room for other clients of the same quota.
 	// Negative is an error.
 	Reserve int
-	// Clock is the step's source of time; nil is the real clock.
-	Clock Clock
 }
 
 func (o QuotaOptions) problems() []string {
@@ -66,7 +55,6 @@ const maxQuotaHosts = 1024
 // quotaLayer refuses attempts to a host whose published allowance is spent.
 type quotaLayer struct {
 	reserve int64
-	clock   Clock
 	next    http.RoundTripper
 
 	mu    sync.Mutex
@@ -74,16 +62,12 @@ type quotaLayer struct {
 }
 
 func newQuotaLayer(o QuotaOptions, next http.RoundTripper) *quotaLayer {
-	q := &quotaLayer{reserve: int64(o.Reserve), clock: o.Clock, next: next, hosts: map[string]*hostQuota{}}
-	if q.clock == nil {
-		q.clock = realClock{}
-	}
-	return q
+	return &quotaLayer{reserve: int64(o.Reserve), next: next, hosts: map[string]*hostQuota{}}
 }
 
 func (q *quotaLayer) RoundTrip(req *http.Request) (*http.Response, error) {
 	host := hostKey(req.URL)
-	counted, wait, ok := q.admit(host, q.clock.Now())
+	counted, wait, ok := q.admit(host, time.Now())
 	if !ok {
 		closeRequestBody(req)
 		return nil, &sdk.RateLimitedError{Limiter: "quota:" + host, RetryAfter: wait, Err: ErrQuotaExhausted}
@@ -95,7 +79,7 @@ func (q *quotaLayer) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	q.observe(host, resp.StatusCode, resp.Header, q.clock.Now())
+	q.observe(host, resp.StatusCode, resp.Header, time.Now())
 	return resp, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/egressd/egressd/internal/clocktest"
@@ -147,18 +148,22 @@ type quotaServer struct {
 	remaining atomic.Int64
 }
 
-func serveQuota(t *testing.T, clock *clocktest.Manual, publish func(h http.Header, remaining int64, now time.Time)) *quotaServer {
+func serveQuota(t *testing.T, publish func(h http.Header, remaining int64, now time.Time)) *quotaServer {
 	t.Helper()
 	q := &quotaServer{}
 	q.server = serve(t, func(w http.ResponseWriter, r *http.Request) {
 		n := max(q.remaining.Add(-1), 0)
-		publish(w.Header(), n, clock.Now())
+		publish(w.Header(), n, time.Now())
 		okReply(w, r)
 	})
 	return q
 }
 
 const window = 30 * time.Second
+
+// toThePresent moves the clock of a bubble, which starts in 2000, on to
+// 2025: an X-RateLimit-Reset is a Unix time only above 1e9 seconds (2001).
+func toThePresent() { clocktest.Advance(time.Until(time.Unix(1_750_000_000, 0))) }
 
 func ietf(h http.Header, remaining int64, _ time.Time) {
 	h.Set("RateLimit-Remaining", strconv.FormatInt(remaining, 10))
@@ -193,61 +198,65 @@ func TestQuotaRefusesInsideTheReserveUntilReset(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := clocktest.New()
-			srv := serveQuota(t, clock, tt.publish)
-			srv.remaining.Store(3)
-			c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Reserve: tt.reserve, Clock: clock}))
+			synctest.Test(t, func(t *testing.T) {
+				toThePresent()
+				srv := serveQuota(t, tt.publish)
+				srv.remaining.Store(3)
+				c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Reserve: tt.reserve}))
 
-			for i := range tt.admitted {
-				if code, _, _, err := get(t, c, srv.URL); err != nil || code != 200 {
-					t.Fatalf("request %d: %d, %v", i+1, code, err)
+				for i := range tt.admitted {
+					if code, _, _, err := get(t, c, srv.URL); err != nil || code != 200 {
+						t.Fatalf("request %d: %d, %v", i+1, code, err)
+					}
 				}
-			}
-			clock.Advance(10 * time.Second)
-			_, _, res, err := get(t, c, srv.URL)
-			rl, isRL := sdk.AsRateLimited(err)
-			if !isRL || rl.Limiter != "quota:"+srv.host() || rl.RetryAfter != window-10*time.Second || !errors.Is(err, ErrQuotaExhausted) {
-				t.Fatalf("inside the reserve: err %v, want a refusal by quota:%s for 20s", err, srv.host())
-			}
-			if got := kinds(res.Attempts); !slices.Equal(got, []string{"Throttled(self-imposed)"}) || srv.hits.Load() != int32(tt.admitted) {
-				t.Errorf("attempts %v, %d requests sent; want one self-imposed refusal, %d", got, srv.hits.Load(), tt.admitted)
-			}
+				clocktest.Advance(10 * time.Second)
+				_, _, res, err := get(t, c, srv.URL)
+				rl, isRL := sdk.AsRateLimited(err)
+				if !isRL || rl.Limiter != "quota:"+srv.host() || rl.RetryAfter != window-10*time.Second || !errors.Is(err, ErrQuotaExhausted) {
+					t.Fatalf("inside the reserve: err %v, want a refusal by quota:%s for 20s", err, srv.host())
+				}
+				if got := kinds(res.Attempts); !slices.Equal(got, []string{"Throttled(self-imposed)"}) || srv.hits.Load() != int32(tt.admitted) {
+					t.Errorf("attempts %v, %d requests sent; want one self-imposed refusal, %d", got, srv.hits.Load(), tt.admitted)
+				}
 
-			clock.Advance(20 * time.Second) // the reset
-			srv.remaining.Store(3)
-			if code, _, _, err := get(t, c, srv.URL); err != nil || code != 200 {
-				t.Errorf("after the reset: %d, %v", code, err)
-			}
+				clocktest.Advance(20 * time.Second) // the reset
+				srv.remaining.Store(3)
+				if code, _, _, err := get(t, c, srv.URL); err != nil || code != 200 {
+					t.Errorf("after the reset: %d, %v", code, err)
+				}
+			})
 		})
 	}
 }
 
 // A Retry-After refuses the host until it passes, whatever the allowance.
-func TestQuotaHonoursRetryAfter(t *testing.T) {
-	clock := clocktest.New()
+func TestQuotaHonoursRetryAfter(t *testing.T) { synctest.Test(t, testQuotaHonoursRetryAfter) }
+
+func testQuotaHonoursRetryAfter(t *testing.T) {
 	srv := serve(t, reply(429, "", "Retry-After", "5", "RateLimit-Remaining", "100", "RateLimit-Reset", "60"), okReply)
-	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Clock: clock}))
+	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{}))
 	if code, _, _, err := get(t, c, srv.URL); err != nil || code != 429 {
 		t.Fatalf("first: %d, %v", code, err)
 	}
-	clock.Advance(2 * time.Second)
+	clocktest.Advance(2 * time.Second)
 	_, _, _, err := get(t, c, srv.URL)
 	if rl, isRL := sdk.AsRateLimited(err); !isRL || rl.RetryAfter != 3*time.Second {
 		t.Fatalf("during the Retry-After: %v, want a refusal for 3s", err)
 	}
-	clock.Advance(3 * time.Second)
+	clocktest.Advance(3 * time.Second)
 	if code, _, _, err := get(t, c, srv.URL); err != nil || code != 200 || srv.hits.Load() != 2 {
 		t.Errorf("after it: %d, %v, %d requests", code, err, srv.hits.Load())
 	}
 }
 
 // One host's spent allowance refuses nothing to another.
-func TestQuotaIsPerHost(t *testing.T) {
-	clock := clocktest.New()
+func TestQuotaIsPerHost(t *testing.T) { synctest.Test(t, testQuotaIsPerHost) }
+
+func testQuotaIsPerHost(t *testing.T) {
 	spent := serve(t, reply(200, "", "RateLimit-Remaining", "0", "RateLimit-Reset", "60"))
 	other := serve(t, reply(200, "", "RateLimit-Remaining", "50", "RateLimit-Reset", "60"))
 	silent := serve(t, okReply)
-	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Clock: clock}))
+	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{}))
 
 	if _, _, _, err := get(t, c, spent.URL); err != nil {
 		t.Fatal(err)
@@ -266,13 +275,15 @@ func TestQuotaIsPerHost(t *testing.T) {
 // Inside the retry loop a quota refusal is a self-imposed refusal like any
 // limiter's: retried at its hint (capped by MaxDelay), no charge to the
 // retry budget, no evidence for the breaker.
-func TestQuotaRefusalInsideRetries(t *testing.T) {
-	clock := clocktest.New()
-	srv := serve(t, reply(200, "", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", strconv.FormatInt(clock.Now().Add(time.Hour).Unix(), 10)))
+func TestQuotaRefusalInsideRetries(t *testing.T) { synctest.Test(t, testQuotaRefusalInsideRetries) }
+
+func testQuotaRefusalInsideRetries(t *testing.T) {
+	toThePresent()
+	srv := serve(t, reply(200, "", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)))
 	p := testPolicy(3)
 	p.Budget = sdk.NewRetryBudget(0.1, 10)
 	p.Breaker = sdk.NewBreaker(sdk.BreakerOptions{FailureThreshold: 1})
-	c := build(t, NewStack(nil).Retry(p).Quota(QuotaOptions{Clock: clock}))
+	c := build(t, NewStack(nil).Retry(p).Quota(QuotaOptions{}))
 	if _, _, _, err := get(t, c, srv.URL); err != nil {
 		t.Fatal(err)
 	}
@@ -283,9 +294,11 @@ func TestQuotaRefusalInsideRetries(t *testing.T) {
 		t.Fatalf("err %v, stop %v; want the quota's refusal after every attempt", err, res.Stop)
 	}
 	for i, a := range res.Attempts {
+		// The reset is an hour from the first request; each retry waits
+		// MaxDelay of it.
 		hint, _ := a.Verdict().RetryAfter()
-		if !a.SelfImposed() || hint != time.Hour || (i < 2 && a.Delay() != maxDelay) {
-			t.Errorf("attempt %d: %v, want self-imposed, hinting 1h, retried after MaxDelay", i+1, a)
+		if want := time.Hour - time.Duration(i)*maxDelay; !a.SelfImposed() || hint != want || (i < 2 && a.Delay() != maxDelay) {
+			t.Errorf("attempt %d: %v, want self-imposed, hinting %v, retried after MaxDelay", i+1, a, want)
 		}
 	}
 	if srv.hits.Load() != 1 || p.Budget.Tokens() != tokens || p.Breaker.State(time.Now()) != sdk.BreakerClosed {
@@ -295,8 +308,9 @@ func TestQuotaRefusalInsideRetries(t *testing.T) {
 
 // Concurrent attempts count against the allowance as they go, so a burst
 // does not all spend the last unit.
-func TestQuotaCountsAttemptsInFlight(t *testing.T) {
-	clock := clocktest.New()
+func TestQuotaCountsAttemptsInFlight(t *testing.T) { synctest.Test(t, testQuotaCountsAttemptsInFlight) }
+
+func testQuotaCountsAttemptsInFlight(t *testing.T) {
 	release := make(chan struct{})
 	srv := serve(t, reply(200, "", "RateLimit-Remaining", "2", "RateLimit-Reset", "60"), func(w http.ResponseWriter, r *http.Request) {
 		<-release
@@ -305,7 +319,7 @@ func TestQuotaCountsAttemptsInFlight(t *testing.T) {
 	var once sync.Once
 	letGo := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(letGo) // before the server closes: cleanups run last first
-	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Clock: clock}))
+	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{}))
 	if _, _, _, err := get(t, c, srv.URL); err != nil {
 		t.Fatal(err)
 	}
@@ -341,10 +355,13 @@ func TestQuotaCountsAttemptsInFlight(t *testing.T) {
 // An attempt the quota let through and a limiter further in refused never
 // went out, so it is given back to the allowance.
 func TestQuotaGivesBackAttemptsRefusedFurtherIn(t *testing.T) {
-	clock := clocktest.New()
+	synctest.Test(t, testQuotaGivesBackAttemptsRefusedFurtherIn)
+}
+
+func testQuotaGivesBackAttemptsRefusedFurtherIn(t *testing.T) {
 	srv := serve(t, reply(200, "", "RateLimit-Remaining", "1", "RateLimit-Reset", "60"))
 	l := limit.Concurrency(1)
-	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{Clock: clock}).Limit(l))
+	c := build(t, NewStack(nil).Retry(testPolicy(1)).Quota(QuotaOptions{}).Limit(l))
 	if _, _, _, err := get(t, c, srv.URL); err != nil {
 		t.Fatal(err)
 	}

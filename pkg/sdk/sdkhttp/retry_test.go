@@ -11,8 +11,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
@@ -31,33 +33,35 @@ func TestOnePermitPerAttempt(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var count counter
-			tt.opts.Observer = &count
-			l := newLimiter(t, tt.opts)
-			var maxHeld atomic.Int64
-			held := func(w http.ResponseWriter, r *http.Request) {
-				maxHeld.Store(max(maxHeld.Load(), int64(l.InFlight())))
-			}
-			srv := serve(t,
-				func(w http.ResponseWriter, r *http.Request) { held(w, r); reply(503, "busy")(w, r) },
-				func(w http.ResponseWriter, r *http.Request) { held(w, r); reply(500, "oops")(w, r) },
-				func(w http.ResponseWriter, r *http.Request) { held(w, r); okReply(w, r) },
-			)
-			c := build(t, NewStack(nil).Retry(testPolicy(3)).Limit(l))
+			synctest.Test(t, func(t *testing.T) {
+				var count counter
+				tt.opts.Observer = &count
+				l := newLimiter(t, tt.opts)
+				var maxHeld atomic.Int64
+				held := func(w http.ResponseWriter, r *http.Request) {
+					maxHeld.Store(max(maxHeld.Load(), int64(l.InFlight())))
+				}
+				srv := serve(t,
+					func(w http.ResponseWriter, r *http.Request) { held(w, r); reply(503, "busy")(w, r) },
+					func(w http.ResponseWriter, r *http.Request) { held(w, r); reply(500, "oops")(w, r) },
+					func(w http.ResponseWriter, r *http.Request) { held(w, r); okReply(w, r) },
+				)
+				c := build(t, NewStack(nil).Retry(testPolicy(3)).Limit(l))
 
-			code, body, res, err := get(t, c, srv.URL)
-			if err != nil || code != 200 || body != "ok" {
-				t.Fatalf("GET = %d %q, %v", code, body, err)
-			}
-			if got, want := kinds(res.Attempts), []string{"Transient", "Transient", "OK"}; !slices.Equal(got, want) || res.Stop != sdk.StopSuccess {
-				t.Errorf("attempts %v, stop %v; want %v, success", got, res.Stop, want)
-			}
-			if n := count.acquired.Load(); n != 3 || srv.hits.Load() != 3 || count.denied.Load() != 0 {
-				t.Errorf("%d permits acquired, %d denied, for %d requests; want 3, 0, 3", n, count.denied.Load(), srv.hits.Load())
-			}
-			if maxHeld.Load() > 1 || l.InFlight() != 0 {
-				t.Errorf("held at most %d permits during the call, %d after; want 1 and 0", maxHeld.Load(), l.InFlight())
-			}
+				code, body, res, err := get(t, c, srv.URL)
+				if err != nil || code != 200 || body != "ok" {
+					t.Fatalf("GET = %d %q, %v", code, body, err)
+				}
+				if got, want := kinds(res.Attempts), []string{"Transient", "Transient", "OK"}; !slices.Equal(got, want) || res.Stop != sdk.StopSuccess {
+					t.Errorf("attempts %v, stop %v; want %v, success", got, res.Stop, want)
+				}
+				if n := count.acquired.Load(); n != 3 || srv.hits.Load() != 3 || count.denied.Load() != 0 {
+					t.Errorf("%d permits acquired, %d denied, for %d requests; want 3, 0, 3", n, count.denied.Load(), srv.hits.Load())
+				}
+				if maxHeld.Load() > 1 || l.InFlight() != 0 {
+					t.Errorf("held at most %d permits during the call, %d after; want 1 and 0", maxHeld.Load(), l.InFlight())
+				}
+			})
 		})
 	}
 }
@@ -81,15 +85,17 @@ func TestBodyReplay(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := serve(t, reply(503, ""), reply(502, ""), okReply)
-			c := build(t, NewStack(nil).Retry(testPolicy(3)))
-			code, _, _, err := do(t, c, tt.req(t, srv.URL))
-			if err != nil || code != 200 {
-				t.Fatalf("POST = %d, %v", code, err)
-			}
-			if got := srv.received(); !slices.Equal(got, []string{payload, payload, payload}) {
-				t.Errorf("server received %q, want the payload three times", got)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				srv := serve(t, reply(503, ""), reply(502, ""), okReply)
+				c := build(t, NewStack(nil).Retry(testPolicy(3)))
+				code, _, _, err := do(t, c, tt.req(t, srv.URL))
+				if err != nil || code != 200 {
+					t.Fatalf("POST = %d, %v", code, err)
+				}
+				if got := srv.received(); !slices.Equal(got, []string{payload, payload, payload}) {
+					t.Errorf("server received %q, want the payload three times", got)
+				}
+			})
 		})
 	}
 }
@@ -112,25 +118,29 @@ func TestLongBodyWithoutGetBody(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := serve(t, okReply)
-			c := build(t, NewStack(nil).Retry(testPolicy(tt.attempts)))
-			body := &trackedBody{Reader: strings.NewReader(long)}
-			req := mustRequest(t, context.Background(), http.MethodPut, srv.URL, nil)
-			req.Body, req.ContentLength = body, tt.length
-			_, _, _, err := do(t, c, req)
-			if errors.Is(err, ErrBodyNotReplayable) != tt.wantErr || srv.hits.Load() != tt.wantHits {
-				t.Errorf("err %v, %d requests reached the server; want ErrBodyNotReplayable %v, %d", err, srv.hits.Load(), tt.wantErr, tt.wantHits)
-			}
-			if !body.closed.Load() {
-				t.Error("request body left open")
-			}
+			synctest.Test(t, func(t *testing.T) {
+				srv := serve(t, okReply)
+				c := build(t, NewStack(nil).Retry(testPolicy(tt.attempts)))
+				body := &trackedBody{Reader: strings.NewReader(long)}
+				req := mustRequest(t, context.Background(), http.MethodPut, srv.URL, nil)
+				req.Body, req.ContentLength = body, tt.length
+				_, _, _, err := do(t, c, req)
+				if errors.Is(err, ErrBodyNotReplayable) != tt.wantErr || srv.hits.Load() != tt.wantHits {
+					t.Errorf("err %v, %d requests reached the server; want ErrBodyNotReplayable %v, %d", err, srv.hits.Load(), tt.wantErr, tt.wantHits)
+				}
+				if !body.closed.Load() {
+					t.Error("request body left open")
+				}
+			})
 		})
 	}
 }
 
 // A request no attempt sends - every attempt refused by Admit - still has
 // its body closed: the RoundTripper owns it.
-func TestUnsentBodyIsClosed(t *testing.T) {
+func TestUnsentBodyIsClosed(t *testing.T) { synctest.Test(t, testUnsentBodyIsClosed) }
+
+func testUnsentBodyIsClosed(t *testing.T) {
 	srv := serve(t, okReply)
 	p := testPolicy(2)
 	p.Admit = func(context.Context, sdk.NextAttempt) verdict.Verdict { return verdict.Refused(0) }
@@ -149,7 +159,9 @@ func TestUnsentBodyIsClosed(t *testing.T) {
 
 // When the last attempt is one Admit refused, the call ends with that
 // refusal, not with an earlier attempt's response, which is closed.
-func TestAdmitRefusingTheLastAttempt(t *testing.T) {
+func TestAdmitRefusingTheLastAttempt(t *testing.T) { synctest.Test(t, testAdmitRefusingTheLastAttempt) }
+
+func testAdmitRefusingTheLastAttempt(t *testing.T) {
 	srv := serve(t, reply(503, "busy"))
 	p := testPolicy(2)
 	p.Admit = func(_ context.Context, next sdk.NextAttempt) verdict.Verdict {
@@ -172,7 +184,12 @@ func TestAdmitRefusingTheLastAttempt(t *testing.T) {
 // Status codes become verdicts; a Retry-After is the hint, and the hint
 // wins over the curve (capped by MaxDelay).
 func TestStatusVerdictsAndRetryAfter(t *testing.T) {
-	date := time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)
+	// An HTTP-date an hour from when the server answers, on the bubble's
+	// clock: whole seconds, as the format is, and no time passes between
+	// the answer and its reading.
+	inAnHour := func(w http.ResponseWriter, r *http.Request) {
+		reply(503, "", "Retry-After", time.Now().Add(time.Hour).UTC().Format(http.TimeFormat))(w, r)
+	}
 	tests := []struct {
 		name      string
 		first     http.HandlerFunc
@@ -185,28 +202,30 @@ func TestStatusVerdictsAndRetryAfter(t *testing.T) {
 		{"429 Retry-After 0 beats the curve", reply(429, "", "Retry-After", "0"), verdict.Throttled, 0, 0, 0},
 		{"429 Retry-After 1 capped by MaxDelay", reply(429, "", "Retry-After", "1"), verdict.Throttled, time.Second, 0, maxDelay},
 		{"503 Retry-After is throttled", reply(503, "", "Retry-After", "0"), verdict.Throttled, 0, 0, 0},
-		{"503 Retry-After HTTP-date", reply(503, "", "Retry-After", date), verdict.Throttled, time.Hour, 2 * time.Second, maxDelay},
+		{"503 Retry-After HTTP-date", inAnHour, verdict.Throttled, time.Hour, 0, maxDelay},
 		{"503 alone is transient", reply(503, ""), verdict.Transient, -1, 0, transientDelay},
 		{"500 is transient", reply(500, ""), verdict.Transient, -1, 0, transientDelay},
 		{"500 Retry-After is its hint", reply(500, "", "Retry-After", "0"), verdict.Transient, 0, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := serve(t, tt.first, okReply)
-			c := build(t, NewStack(nil).Retry(testPolicy(2)))
-			code, _, res, err := get(t, c, srv.URL)
-			if err != nil || code != 200 || len(res.Attempts) != 2 {
-				t.Fatalf("GET = %d, %v after %d attempts", code, err, len(res.Attempts))
-			}
-			first := res.Attempts[0]
-			v := first.Verdict()
-			hint, has := v.RetryAfter()
-			if !has {
-				hint = -1
-			}
-			if v.Kind() != tt.wantKind || v.SelfImposed() || (hint-tt.wantHint).Abs() > tt.tolerance || first.Delay() != tt.wantDelay {
-				t.Errorf("first attempt %v then %v; want %v, hint %v, delay %v", v, first.Delay(), tt.wantKind, tt.wantHint, tt.wantDelay)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				srv := serve(t, tt.first, okReply)
+				c := build(t, NewStack(nil).Retry(testPolicy(2)))
+				code, _, res, err := get(t, c, srv.URL)
+				if err != nil || code != 200 || len(res.Attempts) != 2 {
+					t.Fatalf("GET = %d, %v after %d attempts", code, err, len(res.Attempts))
+				}
+				first := res.Attempts[0]
+				v := first.Verdict()
+				hint, has := v.RetryAfter()
+				if !has {
+					hint = -1
+				}
+				if v.Kind() != tt.wantKind || v.SelfImposed() || (hint-tt.wantHint).Abs() > tt.tolerance || first.Delay() != tt.wantDelay {
+					t.Errorf("first attempt %v then %v; want %v, hint %v, delay %v", v, first.Delay(), tt.wantKind, tt.wantHint, tt.wantDelay)
+				}
+			})
 		})
 	}
 }
@@ -231,20 +250,22 @@ func TestLastResponseIsReturned(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := serve(t, tt.reply)
-			c := build(t, NewStack(nil).Retry(testPolicy(3)))
-			code, body, res, err := get(t, c, srv.URL)
-			if err != nil || code != tt.wantCode || body != tt.wantBody {
-				t.Fatalf("GET = %d, %d bytes, %v; want %d, %d bytes", code, len(body), err, tt.wantCode, len(tt.wantBody))
-			}
-			se, isStop := sdk.AsStop(res.Err)
-			if res.Stop != tt.wantStop || !isStop || (tt.wantErr != nil && !errors.Is(res.Err, tt.wantErr)) || srv.hits.Load() != tt.wantHits {
-				t.Errorf("stop %v, err %v, %d requests; want %v, %v, %d", res.Stop, res.Err, srv.hits.Load(), tt.wantStop, tt.wantErr, tt.wantHits)
-			}
-			var status *sdk.StatusError
-			if !errors.As(se, &status) || status.Code != tt.wantCode {
-				t.Errorf("stop error %v does not carry status %d", se, tt.wantCode)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				srv := serve(t, tt.reply)
+				c := build(t, NewStack(nil).Retry(testPolicy(3)))
+				code, body, res, err := get(t, c, srv.URL)
+				if err != nil || code != tt.wantCode || body != tt.wantBody {
+					t.Fatalf("GET = %d, %d bytes, %v; want %d, %d bytes", code, len(body), err, tt.wantCode, len(tt.wantBody))
+				}
+				se, isStop := sdk.AsStop(res.Err)
+				if res.Stop != tt.wantStop || !isStop || (tt.wantErr != nil && !errors.Is(res.Err, tt.wantErr)) || srv.hits.Load() != tt.wantHits {
+					t.Errorf("stop %v, err %v, %d requests; want %v, %v, %d", res.Stop, res.Err, srv.hits.Load(), tt.wantStop, tt.wantErr, tt.wantHits)
+				}
+				var status *sdk.StatusError
+				if !errors.As(se, &status) || status.Code != tt.wantCode {
+					t.Errorf("stop error %v does not carry status %d", se, tt.wantCode)
+				}
+			})
 		})
 	}
 }
@@ -254,6 +275,10 @@ func TestLastResponseIsReturned(t *testing.T) {
 // is closed when the next attempt starts, before that attempt asks for its
 // permit. Either way a bulkhead of one lets every attempt through.
 func TestFailedResponsesFreeTheirPermit(t *testing.T) {
+	synctest.Test(t, testFailedResponsesFreeTheirPermit)
+}
+
+func testFailedResponsesFreeTheirPermit(t *testing.T) {
 	long := strings.Repeat("b", 2*maxErrorBody)
 	l := limit.Concurrency(1)
 	// Each failure is followed by a 150ms backoff; look 50ms into it.
@@ -262,8 +287,10 @@ func TestFailedResponsesFreeTheirPermit(t *testing.T) {
 		time.AfterFunc(50*time.Millisecond, func() { heldDuringBackoff <- l.InFlight() })
 	}
 	srv := serve(t,
-		func(w http.ResponseWriter, r *http.Request) { reply(503, "short")(w, r); look() },
-		func(w http.ResponseWriter, r *http.Request) { reply(503, long)(w, r); look() },
+		// Look from when the handler starts: on the tests' network a long
+		// body is written only as the client reads it.
+		func(w http.ResponseWriter, r *http.Request) { look(); reply(503, "short")(w, r) },
+		func(w http.ResponseWriter, r *http.Request) { look(); reply(503, long)(w, r) },
 		okReply,
 	)
 	p := testPolicy(3)
@@ -284,35 +311,36 @@ func TestFailedResponsesFreeTheirPermit(t *testing.T) {
 // However the caller finishes with a response, or the attempt fails without
 // one, the permit comes back: nothing leaks.
 func TestLeasesReleased(t *testing.T) {
-	srv := serve(t, okReply)
-	dead := serve(t, okReply)
-	deadURL := dead.URL
-	dead.Close() // connection refused from now on
-
 	tests := []struct {
 		name   string
-		url    string
+		dead   bool // the server is closed: connection refused
 		finish func(resp *http.Response)
 	}{
-		{"read and closed", srv.URL, func(r *http.Response) { io.ReadAll(r.Body); r.Body.Close() }},
-		{"closed unread", srv.URL, func(r *http.Response) { r.Body.Close() }},
-		{"read to the end, never closed", srv.URL, func(r *http.Response) { io.ReadAll(r.Body) }},
-		{"transport error", deadURL, nil},
+		{"read and closed", false, func(r *http.Response) { io.ReadAll(r.Body); r.Body.Close() }},
+		{"closed unread", false, func(r *http.Response) { r.Body.Close() }},
+		{"read to the end, never closed", false, func(r *http.Response) { io.ReadAll(r.Body) }},
+		{"transport error", true, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := limit.Concurrency(2)
-			c := build(t, NewStack(nil).Retry(testPolicy(2)).Limit(l))
-			resp, err := c.Get(tt.url)
-			if (err == nil) != (tt.finish != nil) {
-				t.Fatalf("GET: %v", err)
-			}
-			if err == nil {
-				tt.finish(resp)
-			}
-			if n := l.InFlight(); n != 0 {
-				t.Errorf("%d permits held", n)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				srv := serve(t, okReply)
+				if tt.dead {
+					srv.Close()
+				}
+				l := limit.Concurrency(2)
+				c := build(t, NewStack(nil).Retry(testPolicy(2)).Limit(l))
+				resp, err := c.Get(srv.URL)
+				if (err == nil) != (tt.finish != nil) {
+					t.Fatalf("GET: %v", err)
+				}
+				if err == nil {
+					tt.finish(resp)
+				}
+				if n := l.InFlight(); n != 0 {
+					t.Errorf("%d permits held", n)
+				}
+			})
 		})
 	}
 }
@@ -320,8 +348,12 @@ func TestLeasesReleased(t *testing.T) {
 // Many callers at once through a small bulkhead: some are refused, some
 // retried, and when all are done no permit is held.
 func TestConcurrentCallersLeakNothing(t *testing.T) {
+	synctest.Test(t, testConcurrentCallersLeakNothing)
+}
+
+func testConcurrentCallersLeakNothing(t *testing.T) {
 	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(time.Millisecond)
+		clocktest.Latency(r.Context(), time.Millisecond)
 		okReply(w, r)
 	})
 	l := limit.Concurrency(3)
@@ -353,7 +385,9 @@ func TestConcurrentCallersLeakNothing(t *testing.T) {
 // A limiter's refusal never reaches the dependency: every attempt is a
 // self-imposed refusal, retried at the limiter's hint, and the call ends
 // with the limiter's *sdk.RateLimitedError.
-func TestLimiterRefusal(t *testing.T) {
+func TestLimiterRefusal(t *testing.T) { synctest.Test(t, testLimiterRefusal) }
+
+func testLimiterRefusal(t *testing.T) {
 	srv := serve(t, okReply)
 	l := newLimiter(t, limit.Options{Name: "payments", Concurrency: 1})
 	held, _ := l.Acquire(context.Background())
@@ -389,32 +423,33 @@ func TestCancellation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			arrived := make(chan struct{}, 10)
-			srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
-				arrived <- struct{}{}
-				tt.handler(w, r)
+			synctest.Test(t, func(t *testing.T) {
+				arrived := make(chan struct{}, 10)
+				srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+					arrived <- struct{}{}
+					tt.handler(w, r)
+				})
+				l := limit.Concurrency(1)
+				p := testPolicy(3)
+				p.Backoff = sdk.Backoff{Transient: sdk.Curve{Initial: tt.curve}}
+				c := build(t, NewStack(nil).Retry(p).Limit(l))
+				ctx, cancel := context.WithCancel(context.Background())
+				go func() {
+					<-arrived
+					time.AfterFunc(10*time.Millisecond, cancel)
+				}()
+				start := time.Now()
+				_, _, res, err := do(t, c, mustRequest(t, ctx, http.MethodGet, srv.URL, nil))
+				if !errors.Is(err, context.Canceled) || res.Stop != sdk.StopCancelled {
+					t.Errorf("err %v, stop %v; want cancelled", err, res.Stop)
+				}
+				if took := time.Since(start); took != 10*time.Millisecond {
+					t.Errorf("took %v to notice the cancellation; want the 10ms until it", took)
+				}
+				if srv.hits.Load() != 1 || l.InFlight() != 0 {
+					t.Errorf("%d requests, %d permits held; want 1, 0", srv.hits.Load(), l.InFlight())
+				}
 			})
-			l := limit.Concurrency(1)
-			p := testPolicy(3)
-			p.Backoff = sdk.Backoff{Transient: sdk.Curve{Initial: tt.curve}}
-			c := build(t, NewStack(nil).Retry(p).Limit(l))
-			ctx, cancel := context.WithCancel(context.Background())
-			go func() {
-				<-arrived
-				time.Sleep(10 * time.Millisecond)
-				cancel()
-			}()
-			start := time.Now()
-			_, _, res, err := do(t, c, mustRequest(t, ctx, http.MethodGet, srv.URL, nil))
-			if !errors.Is(err, context.Canceled) || res.Stop != sdk.StopCancelled {
-				t.Errorf("err %v, stop %v; want cancelled", err, res.Stop)
-			}
-			if took := time.Since(start); took > 10*time.Second {
-				t.Errorf("took %v to notice the cancellation", took)
-			}
-			if srv.hits.Load() != 1 || l.InFlight() != 0 {
-				t.Errorf("%d requests, %d permits held; want 1, 0", srv.hits.Load(), l.InFlight())
-			}
 		})
 	}
 }
@@ -422,7 +457,9 @@ func TestCancellation(t *testing.T) {
 // The attempt timeout bounds an attempt that hangs, which is Transient and
 // retried; and the body of an attempt that answered in time is not cut off
 // when the executor ends the attempt.
-func TestAttemptTimeout(t *testing.T) {
+func TestAttemptTimeout(t *testing.T) { synctest.Test(t, testAttemptTimeout) }
+
+func testAttemptTimeout(t *testing.T) {
 	srv := serve(t,
 		func(w http.ResponseWriter, r *http.Request) {
 			select {
@@ -433,7 +470,7 @@ func TestAttemptTimeout(t *testing.T) {
 		func(w http.ResponseWriter, r *http.Request) {
 			io.WriteString(w, "hello, ")
 			w.(http.Flusher).Flush()
-			time.Sleep(30 * time.Millisecond) // after RoundTrip has returned
+			clocktest.Latency(r.Context(), 30*time.Millisecond) // after RoundTrip has returned
 			io.WriteString(w, "world")
 		},
 	)
@@ -452,6 +489,10 @@ func TestAttemptTimeout(t *testing.T) {
 // The attempt's deadline goes on bounding the body after RoundTrip
 // returns, as http.Client.Timeout does.
 func TestAttemptDeadlineBoundsTheBody(t *testing.T) {
+	synctest.Test(t, testAttemptDeadlineBoundsTheBody)
+}
+
+func testAttemptDeadlineBoundsTheBody(t *testing.T) {
 	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "hello, ")
 		w.(http.Flusher).Flush()
@@ -515,7 +556,9 @@ func TestKernelRefusalAttributed(t *testing.T) {
 
 // Without a Retry step a Result is left alone and a refusal reaches the
 // caller as the limiter's error.
-func TestLimitWithoutRetry(t *testing.T) {
+func TestLimitWithoutRetry(t *testing.T) { synctest.Test(t, testLimitWithoutRetry) }
+
+func testLimitWithoutRetry(t *testing.T) {
 	srv := serve(t, okReply)
 	l := limit.Concurrency(1)
 	held, _ := l.Acquire(context.Background())
