@@ -17,6 +17,9 @@ var (
 	refused   = verdict.Refused(50 * time.Millisecond)
 )
 
+// t0 is the fixed instant the pure tests start at.
+var t0 = time.Date(2026, time.January, 1, 0, 0, 0, 0, time.UTC)
+
 // at returns the fixed instant t0 + d.
 func at(d time.Duration) time.Time { return t0.Add(d) }
 

@@ -51,11 +51,11 @@ func DaemonAttributor(c *control.Client) Attributor {
 	if c == nil {
 		c = &control.Client{}
 	}
-	return newDaemonAttributor(c, realClock{}).attribute
+	return newDaemonAttributor(c).attribute
 }
 
-func newDaemonAttributor(c *control.Client, clk clock) *daemonAttributor {
-	return &daemonAttributor{client: c, clock: clk, cache: map[flow]attribution{}, asking: map[flow]*question{}}
+func newDaemonAttributor(c *control.Client) *daemonAttributor {
+	return &daemonAttributor{client: c, cache: map[flow]attribution{}, asking: map[flow]*question{}}
 }
 
 // attribution is the daemon's answer about a destination.
@@ -92,7 +92,6 @@ const askingProcess = 0
 
 type daemonAttributor struct {
 	client *control.Client
-	clock  clock
 	mu     sync.Mutex
 	cache  map[flow]attribution
 	asking map[flow]*question
@@ -114,9 +113,9 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 	if dialed, ok := dialStarted(err); ok {
 		start = dialed
 	}
-	entered := a.clock.Now()
+	entered := time.Now()
 	for range 2 {
-		now := a.clock.Now()
+		now := time.Now()
 		a.mu.Lock()
 		cached, hit := a.cache[dest]
 		if hit && !now.After(cached.until) && (cached.rule == "" || cached.vouches(start)) {
@@ -141,7 +140,7 @@ func (a *daemonAttributor) attribute(ctx context.Context, err error) (*RateLimit
 			return nil, false
 		}
 		if start.IsZero() || !q.answer.refusedAt.Before(start) {
-			return q.answer.refusal(err, a.clock.Now())
+			return q.answer.refusal(err, time.Now())
 		}
 		if !q.sent.Before(entered) {
 			return nil, false // asked after this refusal: the daemon's is older than the attempt
@@ -172,15 +171,15 @@ func (a *daemonAttributor) ask(dest flow) *question {
 	if q := a.asking[dest]; q != nil {
 		return q
 	}
-	q := &question{sent: a.clock.Now(), done: make(chan struct{})}
+	q := &question{sent: time.Now(), done: make(chan struct{})}
 	a.asking[dest] = q
 	go func() {
 		defer close(q.done)
-		qctx, cancel := a.clock.WithDeadline(context.Background(), a.clock.Now().Add(askTimeout))
+		qctx, cancel := context.WithTimeout(context.Background(), askTimeout)
 		ans, err := a.client.Attribute(qctx, askingProcess, dest.proto, dest.addr)
 		silent := errors.Is(qctx.Err(), context.DeadlineExceeded)
 		cancel()
-		now := a.clock.Now() // the question took time; the hint counts from its answer
+		now := time.Now() // the question took time; the hint counts from its answer
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		delete(a.asking, dest)

@@ -12,19 +12,50 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
+	"github.com/egressd/egressd/internal/pipenet"
 	"github.com/egressd/egressd/pkg/control"
 )
 
 // refusedByDaemon is the daemon's answer to every question in these tests.
 const refusedByDaemon = `{"refused":true,"rule":"payments","retryAfterSeconds":0.05}`
 
-// serveDaemon answers attribution questions on the control socket at sock
-// with refusedByDaemon, and counts them.
-func serveDaemon(t *testing.T, sock string) *atomic.Int32 {
+// daemonNet is a control socket on an in-memory network, for the tests that
+// run in synctest bubbles: a goroutine blocked on a unix socket would keep
+// the bubble's clock from moving.
+type daemonNet struct{ n pipenet.Network }
+
+const daemonAddr = "egressd.sock"
+
+// client returns a control client of the socket, its idle connections
+// closed when the test ends.
+func (d *daemonNet) client(t *testing.T) *control.Client {
+	c := &control.Client{Socket: daemonAddr, Dial: func(ctx context.Context) (net.Conn, error) {
+		return d.n.DialContext(ctx, "unix", daemonAddr)
+	}}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
+// listen listens on the socket until the test ends.
+func (d *daemonNet) listen(t *testing.T) net.Listener {
 	t.Helper()
-	return answeringDaemon(t, sock, func() string { return refusedByDaemon })
+	l, err := d.n.Listen(daemonAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// serveDaemon answers attribution questions on d with refusedByDaemon, and
+// counts them.
+func serveDaemon(t *testing.T, d *daemonNet) *atomic.Int32 {
+	t.Helper()
+	return answeringDaemon(t, d, func() string { return refusedByDaemon })
 }
 
 func refusedDialTo(port int) error {
@@ -47,17 +78,17 @@ func TestDaemonAttributorAsksAgainAfterAFailedQuestion(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sock := filepath.Join(t.TempDir(), "s")
+			var d daemonNet
 			var asked *atomic.Int32
 			if tt.daemonBefore {
-				asked = serveDaemon(t, sock)
+				asked = serveDaemon(t, &d)
 			}
-			attr := DaemonAttributor(&control.Client{Socket: sock})
+			attr := DaemonAttributor(d.client(t))
 			if _, ok := attr(tt.ctx, refusedDialTo(443)); ok {
 				t.Fatal("attributed without an answer")
 			}
 			if !tt.daemonBefore {
-				asked = serveDaemon(t, sock)
+				asked = serveDaemon(t, &d)
 			}
 			rl, ok := attr(context.Background(), refusedDialTo(443))
 			if !ok || rl.Limiter != "payments" || asked.Load() != 1 {
@@ -70,10 +101,14 @@ func TestDaemonAttributorAsksAgainAfterAFailedQuestion(t *testing.T) {
 // A cached "yes" hands out the time left until the kernel's retry hint, not
 // the hint as it was when the daemon was asked.
 func TestDaemonAttributorHintCountsDown(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s")
-	asked := serveDaemon(t, sock)
-	clk := newFakeClock()
-	attr := newDaemonAttributor(&control.Client{Socket: sock}, clk).attribute
+	synctest.Test(t, testDaemonAttributorHintCountsDown)
+}
+
+func testDaemonAttributorHintCountsDown(t *testing.T) {
+	var d daemonNet
+	asked := serveDaemon(t, &d)
+	start := time.Now()
+	attr := DaemonAttributor(d.client(t))
 	for _, step := range []struct {
 		advance time.Duration
 		want    time.Duration
@@ -84,24 +119,20 @@ func TestDaemonAttributorHintCountsDown(t *testing.T) {
 		{40 * time.Millisecond, time.Nanosecond, 1}, // past the hint: due now
 		{attributedFor, 50 * time.Millisecond, 2},   // asked again
 	} {
-		clk.Advance(step.advance)
+		clocktest.Advance(step.advance)
 		rl, ok := attr(context.Background(), refusedDialTo(443))
 		if !ok || rl.RetryAfter != step.want || asked.Load() != step.asked {
-			t.Errorf("at %v: %v, %v, daemon asked %d times; want retry after %v, asked %d", clk.Now().Sub(t0), rl, ok, asked.Load(), step.want, step.asked)
+			t.Errorf("at %v: %v, %v, daemon asked %d times; want retry after %v, asked %d", time.Since(start), rl, ok, asked.Load(), step.want, step.asked)
 		}
 	}
 }
 
-// silentDaemon accepts connections on sock and reads what it is sent, but
+// silentDaemon accepts connections on d and reads what it is sent, but
 // never answers: a daemon stopped under a debugger, or deadlocked. It counts
 // the connections.
-func silentDaemon(t *testing.T, sock string) *atomic.Int32 {
+func silentDaemon(t *testing.T, d *daemonNet) *atomic.Int32 {
 	t.Helper()
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
+	lis := d.listen(t)
 	accepted := new(atomic.Int32)
 	go func() {
 		for {
@@ -121,17 +152,22 @@ func silentDaemon(t *testing.T, sock string) *atomic.Int32 {
 // with none, forever), and the refusals that come soon after do not wait
 // for it again. Unanswered, the refusal stays Permanent.
 func TestDaemonAttributorBoundsASilentDaemon(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s")
-	accepted := silentDaemon(t, sock)
-	attr := DaemonAttributor(&control.Client{Socket: sock})
+	synctest.Test(t, testDaemonAttributorBoundsASilentDaemon)
+}
+
+func testDaemonAttributorBoundsASilentDaemon(t *testing.T) {
+	var d daemonNet
+	accepted := silentDaemon(t, &d)
+	attr := DaemonAttributor(d.client(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 
+	start := time.Now()
 	if rl, ok := attr(ctx, refusedDialTo(443)); ok {
 		t.Fatalf("attributed to %v without an answer", rl)
 	}
-	if ctx.Err() != nil {
-		t.Errorf("the first refusal waited for the caller's deadline: %v", ctx.Err())
+	if took := time.Since(start); ctx.Err() != nil || took != askTimeout {
+		t.Errorf("the first refusal waited %v (the caller's context: %v); want the question's %v", took, ctx.Err(), askTimeout)
 	}
 	if rl, ok := attr(ctx, refusedDialTo(444)); ok {
 		t.Fatalf("attributed to %v without an answer", rl)
@@ -146,10 +182,13 @@ func TestDaemonAttributorBoundsASilentDaemon(t *testing.T) {
 // on, and its silence quiets the questions after, so that later refusals
 // do not each wait out their deadline on the daemon.
 func TestDaemonAttributorSilentDaemonShortDeadlines(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s")
-	accepted := silentDaemon(t, sock)
-	clk := newFakeClock()
-	a := newDaemonAttributor(&control.Client{Socket: sock}, clk)
+	synctest.Test(t, testDaemonAttributorSilentDaemonShortDeadlines)
+}
+
+func testDaemonAttributorSilentDaemonShortDeadlines(t *testing.T) {
+	var d daemonNet
+	accepted := silentDaemon(t, &d)
+	a := newDaemonAttributor(d.client(t))
 	refuse := func(port int) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
@@ -159,24 +198,17 @@ func TestDaemonAttributorSilentDaemonShortDeadlines(t *testing.T) {
 	if refuse(443) {
 		t.Fatal("attributed without an answer")
 	}
-	// The question's own deadline passes (it has its deadline once the
-	// daemon has its connection): the daemon is silent.
-	for deadline := time.Now().Add(10 * time.Second); accepted.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the question did not reach the daemon in 10 s")
-		}
+	// The question's own deadline passes: the daemon is silent.
+	synctest.Wait()
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("the question reached the daemon %d times; want once", n)
 	}
-	clk.Advance(askTimeout)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		a.mu.Lock()
-		quiet := clk.Now().Before(a.quiet)
-		a.mu.Unlock()
-		if quiet {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the question outlived its deadline by 10 s")
-		}
+	clocktest.Advance(askTimeout)
+	a.mu.Lock()
+	quiet := time.Now().Before(a.quiet)
+	a.mu.Unlock()
+	if !quiet {
+		t.Fatal("the question outlived its deadline, or its silence did not quiet the next ones")
 	}
 	start := time.Now()
 	for port := 444; port < 454; port++ {
@@ -184,7 +216,7 @@ func TestDaemonAttributorSilentDaemonShortDeadlines(t *testing.T) {
 			t.Fatal("attributed without an answer")
 		}
 	}
-	if n, took := accepted.Load(), time.Since(start); n != 1 || took >= 50*time.Millisecond {
+	if n, took := accepted.Load(), time.Since(start); n != 1 || took != 0 {
 		t.Errorf("10 refusals while quiet: the daemon asked %d times in all, they took %v; want once, before them, and no wait", n, took)
 	}
 }
@@ -192,11 +224,12 @@ func TestDaemonAttributorSilentDaemonShortDeadlines(t *testing.T) {
 // Refusals to one destination that come while its question is in flight
 // wait for that question: one connection to the daemon, one answer.
 func TestDaemonAttributorOneQuestionAtATime(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	synctest.Test(t, testDaemonAttributorOneQuestionAtATime)
+}
+
+func testDaemonAttributorOneQuestionAtATime(t *testing.T) {
+	var d daemonNet
+	lis := d.listen(t)
 	var asked atomic.Int32
 	release := make(chan struct{})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -207,7 +240,7 @@ func TestDaemonAttributorOneQuestionAtATime(t *testing.T) {
 	})}
 	go srv.Serve(lis)
 	t.Cleanup(func() { srv.Close() })
-	a := newDaemonAttributor(&control.Client{Socket: sock}, newFakeClock())
+	a := newDaemonAttributor(d.client(t))
 	const refusals = 8
 	results := make(chan bool, refusals)
 	for range refusals {
@@ -216,12 +249,10 @@ func TestDaemonAttributorOneQuestionAtATime(t *testing.T) {
 			results <- ok
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); asked.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no question reached the daemon in 10 s")
-		}
+	synctest.Wait() // every refusal is waiting, and every question sent has arrived
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("%d questions reached the daemon while the first was unanswered; want 1", n)
 	}
-	time.Sleep(100 * time.Millisecond) // for any other question to arrive
 	close(release)
 	for range refusals {
 		if !<-results {
@@ -233,14 +264,11 @@ func TestDaemonAttributorOneQuestionAtATime(t *testing.T) {
 	}
 }
 
-// answeringDaemon answers attribution questions on sock with what answer
+// answeringDaemon answers attribution questions on d with what answer
 // returns at the time, and counts them.
-func answeringDaemon(t *testing.T, sock string, answer func() string) *atomic.Int32 {
+func answeringDaemon(t *testing.T, d *daemonNet, answer func() string) *atomic.Int32 {
 	t.Helper()
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := d.listen(t)
 	asked := new(atomic.Int32)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
@@ -260,14 +288,17 @@ func answeringDaemon(t *testing.T, sock string, answer func() string) *atomic.In
 // refusal it names; later ones ask again. Without the attempt's start (a
 // Classify outside the executor) any recent refusal counts.
 func TestDaemonAttributorRefusalAfterTheAttempt(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s")
-	asked := answeringDaemon(t, sock, func() string {
+	synctest.Test(t, testDaemonAttributorRefusalAfterTheAttempt)
+}
+
+func testDaemonAttributorRefusalAfterTheAttempt(t *testing.T) {
+	var d daemonNet
+	asked := answeringDaemon(t, &d, func() string {
 		return `{"refused":true,"rule":"payments","secondsAgo":0.5}`
 	})
-	clk := newFakeClock()
-	a := newDaemonAttributor(&control.Client{Socket: sock}, clk)
+	a := newDaemonAttributor(d.client(t))
 	startedAgo := func(d time.Duration) context.Context {
-		return context.WithValue(context.Background(), attemptStartKey{}, clk.Now().Add(-d))
+		return context.WithValue(context.Background(), attemptStartKey{}, time.Now().Add(-d))
 	}
 	for i, step := range []struct {
 		ctx     context.Context
@@ -284,7 +315,7 @@ func TestDaemonAttributorRefusalAfterTheAttempt(t *testing.T) {
 		{startedAgo(300 * time.Millisecond), attributedFor + time.Millisecond, false, 3},
 		{startedAgo(600 * time.Millisecond), 0, true, 3},
 	} {
-		clk.Advance(step.advance)
+		clocktest.Advance(step.advance)
 		_, ok := a.attribute(step.ctx, refusedDialTo(443))
 		if ok != step.want || asked.Load() != step.asked {
 			t.Errorf("step %d: attributed %v, daemon asked %d times; want %v, %d", i, ok, asked.Load(), step.want, step.asked)
@@ -295,21 +326,23 @@ func TestDaemonAttributorRefusalAfterTheAttempt(t *testing.T) {
 // An error marked with its dial's start is judged by that, not by the
 // attempt's: a call failed fast with the error of a dial refused before
 // it began is the refusal's still.
-func TestDaemonAttributorDialStart(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s")
-	answeringDaemon(t, sock, func() string {
+func TestDaemonAttributorDialStart(t *testing.T) { synctest.Test(t, testDaemonAttributorDialStart) }
+
+func testDaemonAttributorDialStart(t *testing.T) {
+	var d daemonNet
+	answeringDaemon(t, &d, func() string {
 		return `{"refused":true,"rule":"payments","secondsAgo":0.5}`
 	})
+	c := d.client(t)
 	for _, tc := range []struct {
 		dialedAgo time.Duration // 0: not marked
 		want      bool
 	}{{0, false}, {time.Second, true}, {400 * time.Millisecond, false}} {
-		clk := newFakeClock()
-		a := newDaemonAttributor(&control.Client{Socket: sock}, clk)
-		ctx := context.WithValue(context.Background(), attemptStartKey{}, clk.Now().Add(-300*time.Millisecond))
+		a := newDaemonAttributor(c)
+		ctx := context.WithValue(context.Background(), attemptStartKey{}, time.Now().Add(-300*time.Millisecond))
 		err := error(refusedDialTo(443))
 		if tc.dialedAgo != 0 {
-			err = WithDialStart(err, clk.Now().Add(-tc.dialedAgo))
+			err = WithDialStart(err, time.Now().Add(-tc.dialedAgo))
 		}
 		if _, ok := a.attribute(ctx, err); ok != tc.want {
 			t.Errorf("attempt begun after the refusal, dial begun %v before the answer: attributed %v, want %v", tc.dialedAgo, ok, tc.want)

@@ -29,6 +29,8 @@
 // there is taken once per attempt, bounded by the attempt's context, and its
 // refusal is classified.
 //
-// Time is injected: the executor reads an unexported clock whose default is
-// the real one, so the package's tests run on a fake clock and never sleep.
+// The executor reads the real clock; the decisions it makes from the time
+// (the breaker's, the backoff's, the attributor's) take it as an argument.
+// The package's tests run in testing/synctest bubbles, on a fake clock, and
+// never sleep.
 package sdk

@@ -111,8 +111,7 @@ type Hedge struct {
 	maxHedges  int
 	obs        HedgeObserver
 
-	clock  clock
-	origin time.Time // slot words hold microseconds since this, on clock
+	origin time.Time // slot words hold microseconds since this
 
 	table    atomic.Pointer[[]*slot]
 	growMu   sync.Mutex
@@ -137,9 +136,7 @@ type Hedge struct {
 // NewHedge returns a Hedge. It panics on options that cannot work: a
 // Percentile outside (0, 1), neither a Percentile nor a positive Delay, or
 // a negative value.
-func NewHedge(o HedgeOptions) *Hedge { return newHedge(o, realClock{}) }
-
-func newHedge(o HedgeOptions, clk clock) *Hedge {
+func NewHedge(o HedgeOptions) *Hedge {
 	var problems []string
 	if o.Percentile < 0 || o.Percentile >= 1 || math.IsNaN(o.Percentile) {
 		problems = append(problems, fmt.Sprintf("Percentile %v is outside (0, 1)", o.Percentile))
@@ -159,8 +156,7 @@ func newHedge(o HedgeOptions, clk clock) *Hedge {
 		minDelay:   o.MinDelay,
 		maxHedges:  o.MaxHedges,
 		obs:        o.Observer,
-		clock:      clk,
-		origin:     clk.Now(),
+		origin:     time.Now(),
 	}
 	if h.minDelay == 0 {
 		h.minDelay = defaultMinDelay
@@ -363,12 +359,12 @@ type hedgeable interface {
 // watcher starts hedges as they come due and learns the delay, for as long
 // as calls are running.
 func (h *Hedge) watcher() {
-	clk := h.clock
-	t := clk.NewTimer()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
 	defer t.Stop()
 	idle := 0
 	for {
-		now := clk.Now()
+		now := time.Now()
 		next, busy := h.scan(now)
 		if busy {
 			idle = 0
@@ -381,8 +377,8 @@ func (h *Hedge) watcher() {
 			}
 			idle = 0
 		}
-		t.Reset(next)
-		<-t.C()
+		t.Reset(time.Until(next))
+		<-t.C
 	}
 }
 

@@ -49,10 +49,19 @@ func (o *hedgeObs) waitEvent(t *testing.T) string {
 	}
 }
 
-// hedgeRig runs a call whose attempts follow a script, on a fake clock.
+// newTestHedge is NewHedge for a test in a synctest bubble. A hedge's
+// watcher goroutine runs until it has looked twice and found no call, and a
+// bubble ends only once every goroutine in it has: when the test ends, the
+// bubble's clock is moved on a day for the watcher to stop.
+func newTestHedge(t *testing.T, o HedgeOptions) *Hedge {
+	t.Cleanup(func() { clocktest.Advance(24 * time.Hour) })
+	return NewHedge(o)
+}
+
+// hedgeRig runs a call whose attempts follow a script. Its tests run in
+// synctest bubbles, and move the clock to bring hedges due.
 type hedgeRig struct {
 	t       *testing.T
-	clk     *fakeClock
 	p       *Policy
 	obs     *hedgeObs
 	started chan int // attempt numbers, as their callbacks start
@@ -63,8 +72,7 @@ type hedgeRig struct {
 }
 
 func newHedgeRig(t *testing.T, o HedgeOptions) *hedgeRig {
-	clk := newFakeClock()
-	rig := &hedgeRig{t: t, clk: clk, p: testPolicy(clk), obs: newHedgeObs(), started: make(chan int, 8), ctxs: map[int]context.Context{}}
+	rig := &hedgeRig{t: t, p: testPolicy(), obs: newHedgeObs(), started: make(chan int, 8), ctxs: map[int]context.Context{}}
 	for range 4 {
 		rig.release = append(rig.release, make(chan struct{}))
 	}
@@ -72,7 +80,7 @@ func newHedgeRig(t *testing.T, o HedgeOptions) *hedgeRig {
 	if o.Delay == 0 && o.Percentile == 0 {
 		o.Delay = hedgeDelay
 	}
-	rig.p.Hedge = newHedge(o, clk)
+	rig.p.Hedge = newTestHedge(t, o)
 	return rig
 }
 
@@ -188,13 +196,15 @@ func TestHedgeGate(t *testing.T) {
 
 // The hedge answers first: its value is the call's, the first attempt is
 // cancelled through its context and logged as lost, no evidence.
-func TestHedgeWinsAndCancelsTheFirst(t *testing.T) {
+func TestHedgeWinsAndCancelsTheFirst(t *testing.T) { synctest.Test(t, testHedgeWinsAndCancelsTheFirst) }
+
+func testHedgeWinsAndCancelsTheFirst(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{})
 	rig.p.Budget = NewRetryBudget(0.1, 10)
 	rig.p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
 	wait := rig.try(context.Background(), rig.fn(hang, answer(2, nil)))
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	rig.waitStarted(1)
 	r := wait()
 
@@ -215,18 +225,20 @@ func TestHedgeWinsAndCancelsTheFirst(t *testing.T) {
 	if got := rig.p.Budget.Tokens(); got < 9.09 || got > 9.11 {
 		t.Errorf("budget holds %v tokens, want 9.1", got)
 	}
-	if got := rig.p.Breaker.State(rig.clk.Now()); got != BreakerClosed {
+	if got := rig.p.Breaker.State(time.Now()); got != BreakerClosed {
 		t.Errorf("breaker %v after a cancelled loser, want closed (no evidence)", got)
 	}
 }
 
 // The first attempt answers while the hedge runs: the hedge is cancelled
 // and logged as lost.
-func TestFirstWinsAndCancelsTheHedge(t *testing.T) {
+func TestFirstWinsAndCancelsTheHedge(t *testing.T) { synctest.Test(t, testFirstWinsAndCancelsTheHedge) }
+
+func testFirstWinsAndCancelsTheHedge(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{})
 	wait := rig.try(context.Background(), rig.fn(held(1, nil), hang))
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	rig.waitStarted(1)
 	close(rig.release[0])
 	r := wait()
@@ -249,6 +261,10 @@ func TestFirstWinsAndCancelsTheHedge(t *testing.T) {
 // A hedge whose Admit is still deciding when the first attempt wins is
 // never sent: its callback does not run.
 func TestHedgeLostInAdmitSkipsTheCallback(t *testing.T) {
+	synctest.Test(t, testHedgeLostInAdmitSkipsTheCallback)
+}
+
+func testHedgeLostInAdmitSkipsTheCallback(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{})
 	admitting := make(chan struct{})
 	rig.p.Admit = func(ctx context.Context, next NextAttempt) verdict.Verdict {
@@ -260,7 +276,7 @@ func TestHedgeLostInAdmitSkipsTheCallback(t *testing.T) {
 	}
 	wait := rig.try(context.Background(), rig.fn(held(1, nil)))
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	<-admitting
 	close(rig.release[0])
 	r := wait()
@@ -296,45 +312,47 @@ func TestHedgeSuppressed(t *testing.T) {
 		}, verdict.SuppressedBudget},
 		{"breaker half-open", func(rig *hedgeRig) context.Context {
 			rig.p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1, OpenFor: time.Second})
-			rig.p.Breaker.Record(rig.clk.Now(), Permit{}, verdict.New(verdict.Transient))
-			rig.clk.Advance(time.Second) // the call's attempt is the half-open probe
+			rig.p.Breaker.Record(time.Now(), Permit{}, verdict.New(verdict.Transient))
+			clocktest.Advance(time.Second) // the call's attempt is the half-open probe
 			return context.Background()
 		}, verdict.SuppressedBreaker},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rig := newHedgeRig(t, HedgeOptions{})
-			ctx := tt.setup(rig)
-			tokens := -1.0
-			if rig.p.Budget != nil {
-				tokens = rig.p.Budget.Tokens()
-			}
-			wait := rig.try(ctx, rig.fn(held(1, nil)))
-			rig.waitStarted(0)
-			rig.clk.Advance(hedgeDelay)
-			if e := rig.obs.waitEvent(t); e != "suppressed:"+tt.want.String() {
-				t.Fatalf("observer: %s, want suppressed:%v", e, tt.want)
-			}
-			close(rig.release[0])
-			r := wait()
-			if r.Err != nil || r.Value != 1 || r.Suppressed != tt.want {
-				t.Fatalf("Try = %v, %v, suppressed %v; want 1 with %v", r.Value, r.Err, r.Suppressed, tt.want)
-			}
-			want := []string{"OK in 100ms, then 0s (hedge suppressed: " + tt.want.String() + ")"}
-			if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
-				t.Errorf("attempt log = %q, want %q", got, want)
-			}
-			if rig.calls.Load() != 1 || rig.obs.sent.Load() != 0 {
-				t.Errorf("%d callback calls, %d hedges sent; want 1, 0", rig.calls.Load(), rig.obs.sent.Load())
-			}
-			if rig.p.Budget != nil && rig.p.Budget.Tokens() < tokens {
-				t.Errorf("budget went from %v to %v tokens: a suppressed hedge spent one", tokens, rig.p.Budget.Tokens())
-			}
-			if rig.p.Breaker != nil {
-				if got := rig.p.Breaker.State(rig.clk.Now()); got != BreakerClosed {
-					t.Errorf("breaker %v after the probe succeeded, want closed", got)
+			synctest.Test(t, func(t *testing.T) {
+				rig := newHedgeRig(t, HedgeOptions{})
+				ctx := tt.setup(rig)
+				tokens := -1.0
+				if rig.p.Budget != nil {
+					tokens = rig.p.Budget.Tokens()
 				}
-			}
+				wait := rig.try(ctx, rig.fn(held(1, nil)))
+				rig.waitStarted(0)
+				clocktest.Advance(hedgeDelay)
+				if e := rig.obs.waitEvent(t); e != "suppressed:"+tt.want.String() {
+					t.Fatalf("observer: %s, want suppressed:%v", e, tt.want)
+				}
+				close(rig.release[0])
+				r := wait()
+				if r.Err != nil || r.Value != 1 || r.Suppressed != tt.want {
+					t.Fatalf("Try = %v, %v, suppressed %v; want 1 with %v", r.Value, r.Err, r.Suppressed, tt.want)
+				}
+				want := []string{"OK in 100ms, then 0s (hedge suppressed: " + tt.want.String() + ")"}
+				if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
+					t.Errorf("attempt log = %q, want %q", got, want)
+				}
+				if rig.calls.Load() != 1 || rig.obs.sent.Load() != 0 {
+					t.Errorf("%d callback calls, %d hedges sent; want 1, 0", rig.calls.Load(), rig.obs.sent.Load())
+				}
+				if rig.p.Budget != nil && rig.p.Budget.Tokens() < tokens {
+					t.Errorf("budget went from %v to %v tokens: a suppressed hedge spent one", tokens, rig.p.Budget.Tokens())
+				}
+				if rig.p.Breaker != nil {
+					if got := rig.p.Breaker.State(time.Now()); got != BreakerClosed {
+						t.Errorf("breaker %v after the probe succeeded, want closed", got)
+					}
+				}
+			})
 		})
 	}
 }
@@ -342,16 +360,22 @@ func TestHedgeSuppressed(t *testing.T) {
 // A hedge an Admit hook (a limiter per attempt) refuses is an attempt,
 // logged as a self-imposed refusal; the next hedge of the round is then
 // suppressed, since the limit refused the last copy.
-func TestHedgeRefusedThenSuppressed(t *testing.T) {
+func TestHedgeRefusedThenSuppressed(t *testing.T) { synctest.Test(t, testHedgeRefusedThenSuppressed) }
+
+func testHedgeRefusedThenSuppressed(t *testing.T) {
 	done := make(chan struct{}, 4)
 	testHookHedgeDone = func() { done <- struct{}{} }
 	t.Cleanup(func() { testHookHedgeDone = nil })
 	rig := newHedgeRig(t, HedgeOptions{MaxHedges: 2})
 	rig.p.Budget = NewRetryBudget(0.1, 10)
 	rig.p.Budget.TrySpend(Critical) // below capacity, so that a refund shows
+	// Attempts are admitted one at a time here, but on two goroutines.
+	var mu sync.Mutex
 	var admitted []NextAttempt
 	rig.p.Admit = func(_ context.Context, next NextAttempt) verdict.Verdict {
-		admitted = append(admitted, next) // attempts are admitted one at a time here
+		mu.Lock()
+		admitted = append(admitted, next)
+		mu.Unlock()
 		if next.Hedge {
 			return verdict.Refused(time.Second)
 		}
@@ -359,12 +383,12 @@ func TestHedgeRefusedThenSuppressed(t *testing.T) {
 	}
 	wait := rig.try(context.Background(), rig.fn(held(1, nil)))
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	if e := rig.obs.waitEvent(t); e != "sent" {
 		t.Fatalf("observer: %s, want sent", e)
 	}
 	<-done
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	if e := rig.obs.waitEvent(t); e != "suppressed:refused" {
 		t.Fatalf("observer: %s, want suppressed:refused", e)
 	}
@@ -391,14 +415,16 @@ func TestHedgeRefusedThenSuppressed(t *testing.T) {
 
 // Several hedges, MaxHedges of them, each a delay after the last; the last
 // answers.
-func TestHedgesUpToMax(t *testing.T) {
+func TestHedgesUpToMax(t *testing.T) { synctest.Test(t, testHedgesUpToMax) }
+
+func testHedgesUpToMax(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{MaxHedges: 2})
 	rig.p.MaxAttempts = 5
 	wait := rig.try(context.Background(), rig.fn(hang, hang, answer(3, nil)))
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	rig.waitStarted(1)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	rig.waitStarted(2)
 	r := wait()
 	if r.Value != 3 || r.Err != nil {
@@ -408,7 +434,7 @@ func TestHedgesUpToMax(t *testing.T) {
 	if got := hedgeLog(r.Attempts); !slices.Equal(got, want) {
 		t.Errorf("attempt log = %q, want %q", got, want)
 	}
-	rig.clk.Advance(time.Hour) // nothing more is sent
+	clocktest.Advance(time.Hour) // nothing more is sent
 	if n := rig.calls.Load(); n != 3 {
 		t.Errorf("callback called %d times, want 3", n)
 	}
@@ -416,16 +442,22 @@ func TestHedgesUpToMax(t *testing.T) {
 
 // A failure does not end a round while another attempt may still answer;
 // when none does, the call retries, and hedges count as attempts.
-func TestHedgedRoundFailsThenRetries(t *testing.T) {
+func TestHedgedRoundFailsThenRetries(t *testing.T) { synctest.Test(t, testHedgedRoundFailsThenRetries) }
+
+func testHedgedRoundFailsThenRetries(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{})
 	rig.p.MaxAttempts = 3
 	wait := rig.try(context.Background(), rig.fn(held(0, errReset), held(0, errReset), answer(7, nil)))
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	rig.waitStarted(1)
 	close(rig.release[0])
 	close(rig.release[1])
+	released := time.Now()
 	rig.waitStarted(2) // the retry, after the transient backoff
+	if slept := time.Since(released); slept != 100*time.Millisecond {
+		t.Errorf("the retry started %v after the round's attempts answered, want the 100ms backoff", slept)
+	}
 	r := wait()
 	if r.Value != 7 || r.Err != nil {
 		t.Fatalf("Try = %v, %v; want 7 from the retry", r.Value, r.Err)
@@ -436,19 +468,17 @@ func TestHedgedRoundFailsThenRetries(t *testing.T) {
 	if !r.Attempts[1].Hedge() || r.Attempts[1].Delay() != 100*time.Millisecond || r.Attempts[0].Delay() != 0 {
 		t.Errorf("the round's last entry should be the hedge, followed by the backoff: %q", hedgeLog(r.Attempts))
 	}
-	// The retry was the third attempt of three: no hedge could follow it.
-	if rig.clk.Sleeps()[0] != 100*time.Millisecond {
-		t.Errorf("sleeps %v", rig.clk.Sleeps())
-	}
 }
 
 // A Permanent answer is final: it ends the round and the call, cancelling
 // the attempt still running.
-func TestHedgePermanentEndsTheRound(t *testing.T) {
+func TestHedgePermanentEndsTheRound(t *testing.T) { synctest.Test(t, testHedgePermanentEndsTheRound) }
+
+func testHedgePermanentEndsTheRound(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{})
 	wait := rig.try(context.Background(), rig.fn(hang, answer(0, err404)))
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	r := wait()
 	if r.Stop != StopPermanent || !errors.Is(r.Err, err404) {
 		t.Fatalf("Try = %v, %v; want the hedge's 404", r.Stop, r.Err)
@@ -459,29 +489,32 @@ func TestHedgePermanentEndsTheRound(t *testing.T) {
 }
 
 // The call's deadline bounds the hedges too.
-func TestHedgeBoundedByDeadline(t *testing.T) {
+func TestHedgeBoundedByDeadline(t *testing.T) { synctest.Test(t, testHedgeBoundedByDeadline) }
+
+func testHedgeBoundedByDeadline(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{})
 	rig.p.Deadline = 250 * time.Millisecond
-	var deadlines []time.Time
+	start := time.Now()
+	var deadlines []time.Duration
 	var mu sync.Mutex
 	fn := rig.fn(hang, hang)
 	wait := rig.try(context.Background(), func(ctx context.Context) (int, error) {
 		d, _ := ctx.Deadline()
 		mu.Lock()
-		deadlines = append(deadlines, d)
+		deadlines = append(deadlines, d.Sub(start))
 		mu.Unlock()
 		return fn(ctx)
 	})
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	rig.waitStarted(1)
-	rig.clk.Advance(150 * time.Millisecond)
+	clocktest.Advance(150 * time.Millisecond)
 	r := wait()
 	if r.Stop != StopDeadline {
 		t.Fatalf("Stop = %v, want deadline", r.Stop)
 	}
-	if want := []time.Time{at(250 * time.Millisecond), at(250 * time.Millisecond)}; !slices.EqualFunc(deadlines, want, time.Time.Equal) {
-		t.Errorf("attempt deadlines %v, want both %v", deadlines, want[0])
+	if want := []time.Duration{250 * time.Millisecond, 250 * time.Millisecond}; !slices.Equal(deadlines, want) {
+		t.Errorf("attempt deadlines %v after the call began, want both %v", deadlines, want[0])
 	}
 	if len(r.Attempts) != 2 || !r.Attempts[1].Hedge() {
 		t.Errorf("attempt log = %q, want the first attempt and its hedge", hedgeLog(r.Attempts))
@@ -495,7 +528,9 @@ func TestHedgeBoundedByDeadline(t *testing.T) {
 // is cancelled and has returned by then. No copy of the callback runs on
 // after the call, the watcher has nothing left to watch, and an attempt
 // context the executor derived (an attempt timeout) is cancelled.
-func TestHedgeFirstAttemptPanics(t *testing.T) {
+func TestHedgeFirstAttemptPanics(t *testing.T) { synctest.Test(t, testHedgeFirstAttemptPanics) }
+
+func testHedgeFirstAttemptPanics(t *testing.T) {
 	panics := func(_ context.Context, release <-chan struct{}) (int, error) {
 		<-release
 		panic("boom")
@@ -524,7 +559,7 @@ func TestHedgeFirstAttemptPanics(t *testing.T) {
 		}()
 		rig.waitStarted(0)
 		if hedgeSent {
-			rig.clk.Advance(hedgeDelay)
+			clocktest.Advance(hedgeDelay)
 			rig.waitStarted(1)
 		}
 		close(rig.release[0])
@@ -542,8 +577,8 @@ func TestHedgeFirstAttemptPanics(t *testing.T) {
 		if tc.attemptTimeout > 0 && !errors.Is(rig.ctx(0).Err(), context.Canceled) {
 			t.Errorf("hedge sent %v: the first attempt's derived context was not cancelled: %v", hedgeSent, rig.ctx(0).Err())
 		}
-		rig.clk.Advance(10 * hedgeDelay)
-		if next, busy := rig.p.Hedge.scan(rig.clk.Now()); busy {
+		clocktest.Advance(10 * hedgeDelay)
+		if next, busy := rig.p.Hedge.scan(time.Now()); busy {
 			t.Errorf("hedge sent %v: the watcher still sees a call running (next look %v)", hedgeSent, next)
 		}
 		if want := int64(map[bool]int{false: 0, true: 1}[hedgeSent]); rig.obs.sent.Load() != want || rig.obs.won.Load() != 0 {
@@ -555,7 +590,9 @@ func TestHedgeFirstAttemptPanics(t *testing.T) {
 // A hedge that panics does not take the process down: the round ends as
 // when the first attempt panics - the first attempt is cancelled and has
 // returned - and the panic reaches the caller, on its own goroutine.
-func TestHedgePanics(t *testing.T) {
+func TestHedgePanics(t *testing.T) { synctest.Test(t, testHedgePanics) }
+
+func testHedgePanics(t *testing.T) {
 	rig := newHedgeRig(t, HedgeOptions{})
 	var firstReturned atomic.Bool
 	first := func(ctx context.Context, release <-chan struct{}) (int, error) {
@@ -569,7 +606,7 @@ func TestHedgePanics(t *testing.T) {
 		RunHedged(context.Background(), rig.p, rig.fn(first, panics))
 	}()
 	rig.waitStarted(0)
-	rig.clk.Advance(hedgeDelay)
+	clocktest.Advance(hedgeDelay)
 	rig.waitStarted(1)
 	select {
 	case v := <-recovered:
@@ -582,16 +619,17 @@ func TestHedgePanics(t *testing.T) {
 	if !firstReturned.Load() || !errors.Is(rig.ctx(0).Err(), context.Canceled) {
 		t.Errorf("the first attempt was not cancelled and done when the panic reached the caller")
 	}
-	rig.clk.Advance(10 * hedgeDelay)
-	if next, busy := rig.p.Hedge.scan(rig.clk.Now()); busy {
+	clocktest.Advance(10 * hedgeDelay)
+	if next, busy := rig.p.Hedge.scan(time.Now()); busy {
 		t.Errorf("the watcher still sees a call running (next look %v)", next)
 	}
 }
 
-func TestHedgeLearnsTheDelay(t *testing.T) {
-	clk := newFakeClock()
-	h := newHedge(HedgeOptions{Percentile: 0.9, MinDelay: 5 * time.Millisecond}, clk)
-	p := testPolicy(clk)
+func TestHedgeLearnsTheDelay(t *testing.T) { synctest.Test(t, testHedgeLearnsTheDelay) }
+
+func testHedgeLearnsTheDelay(t *testing.T) {
+	h := newTestHedge(t, HedgeOptions{Percentile: 0.9, MinDelay: 5 * time.Millisecond})
+	p := testPolicy()
 	p.Hedge = h
 	p.MaxAttempts = 1 // learn, but send nothing
 	// 90 calls of 10ms and 10 of 50ms; the 90th percentile is 10ms.
@@ -600,7 +638,7 @@ func TestHedgeLearnsTheDelay(t *testing.T) {
 		if i%10 == 9 {
 			d = 50 * time.Millisecond
 		}
-		if _, err := RunHedged(context.Background(), p, func(context.Context) (int, error) { clk.Advance(d); return 0, nil }); err != nil {
+		if _, err := RunHedged(context.Background(), p, func(context.Context) (int, error) { clocktest.Latency(context.Background(), d); return 0, nil }); err != nil {
 			t.Fatal(err)
 		}
 		h.scanNow() // as the watcher would, between calls
@@ -609,7 +647,10 @@ func TestHedgeLearnsTheDelay(t *testing.T) {
 		t.Errorf("learned delay %v, want about 10ms", got)
 	}
 	for range 2 * latencyWindow {
-		_, _ = RunHedged(context.Background(), p, func(context.Context) (int, error) { clk.Advance(time.Millisecond); return 0, nil })
+		_, _ = RunHedged(context.Background(), p, func(context.Context) (int, error) {
+			clocktest.Latency(context.Background(), time.Millisecond)
+			return 0, nil
+		})
 		h.scanNow()
 	}
 	if got := h.Delay(); got != 5*time.Millisecond {
@@ -618,18 +659,19 @@ func TestHedgeLearnsTheDelay(t *testing.T) {
 }
 
 // scanNow does what the watcher does when it wakes.
-func (h *Hedge) scanNow() { h.scan(h.clock.Now()) }
+func (h *Hedge) scanNow() { h.scan(time.Now()) }
 
 // Which first attempts the delay learns from depends on when they started,
 // never on how long they took or on how many ended between two looks of
 // the watcher: a burst is learned from whole, as far as the ring holds it,
 // and once a high rate has thinned the sample, slow and fast calls are in
 // it alike. Here the test looks, and no watcher does.
-func TestHedgeSamplesByStart(t *testing.T) {
-	clk := newFakeClock()
-	h := newHedge(HedgeOptions{Percentile: 0.95, MinDelay: time.Hour}, clk)
+func TestHedgeSamplesByStart(t *testing.T) { synctest.Test(t, testHedgeSamplesByStart) }
+
+func testHedgeSamplesByStart(t *testing.T) {
+	h := NewHedge(HedgeOptions{Percentile: 0.95, MinDelay: time.Hour})
 	h.watching.Store(true)
-	p := testPolicy(clk)
+	p := testPolicy()
 	p.Hedge = h
 	// calls makes n calls, one in twenty slow, and looks once they are done.
 	calls := func(n int) {
@@ -638,7 +680,7 @@ func TestHedgeSamplesByStart(t *testing.T) {
 			if i%20 == 19 {
 				d = 100 * time.Millisecond
 			}
-			if _, err := RunHedged(context.Background(), p, func(context.Context) (int, error) { clk.Advance(d); return 0, nil }); err != nil {
+			if _, err := RunHedged(context.Background(), p, func(context.Context) (int, error) { clocktest.Latency(context.Background(), d); return 0, nil }); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -54,7 +54,6 @@ type Policy struct {
 	// Hedge (ErrHedgeNeedsRunHedged). Nil means no hedging.
 	Hedge *Hedge
 
-	clock  clock          // nil: the real clock
 	random func() float64 // nil: math/rand/v2; uniform in [0, 1)
 }
 
@@ -172,13 +171,6 @@ func (p *Policy) maxAttempts() int {
 	return p.MaxAttempts
 }
 
-func (p *Policy) clockOrReal() clock {
-	if p.clock != nil {
-		return p.clock
-	}
-	return realClock{}
-}
-
 func (p *Policy) uniform() float64 {
 	if p.random != nil {
 		return p.random()
@@ -210,8 +202,8 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 			return zero, stop, err
 		}
 		var a outcome[T]
-		attempt(ctx, ctx, c.p, c.clk, fn, attemptInfo{n: c.made + 1, start: c.now}, c.now, c.deadline, c.deadlineIsCtx, &a)
-		took := c.clk.Since(c.now)
+		attempt(ctx, ctx, c.p, fn, attemptInfo{n: c.made + 1, start: c.now}, c.now, c.deadline, c.deadlineIsCtx, &a)
+		took := time.Since(c.now) // c.now has a monotonic reading: half what time.Now costs
 		end := c.now.Add(took)
 		c.made++
 		delay, stop, err, done := c.after(ctx, &a.settled, a.v, end)
@@ -229,7 +221,6 @@ func run[T any](ctx context.Context, p *Policy, fn func(context.Context) (T, err
 // and its hedges (runHedged). It never holds the callback.
 type callState struct {
 	p             *Policy
-	clk           clock
 	maxAttempts   int
 	now           time.Time // when the current round started
 	deadline      time.Time // the overall deadline; zero: none
@@ -247,8 +238,8 @@ func (c *callState) init(ctx context.Context, p *Policy) {
 	if p == nil {
 		p = &zeroPolicy
 	}
-	c.p, c.clk, c.maxAttempts = p, p.clockOrReal(), p.maxAttempts()
-	c.now = c.clk.Now()
+	c.p, c.maxAttempts = p, p.maxAttempts()
+	c.now = time.Now()
 	// The overall deadline: the policy's, or the caller's if that is sooner.
 	if p.Deadline > 0 {
 		c.deadline = c.now.Add(p.Deadline)
@@ -287,7 +278,7 @@ func (c *callState) begin(ctx context.Context) (StopReason, error) {
 // the breaker would stay half-open for good. The panic goes on.
 func (c *callState) unwind() {
 	if c.inRound && c.p.Breaker != nil {
-		c.p.Breaker.Record(c.clk.Now(), c.permit, noEvidence)
+		c.p.Breaker.Record(time.Now(), c.permit, noEvidence)
 	}
 }
 
@@ -319,15 +310,30 @@ func (c *callState) after(ctx context.Context, o *settled, first verdict.Verdict
 		stop, err = stopped(reason, c.made, c.lastErr, nil)
 		return 0, stop, err, true
 	}
-	if serr := c.clk.Sleep(ctx, delay); serr != nil {
+	if serr := sleep(ctx, delay); serr != nil {
 		if p.Budget != nil && !o.v.SelfImposed() {
 			p.Budget.refund() // next took it for a retry that will not happen
 		}
 		stop, err = stopped(stopFor(serr), c.made, c.lastErr, nil)
 		return delay, stop, err, true
 	}
-	c.now = c.clk.Now()
+	c.now = time.Now()
 	return delay, StopSuccess, nil, false
+}
+
+// sleep waits d or until ctx is done, returning ctx.Err() in that case.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // next decides, after round n came to the retryable-or-not verdict v at
@@ -384,26 +390,26 @@ type attemptInfo struct {
 // from: ctx itself, or for a hedge a cancellable child of it. Outcomes are
 // written in place: copying one out of a call costs more than the rest of
 // an attempt's bookkeeping.
-func attempt[T any](ctx, base context.Context, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo, start, deadline time.Time, deadlineIsCtx bool, o *outcome[T]) {
-	actx, cancel, byTimeout := attemptContext(base, p, clk, start, deadline, deadlineIsCtx)
+func attempt[T any](ctx, base context.Context, p *Policy, fn func(context.Context) (T, error), info attemptInfo, start, deadline time.Time, deadlineIsCtx bool, o *outcome[T]) {
+	actx, cancel, byTimeout := attemptContext(base, p, start, deadline, deadlineIsCtx)
 	if cancel != nil {
 		defer cancel()
 	}
-	runAttempt(ctx, actx, byTimeout, p, clk, fn, info, o)
+	runAttempt(ctx, actx, byTimeout, p, fn, info, o)
 }
 
 // attemptContext derives an attempt's context from base: its deadline is
 // min(AttemptTimeout, remaining deadline). When that is the caller's own
 // deadline, or there is none, the caller's context already enforces it,
 // and base is returned as it is, with a nil cancel.
-func attemptContext(base context.Context, p *Policy, clk clock, start, deadline time.Time, deadlineIsCtx bool) (actx context.Context, cancel context.CancelFunc, byTimeout bool) {
+func attemptContext(base context.Context, p *Policy, start, deadline time.Time, deadlineIsCtx bool) (actx context.Context, cancel context.CancelFunc, byTimeout bool) {
 	if p.AttemptTimeout <= 0 && (deadlineIsCtx || deadline.IsZero()) {
 		return base, nil, false
 	}
-	return deriveAttemptContext(base, p, clk, start, deadline, deadlineIsCtx)
+	return deriveAttemptContext(base, p, start, deadline, deadlineIsCtx)
 }
 
-func deriveAttemptContext(base context.Context, p *Policy, clk clock, start, deadline time.Time, deadlineIsCtx bool) (actx context.Context, cancel context.CancelFunc, byTimeout bool) {
+func deriveAttemptContext(base context.Context, p *Policy, start, deadline time.Time, deadlineIsCtx bool) (actx context.Context, cancel context.CancelFunc, byTimeout bool) {
 	attemptDeadline := deadline
 	if p.AttemptTimeout > 0 {
 		if t := start.Add(p.AttemptTimeout); attemptDeadline.IsZero() || t.Before(attemptDeadline) {
@@ -411,7 +417,7 @@ func deriveAttemptContext(base context.Context, p *Policy, clk clock, start, dea
 		}
 	}
 	if !attemptDeadline.IsZero() && (byTimeout || !deadlineIsCtx) {
-		actx, cancel = clk.WithDeadline(base, attemptDeadline)
+		actx, cancel = context.WithDeadline(base, attemptDeadline)
 		return actx, cancel, byTimeout
 	}
 	return base, nil, false
@@ -420,7 +426,7 @@ func deriveAttemptContext(base context.Context, p *Policy, clk clock, start, dea
 // runAttempt asks Admit, runs fn on actx and classifies what it returned
 // into o, which it expects zero. ctx is the caller's context: when it has
 // ended, so has the call.
-func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, fn func(context.Context) (T, error), info attemptInfo, o *outcome[T]) {
+func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, fn func(context.Context) (T, error), info attemptInfo, o *outcome[T]) {
 	if p.Admit != nil {
 		next := NextAttempt{Number: info.n, Hedge: info.hedge, Criticality: CriticalityFrom(ctx)}
 		if v := p.Admit(actx, next); v.Kind() != verdict.OK {
@@ -430,7 +436,7 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		// Admit may wait, and the attempt end meanwhile (a hedge that
 		// lost, a timeout): fn would only be sent out to be cut short.
 		if err := actx.Err(); err != nil {
-			o.settled = settle(ctx, actx, byTimeout, p, clk, err, info.start)
+			o.settled = settle(ctx, actx, byTimeout, p, err, info.start)
 			return
 		}
 	}
@@ -441,14 +447,14 @@ func runAttempt[T any](ctx, actx context.Context, byTimeout bool, p *Policy, clk
 		return
 	}
 	// o.val stays zero: a call that fails returns none.
-	o.settled = settle(ctx, actx, byTimeout, p, clk, err, info.start)
+	o.settled = settle(ctx, actx, byTimeout, p, err, info.start)
 	if o.v.Kind() == verdict.OK {
 		o.val = val // an error a rule calls OK keeps its value
 	}
 }
 
 // settle classifies an attempt made at start that returned err.
-func settle(ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, err error, start time.Time) (o settled) {
+func settle(ctx, actx context.Context, byTimeout bool, p *Policy, err error, start time.Time) (o settled) {
 	o.err = err
 	// Outcomes the executor recognises itself, before any classifier rule.
 	if cerr := ctx.Err(); cerr != nil {
@@ -468,7 +474,7 @@ func settle(ctx, actx context.Context, byTimeout bool, p *Policy, clk clock, err
 		}
 		return o
 	}
-	o.v, o.err = p.Classifier.classify(actx, o.err, clk.Now(), start)
+	o.v, o.err = p.Classifier.classify(actx, o.err, time.Now(), start)
 	return o
 }
 

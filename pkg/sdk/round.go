@@ -14,7 +14,7 @@ import (
 type hedgedCall[T any] struct {
 	ctx           context.Context
 	fn            func(context.Context) (T, error)
-	p             *Policy // its clock and MaxAttempts are the call's
+	p             *Policy // its MaxAttempts are the call's
 	n             int     // the first attempt's number
 	start         time.Time
 	deadline      time.Time
@@ -78,7 +78,7 @@ func runHedged[T any](ctx context.Context, p *Policy, fn func(context.Context) (
 // returned; the outcome, o, is then the round's. The round ended at end,
 // took after it started.
 func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (T, error), o *outcome[T]) (r *round[T], end time.Time, took time.Duration) {
-	p, clk, n, start := c.p, c.clk, c.made+1, c.now
+	p, n, start := c.p, c.made+1, c.now
 	h := p.Hedge
 	startUS := h.micros(start)
 	sampled := h.sampled(startUS)
@@ -92,7 +92,7 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 		hc = &hedgedCall[T]{ready: make(chan struct{}, 1)}
 		s.cache = hc
 	}
-	actx, cancel, byTimeout := attemptContext(ctx, p, clk, start, c.deadline, c.deadlineIsCtx)
+	actx, cancel, byTimeout := attemptContext(ctx, p, start, c.deadline, c.deadlineIsCtx)
 	var hctx *hedgeContext // when cancel is nil: hc is the next holder's once the slot is released
 	if cancel == nil {
 		if !hc.hctx.reusable(ctx) {
@@ -110,14 +110,14 @@ func hedged[T any](ctx context.Context, c *callState, fn func(context.Context) (
 	returned := false
 	defer hc.unwind(s, active, &returned)
 
-	runAttempt(ctx, actx, byTimeout, p, clk, fn, attemptInfo{n: n, start: start}, o)
+	runAttempt(ctx, actx, byTimeout, p, fn, attemptInfo{n: n, start: start}, o)
 	returned = true
 	if cancel != nil {
 		cancel()
 	} else {
 		hctx.release()
 	}
-	took = clk.Since(start)
+	took = time.Since(start)
 	end = start.Add(took)
 	if s.word.CompareAndSwap(active, phaseFree) {
 		if sampled && o.v.Kind() == verdict.OK {
@@ -137,7 +137,7 @@ func (hc *hedgedCall[T]) unwind(s *slot, active uint64, returned *bool) {
 		return
 	}
 	cancel, hctx := hc.cancel, hc.hctx // hc is the next holder's once abandon returns
-	hc.abandon(s, active, hc.p.clockOrReal().Now())
+	hc.abandon(s, active, time.Now())
 	if cancel != nil {
 		cancel()
 	} else {
@@ -180,7 +180,7 @@ func (hc *hedgedCall[T]) join(s *slot, o *outcome[T], end time.Time) (*round[T],
 	if r.panicked {
 		panic(r.panicValue) // a hedge's, on the caller's goroutine, as if fn had run there
 	}
-	return r, r.clk.Now()
+	return r, time.Now()
 }
 
 // round is a first attempt and the hedges sent beside it.
@@ -189,7 +189,6 @@ type round[T any] struct {
 	ctx           context.Context
 	fn            func(context.Context) (T, error)
 	p             *Policy
-	clk           clock
 	maxAttempts   int
 	deadline      time.Time
 	deadlineIsCtx bool
@@ -222,7 +221,7 @@ type roundAttempt[T any] struct {
 // phaseFiring: c's fields stay as they are until the caller joins the round.
 func (c *hedgedCall[T]) startRound(h *Hedge, now time.Time) hedgeRound {
 	r := &round[T]{
-		h: h, ctx: c.ctx, fn: c.fn, p: c.p, clk: c.p.clockOrReal(),
+		h: h, ctx: c.ctx, fn: c.fn, p: c.p,
 		maxAttempts: c.p.maxAttempts(), deadline: c.deadline, deadlineIsCtx: c.deadlineIsCtx,
 		winner: -1, done: make(chan struct{}),
 	}
@@ -312,14 +311,14 @@ func (r *round[T]) runHedge(a *roundAttempt[T], hctx context.Context) {
 	var o outcome[T]
 	returned := false
 	defer r.unwindHedge(a, &returned)
-	attempt(r.ctx, hctx, r.p, r.clk, r.fn, attemptInfo{n: a.n, hedge: true, start: a.start}, a.start, r.deadline, r.deadlineIsCtx, &o)
+	attempt(r.ctx, hctx, r.p, r.fn, attemptInfo{n: a.n, hedge: true, start: a.start}, a.start, r.deadline, r.deadlineIsCtx, &o)
 	returned = true
 	if o.v.SelfImposed() && r.p.Budget != nil {
 		// Refused in this process, it cost the dependency nothing: the
 		// token hedgeLocked took to send it goes back.
 		r.p.Budget.refund()
 	}
-	end := r.clk.Now()
+	end := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.finishLocked(a, o, end)
@@ -348,7 +347,7 @@ func (r *round[T]) unwindHedge(a *roundAttempt[T], returned *bool) {
 		return
 	}
 	v := recover()
-	end := r.clk.Now()
+	end := time.Now()
 	if r.p.Breaker != nil {
 		r.p.Breaker.Record(end, a.permit, noEvidence)
 	}

@@ -6,34 +6,58 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/verdict"
 )
 
+// The executor's tests that involve time run in synctest bubbles: its
+// backoffs and deadlines pass on the bubble's fake clock, at once and to
+// the nanosecond.
+
 // A step is what one attempt of a scripted callback does.
-type step func(ctx context.Context, clk *fakeClock) error
+type step func(ctx context.Context) error
 
-func ret(err error) step { return func(context.Context, *fakeClock) error { return err } }
+func ret(err error) step { return func(context.Context) error { return err } }
 
-// takes advances the clock by d, as an attempt that takes d would, then
-// returns err.
+// takes takes d of the bubble's clock, as an attempt that takes d would,
+// then returns err.
 func takes(d time.Duration, err error) step {
-	return func(_ context.Context, clk *fakeClock) error { clk.Advance(d); return err }
+	return func(context.Context) error { clocktest.Latency(context.Background(), d); return err }
 }
 
-// hangs advances the clock by d and then waits for the attempt's context,
-// as a call to an unresponsive dependency would.
+// hangs takes d of the bubble's clock and then waits for the attempt's
+// context, as a call to an unresponsive dependency would.
 func hangs(d time.Duration) step {
-	return func(ctx context.Context, clk *fakeClock) error {
-		clk.Advance(d)
+	return func(ctx context.Context) error {
+		clocktest.Latency(context.Background(), d)
 		<-ctx.Done()
 		return ctx.Err()
 	}
 }
 
-// script returns a callback that plays steps in order and counts calls.
-func script(t *testing.T, clk *fakeClock, calls *int, steps ...step) func(context.Context) (int, error) {
+// timeline records when each scripted attempt started and ended.
+type timeline struct{ starts, ends []time.Time }
+
+// sleeps returns what the executor slept: the time between one attempt's
+// end and the next one's start, and after the last, until end, if it slept
+// there before it stopped.
+func (tl *timeline) sleeps(end time.Time) []time.Duration {
+	var d []time.Duration
+	for i := 1; i < len(tl.starts); i++ {
+		d = append(d, tl.starts[i].Sub(tl.ends[i-1]))
+	}
+	if n := len(tl.ends); n > 0 && end.After(tl.ends[n-1]) {
+		d = append(d, end.Sub(tl.ends[n-1]))
+	}
+	return d
+}
+
+// script returns a callback that plays steps in order and counts calls,
+// on tl when it is not nil.
+func script(t *testing.T, tl *timeline, calls *int, steps ...step) func(context.Context) (int, error) {
 	t.Helper()
 	return func(ctx context.Context) (int, error) {
 		n := *calls
@@ -42,12 +66,16 @@ func script(t *testing.T, clk *fakeClock, calls *int, steps ...step) func(contex
 			t.Errorf("callback called %d times, script has %d steps", n+1, len(steps))
 			return n, errCustom
 		}
-		return n, steps[n](ctx, clk)
+		if tl != nil {
+			tl.starts = append(tl.starts, time.Now())
+			defer func() { tl.ends = append(tl.ends, time.Now()) }()
+		}
+		return n, steps[n](ctx)
 	}
 }
 
-// testPolicy is a policy on clk with the default curves and no jitter.
-func testPolicy(clk *fakeClock) *Policy {
+// testPolicy is a policy with the default curves and no jitter.
+func testPolicy() *Policy {
 	return &Policy{
 		MaxAttempts: 3,
 		Backoff: Backoff{
@@ -55,7 +83,6 @@ func testPolicy(clk *fakeClock) *Policy {
 			Throttled: Curve{Initial: time.Second, Multiplier: 2},
 			MaxDelay:  30 * time.Second,
 		},
-		clock:  clk,
 		random: func() float64 { return 0 },
 	}
 }
@@ -237,41 +264,44 @@ func TestRunStopReasons(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			p := testPolicy(clk)
-			if tt.policy != nil {
-				tt.policy(p)
-			}
-			var calls int
-			r := Try(context.Background(), p, script(t, clk, &calls, tt.steps...))
-			if r.Stop != tt.wantStop {
-				t.Errorf("Stop = %v, want %v (err %v)", r.Stop, tt.wantStop, r.Err)
-			}
-			if got := verdicts(r.Attempts); !slices.Equal(got, tt.wantLog) {
-				t.Errorf("attempt log = %q, want %q", got, tt.wantLog)
-			}
-			if got := clk.Sleeps(); !slices.Equal(got, tt.wantSleeps) {
-				t.Errorf("sleeps = %v, want %v", got, tt.wantSleeps)
-			}
-			for _, target := range tt.wantIs {
-				if !errors.Is(r.Err, target) {
-					t.Errorf("errors.Is(%v, %v) = false", r.Err, target)
+			synctest.Test(t, func(t *testing.T) {
+				p := testPolicy()
+				if tt.policy != nil {
+					tt.policy(p)
 				}
-			}
-			if (r.Err == nil) != (len(tt.wantIs) == 0) {
-				t.Errorf("Err = %v, want one matching %v", r.Err, tt.wantIs)
-			}
-			if calls != len(tt.steps) {
-				t.Errorf("callback called %d times, want %d", calls, len(tt.steps))
-			}
+				var calls int
+				var tl timeline
+				r := Try(context.Background(), p, script(t, &tl, &calls, tt.steps...))
+				if r.Stop != tt.wantStop {
+					t.Errorf("Stop = %v, want %v (err %v)", r.Stop, tt.wantStop, r.Err)
+				}
+				if got := verdicts(r.Attempts); !slices.Equal(got, tt.wantLog) {
+					t.Errorf("attempt log = %q, want %q", got, tt.wantLog)
+				}
+				if got := tl.sleeps(time.Now()); !slices.Equal(got, tt.wantSleeps) {
+					t.Errorf("sleeps = %v, want %v", got, tt.wantSleeps)
+				}
+				for _, target := range tt.wantIs {
+					if !errors.Is(r.Err, target) {
+						t.Errorf("errors.Is(%v, %v) = false", r.Err, target)
+					}
+				}
+				if (r.Err == nil) != (len(tt.wantIs) == 0) {
+					t.Errorf("Err = %v, want one matching %v", r.Err, tt.wantIs)
+				}
+				if calls != len(tt.steps) {
+					t.Errorf("callback called %d times, want %d", calls, len(tt.steps))
+				}
+			})
 		})
 	}
 }
 
-func TestRunStopErrorCountsAttempts(t *testing.T) {
-	clk := newFakeClock()
+func TestRunStopErrorCountsAttempts(t *testing.T) { synctest.Test(t, testRunStopErrorCountsAttempts) }
+
+func testRunStopErrorCountsAttempts(t *testing.T) {
 	var calls int
-	r := Try(context.Background(), testPolicy(clk), script(t, clk, &calls, ret(errReset), ret(errReset), ret(errReset)))
+	r := Try(context.Background(), testPolicy(), script(t, nil, &calls, ret(errReset), ret(errReset), ret(errReset)))
 	se, isStop := AsStop(r.Err)
 	if !isStop || se.Attempts != 3 || se.Reason != StopAttemptsExhausted {
 		t.Fatalf("Err = %#v, want a StopError after 3 attempts", r.Err)
@@ -285,9 +315,12 @@ func TestRunStopErrorCountsAttempts(t *testing.T) {
 }
 
 func TestRunReturnsValueAndLogsDurations(t *testing.T) {
-	clk := newFakeClock()
+	synctest.Test(t, testRunReturnsValueAndLogsDurations)
+}
+
+func testRunReturnsValueAndLogsDurations(t *testing.T) {
 	var calls int
-	r := Try(context.Background(), testPolicy(clk), script(t, clk, &calls, takes(40*time.Millisecond, errReset), takes(15*time.Millisecond, nil)))
+	r := Try(context.Background(), testPolicy(), script(t, nil, &calls, takes(40*time.Millisecond, errReset), takes(15*time.Millisecond, nil)))
 	if r.Err != nil || r.Value != 1 {
 		t.Fatalf("Try = %v, %v; want 1, nil", r.Value, r.Err)
 	}
@@ -300,7 +333,7 @@ func TestRunReturnsValueAndLogsDurations(t *testing.T) {
 	}
 
 	calls = 0
-	v, err := Run(context.Background(), testPolicy(clk), script(t, clk, &calls, ret(err404)))
+	v, err := Run(context.Background(), testPolicy(), script(t, nil, &calls, ret(err404)))
 	if v != 0 || !errors.Is(err, err404) {
 		t.Errorf("Run = %v, %v; want the zero value and the 404", v, err)
 	}
@@ -313,45 +346,47 @@ func TestRunAttemptDeadline(t *testing.T) {
 		attemptTimeout time.Duration
 		deadline       time.Duration
 		steps          []step
-		want           []time.Time // deadline each attempt saw
+		want           []time.Duration // deadline each attempt saw, after the call began
 	}{
-		{"attempt timeout sooner", 2 * time.Second, 10 * time.Second, []step{ret(nil)}, []time.Time{at(2 * time.Second)}},
-		{"deadline sooner", 5 * time.Second, 3 * time.Second, []step{ret(nil)}, []time.Time{at(3 * time.Second)}},
-		{"deadline only", 0, 3 * time.Second, []step{ret(nil)}, []time.Time{at(3 * time.Second)}},
-		{"attempt timeout only", 2 * time.Second, 0, []step{ret(nil)}, []time.Time{at(2 * time.Second)}},
+		{"attempt timeout sooner", 2 * time.Second, 10 * time.Second, []step{ret(nil)}, []time.Duration{2 * time.Second}},
+		{"deadline sooner", 5 * time.Second, 3 * time.Second, []step{ret(nil)}, []time.Duration{3 * time.Second}},
+		{"deadline only", 0, 3 * time.Second, []step{ret(nil)}, []time.Duration{3 * time.Second}},
+		{"attempt timeout only", 2 * time.Second, 0, []step{ret(nil)}, []time.Duration{2 * time.Second}},
 		{
 			"remaining deadline shrinks",
 			5 * time.Second, 6 * time.Second,
 			[]step{takes(4*time.Second, errReset), ret(nil)},
 			// attempt 2 starts at 4.1s: 5s of timeout would end at 9.1s, the deadline at 6s.
-			[]time.Time{at(5 * time.Second), at(6 * time.Second)},
+			[]time.Duration{5 * time.Second, 6 * time.Second},
 		},
 		{
 			"each attempt gets its own timeout",
 			2 * time.Second, 0,
 			[]step{takes(time.Second, errReset), ret(nil)},
-			[]time.Time{at(2 * time.Second), at(1100*time.Millisecond + 2*time.Second)},
+			[]time.Duration{2 * time.Second, 1100*time.Millisecond + 2*time.Second},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			p := testPolicy(clk)
-			p.AttemptTimeout, p.Deadline = tt.attemptTimeout, tt.deadline
-			var seen []time.Time
-			var calls int
-			play := script(t, clk, &calls, tt.steps...)
-			_, err := Run(context.Background(), p, func(ctx context.Context) (int, error) {
-				d, _ := ctx.Deadline()
-				seen = append(seen, d)
-				return play(ctx)
+			synctest.Test(t, func(t *testing.T) {
+				p := testPolicy()
+				p.AttemptTimeout, p.Deadline = tt.attemptTimeout, tt.deadline
+				var seen []time.Duration
+				var calls int
+				play := script(t, nil, &calls, tt.steps...)
+				start := time.Now()
+				_, err := Run(context.Background(), p, func(ctx context.Context) (int, error) {
+					d, _ := ctx.Deadline()
+					seen = append(seen, d.Sub(start))
+					return play(ctx)
+				})
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if !slices.Equal(seen, tt.want) {
+					t.Errorf("attempt deadlines = %v, want %v", seen, tt.want)
+				}
 			})
-			if err != nil {
-				t.Fatalf("Run: %v", err)
-			}
-			if !slices.EqualFunc(seen, tt.want, time.Time.Equal) {
-				t.Errorf("attempt deadlines = %v, want %v", seen, tt.want)
-			}
 		})
 	}
 }
@@ -386,11 +421,14 @@ func TestRunWithoutDeadlinePassesCallerContext(t *testing.T) {
 }
 
 func TestRunAttemptTimeoutIsTransient(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+	synctest.Test(t, testRunAttemptTimeoutIsTransient)
+}
+
+func testRunAttemptTimeoutIsTransient(t *testing.T) {
+	p := testPolicy()
 	p.AttemptTimeout = 2 * time.Second
 	var calls int
-	r := Try(context.Background(), p, script(t, clk, &calls, hangs(3*time.Second), hangs(3*time.Second), ret(nil)))
+	r := Try(context.Background(), p, script(t, nil, &calls, hangs(3*time.Second), hangs(3*time.Second), ret(nil)))
 	if r.Err != nil || r.Stop != StopSuccess {
 		t.Fatalf("Try = %v, %v; want success on the third attempt", r.Stop, r.Err)
 	}
@@ -400,19 +438,20 @@ func TestRunAttemptTimeoutIsTransient(t *testing.T) {
 
 	calls = 0
 	p.MaxAttempts = 1
-	r = Try(context.Background(), p, script(t, clk, &calls, hangs(3*time.Second)))
+	r = Try(context.Background(), p, script(t, nil, &calls, hangs(3*time.Second)))
 	if !errors.Is(r.Err, ErrAttemptTimeout) || !errors.Is(r.Err, ErrAttemptsExhausted) {
 		t.Errorf("Err = %v, want an attempt timeout, attempts exhausted", r.Err)
 	}
 }
 
-func TestRunDeadlineDuringAttempt(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+func TestRunDeadlineDuringAttempt(t *testing.T) { synctest.Test(t, testRunDeadlineDuringAttempt) }
+
+func testRunDeadlineDuringAttempt(t *testing.T) {
+	p := testPolicy()
 	p.Deadline = 3 * time.Second
 	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
 	var calls int
-	r := Try(context.Background(), p, script(t, clk, &calls, hangs(4*time.Second)))
+	r := Try(context.Background(), p, script(t, nil, &calls, hangs(4*time.Second)))
 	if r.Stop != StopDeadline || !errors.Is(r.Err, context.DeadlineExceeded) {
 		t.Fatalf("Try = %v, %v; want deadline", r.Stop, r.Err)
 	}
@@ -420,68 +459,73 @@ func TestRunDeadlineDuringAttempt(t *testing.T) {
 		t.Errorf("attempt log = %q", got)
 	}
 	// A dependency that hangs until the deadline is evidence.
-	if got := p.Breaker.State(clk.Now()); got != BreakerOpen {
+	if got := p.Breaker.State(time.Now()); got != BreakerOpen {
 		t.Errorf("breaker %v after a hung attempt, want open", got)
 	}
 }
 
 func TestRunCancelled(t *testing.T) {
 	cancelInside := func(cancel context.CancelFunc) step {
-		return func(ctx context.Context, _ *fakeClock) error { cancel(); return ctx.Err() }
+		return func(ctx context.Context) error { cancel(); return ctx.Err() }
+	}
+	// cancelDuringDelay fails the attempt, and cancels 50ms into the 100ms
+	// backoff after it.
+	cancelDuringDelay := func(cancel context.CancelFunc) step {
+		return func(context.Context) error { time.AfterFunc(50*time.Millisecond, cancel); return errReset }
 	}
 	tests := []struct {
 		name     string
 		steps    func(cancel context.CancelFunc) []step
-		onSleep  func(cancel context.CancelFunc) func()
 		early    bool // cancel before Run
 		wantLog  []string
 		wantCall int
 	}{
-		{"before the first attempt", func(context.CancelFunc) []step { return nil }, nil, true, []string{}, 0},
-		{"during an attempt", func(c context.CancelFunc) []step { return []step{cancelInside(c)} }, nil, false, []string{"Permanent"}, 1},
-		{"during a delay", func(context.CancelFunc) []step { return []step{ret(errReset)} }, func(c context.CancelFunc) func() { return c }, false, []string{"Transient"}, 1},
+		{"before the first attempt", func(context.CancelFunc) []step { return nil }, true, []string{}, 0},
+		{"during an attempt", func(c context.CancelFunc) []step { return []step{cancelInside(c)} }, false, []string{"Permanent"}, 1},
+		{"during a delay", func(c context.CancelFunc) []step { return []step{cancelDuringDelay(c)} }, false, []string{"Transient"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			p := testPolicy(clk)
-			p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
-			p.Budget = NewRetryBudget(0.1, 10)
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			if tt.onSleep != nil {
-				clk.onSleep = tt.onSleep(cancel)
-			}
-			if tt.early {
-				cancel()
-			}
-			var calls int
-			r := Try(ctx, p, script(t, clk, &calls, tt.steps(cancel)...))
-			if r.Stop != StopCancelled || !errors.Is(r.Err, context.Canceled) {
-				t.Errorf("Try = %v, %v; want cancelled", r.Stop, r.Err)
-			}
-			if got := verdicts(r.Attempts); !slices.Equal(got, tt.wantLog) {
-				t.Errorf("attempt log = %q, want %q", got, tt.wantLog)
-			}
-			if calls != tt.wantCall {
-				t.Errorf("callback called %d times, want %d", calls, tt.wantCall)
-			}
-			// No retry was made: a token taken for one is given back.
-			if got := p.Budget.Tokens(); got != 10 {
-				t.Errorf("budget holds %v tokens, want all 10", got)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				p := testPolicy()
+				p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
+				p.Budget = NewRetryBudget(0.1, 10)
+				ctx, cancel := context.WithCancel(context.Background())
+				t.Cleanup(cancel)
+				if tt.early {
+					cancel()
+				}
+				var calls int
+				r := Try(ctx, p, script(t, nil, &calls, tt.steps(cancel)...))
+				if r.Stop != StopCancelled || !errors.Is(r.Err, context.Canceled) {
+					t.Errorf("Try = %v, %v; want cancelled", r.Stop, r.Err)
+				}
+				if got := verdicts(r.Attempts); !slices.Equal(got, tt.wantLog) {
+					t.Errorf("attempt log = %q, want %q", got, tt.wantLog)
+				}
+				if calls != tt.wantCall {
+					t.Errorf("callback called %d times, want %d", calls, tt.wantCall)
+				}
+				// No retry was made: a token taken for one is given back.
+				if got := p.Budget.Tokens(); got != 10 {
+					t.Errorf("budget holds %v tokens, want all 10", got)
+				}
+			})
 		})
 	}
 }
 
 func TestRunCancelledAttemptIsNoEvidence(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+	synctest.Test(t, testRunCancelledAttemptIsNoEvidence)
+}
+
+func testRunCancelledAttemptIsNoEvidence(t *testing.T) {
+	p := testPolicy()
 	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	_, _ = Run(ctx, p, func(ctx context.Context) (int, error) { cancel(); return 0, ctx.Err() })
-	if got := p.Breaker.State(clk.Now()); got != BreakerClosed {
+	if got := p.Breaker.State(time.Now()); got != BreakerClosed {
 		t.Errorf("breaker %v after the caller cancelled, want closed", got)
 	}
 }
@@ -504,33 +548,35 @@ func TestRefusalsAreExemptFromBudgetAndBreaker(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			p := testPolicy(clk)
-			p.MaxAttempts = 4
-			p.Admit = tt.admit
-			p.Budget = NewRetryBudget(0.5, 2)
-			p.Budget.TrySpend(Critical) // 1 of 2 tokens left: a deposit would show
-			p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 2})
-			for i := range 10 {
-				r := Try(context.Background(), p, tt.fn)
-				if r.Stop != StopAttemptsExhausted || !r.Attempts[0].SelfImposed() {
-					t.Fatalf("call %d: %v, %v; want every attempt refused, attempts exhausted", i, r.Stop, r.Err)
+			synctest.Test(t, func(t *testing.T) {
+				p := testPolicy()
+				p.MaxAttempts = 4
+				p.Admit = tt.admit
+				p.Budget = NewRetryBudget(0.5, 2)
+				p.Budget.TrySpend(Critical) // 1 of 2 tokens left: a deposit would show
+				p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 2})
+				for i := range 10 {
+					r := Try(context.Background(), p, tt.fn)
+					if r.Stop != StopAttemptsExhausted || !r.Attempts[0].SelfImposed() {
+						t.Fatalf("call %d: %v, %v; want every attempt refused, attempts exhausted", i, r.Stop, r.Err)
+					}
 				}
-			}
-			if got := p.Budget.Tokens(); got != 1 {
-				t.Errorf("budget holds %v tokens after 40 refusals, want 1 (untouched)", got)
-			}
-			if got := p.Breaker.State(clk.Now()); got != BreakerClosed {
-				t.Errorf("breaker %v after 40 refusals, want closed", got)
-			}
+				if got := p.Budget.Tokens(); got != 1 {
+					t.Errorf("budget holds %v tokens after 40 refusals, want 1 (untouched)", got)
+				}
+				if got := p.Breaker.State(time.Now()); got != BreakerClosed {
+					t.Errorf("breaker %v after 40 refusals, want closed", got)
+				}
+			})
 		})
 	}
 }
 
 // A user rule cannot turn a refusal into evidence against the dependency.
-func TestRefusalCannotBeDowngraded(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+func TestRefusalCannotBeDowngraded(t *testing.T) { synctest.Test(t, testRefusalCannotBeDowngraded) }
+
+func testRefusalCannotBeDowngraded(t *testing.T) {
+	p := testPolicy()
 	p.Classifier = On(DefaultClassifier(), func(*RateLimitedError) verdict.Verdict { return verdict.New(verdict.Transient) })
 	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
 	r := Try(context.Background(), p, func(context.Context) (int, error) {
@@ -539,15 +585,15 @@ func TestRefusalCannotBeDowngraded(t *testing.T) {
 	if got := r.Attempts[0].Verdict(); got != verdict.Refused(time.Millisecond) {
 		t.Errorf("verdict = %v, want the refusal", got)
 	}
-	if got := p.Breaker.State(clk.Now()); got != BreakerClosed {
+	if got := p.Breaker.State(time.Now()); got != BreakerClosed {
 		t.Errorf("breaker %v, want closed", got)
 	}
 }
 
-// probePolicy is a policy on clk of one attempt, whose breaker opens on the
-// first Transient failure, for 5s.
-func probePolicy(clk *fakeClock) *Policy {
-	p := testPolicy(clk)
+// probePolicy is a policy of one attempt, whose breaker opens on the first
+// Transient failure, for 5s.
+func probePolicy() *Policy {
+	p := testPolicy()
 	p.MaxAttempts = 1
 	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1, OpenFor: 5 * time.Second})
 	return p
@@ -566,34 +612,35 @@ func TestBreakerNeverWedgesOnRefusedProbe(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			p := probePolicy(clk)
+			synctest.Test(t, func(t *testing.T) {
+				p := probePolicy()
 
-			if r := Try(context.Background(), p, func(context.Context) (int, error) { return 0, errReset }); r.Stop != StopAttemptsExhausted {
-				t.Fatalf("opening call: %v", r.Stop)
-			}
-			if r := Try(context.Background(), p, func(context.Context) (int, error) { return 0, nil }); r.Stop != StopBreakerOpen || len(r.Attempts) != 0 {
-				t.Fatalf("call while open: %v with %d attempts, want breaker open with none", r.Stop, len(r.Attempts))
-			}
-			clk.Advance(5 * time.Second)
+				if r := Try(context.Background(), p, func(context.Context) (int, error) { return 0, errReset }); r.Stop != StopAttemptsExhausted {
+					t.Fatalf("opening call: %v", r.Stop)
+				}
+				if r := Try(context.Background(), p, func(context.Context) (int, error) { return 0, nil }); r.Stop != StopBreakerOpen || len(r.Attempts) != 0 {
+					t.Fatalf("call while open: %v with %d attempts, want breaker open with none", r.Stop, len(r.Attempts))
+				}
+				clocktest.Advance(5 * time.Second)
 
-			p.Admit = tt.admit
-			if r := Try(context.Background(), p, tt.probe); r.Stop != StopAttemptsExhausted || !r.Attempts[0].SelfImposed() {
-				t.Fatalf("refused probe: %v, %v", r.Stop, r.Err)
-			}
-			if got := p.Breaker.State(clk.Now()); got != BreakerHalfOpen {
-				t.Fatalf("breaker %v after a refused probe, want half-open", got)
-			}
+				p.Admit = tt.admit
+				if r := Try(context.Background(), p, tt.probe); r.Stop != StopAttemptsExhausted || !r.Attempts[0].SelfImposed() {
+					t.Fatalf("refused probe: %v, %v", r.Stop, r.Err)
+				}
+				if got := p.Breaker.State(time.Now()); got != BreakerHalfOpen {
+					t.Fatalf("breaker %v after a refused probe, want half-open", got)
+				}
 
-			p.Admit = nil
-			var called bool
-			r := Try(context.Background(), p, func(context.Context) (int, error) { called = true; return 0, nil })
-			if !called || r.Stop != StopSuccess {
-				t.Fatalf("next probe: called %v, %v, %v; want admitted and successful", called, r.Stop, r.Err)
-			}
-			if got := p.Breaker.State(clk.Now()); got != BreakerClosed {
-				t.Errorf("breaker %v after a successful probe, want closed", got)
-			}
+				p.Admit = nil
+				var called bool
+				r := Try(context.Background(), p, func(context.Context) (int, error) { called = true; return 0, nil })
+				if !called || r.Stop != StopSuccess {
+					t.Fatalf("next probe: called %v, %v, %v; want admitted and successful", called, r.Stop, r.Err)
+				}
+				if got := p.Breaker.State(time.Now()); got != BreakerClosed {
+					t.Errorf("breaker %v after a successful probe, want closed", got)
+				}
+			})
 		})
 	}
 }
@@ -616,36 +663,37 @@ func TestBreakerNeverWedgesOnPanickingProbe(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			p := probePolicy(clk)
-			if tt.hedged {
-				p.Hedge = newHedge(HedgeOptions{Delay: time.Hour}, clk)
-			}
-			run := Run[int]
-			if tt.hedged {
-				run = RunHedged[int]
-			}
-			run(context.Background(), p, func(context.Context) (int, error) { return 0, errReset })
-			clk.Advance(5 * time.Second)
+			synctest.Test(t, func(t *testing.T) {
+				p := probePolicy()
+				if tt.hedged {
+					p.Hedge = newTestHedge(t, HedgeOptions{Delay: time.Hour})
+				}
+				run := Run[int]
+				if tt.hedged {
+					run = RunHedged[int]
+				}
+				run(context.Background(), p, func(context.Context) (int, error) { return 0, errReset })
+				clocktest.Advance(5 * time.Second)
 
-			p.Admit = tt.admit
-			func() {
-				defer func() {
-					if v := recover(); v != "boom" {
-						t.Fatalf("probe: recovered %v, want the panic", v)
-					}
+				p.Admit = tt.admit
+				func() {
+					defer func() {
+						if v := recover(); v != "boom" {
+							t.Fatalf("probe: recovered %v, want the panic", v)
+						}
+					}()
+					run(context.Background(), p, tt.probe)
 				}()
-				run(context.Background(), p, tt.probe)
-			}()
 
-			p.Admit = nil
-			var called bool
-			if _, err := run(context.Background(), p, func(context.Context) (int, error) { called = true; return 0, nil }); !called || err != nil {
-				t.Fatalf("next probe: called %v, %v; want admitted and successful", called, err)
-			}
-			if got := p.Breaker.State(clk.Now()); got != BreakerClosed {
-				t.Errorf("breaker %v after a successful probe, want closed", got)
-			}
+				p.Admit = nil
+				var called bool
+				if _, err := run(context.Background(), p, func(context.Context) (int, error) { called = true; return 0, nil }); !called || err != nil {
+					t.Fatalf("next probe: called %v, %v; want admitted and successful", called, err)
+				}
+				if got := p.Breaker.State(time.Now()); got != BreakerClosed {
+					t.Errorf("breaker %v after a successful probe, want closed", got)
+				}
+			})
 		})
 	}
 }
@@ -664,41 +712,43 @@ func TestAdmit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			p := testPolicy(clk)
-			p.MaxAttempts = 2
-			var numbers []int
-			p.Admit = func(ctx context.Context, next NextAttempt) verdict.Verdict {
-				numbers = append(numbers, next.Number)
-				if CriticalityFrom(ctx) != next.Criticality {
-					t.Errorf("NextAttempt.Criticality %v, context says %v", next.Criticality, CriticalityFrom(ctx))
+			synctest.Test(t, func(t *testing.T) {
+				p := testPolicy()
+				p.MaxAttempts = 2
+				var numbers []int
+				p.Admit = func(ctx context.Context, next NextAttempt) verdict.Verdict {
+					numbers = append(numbers, next.Number)
+					if CriticalityFrom(ctx) != next.Criticality {
+						t.Errorf("NextAttempt.Criticality %v, context says %v", next.Criticality, CriticalityFrom(ctx))
+					}
+					if next.Criticality < Critical {
+						return verdict.Refused(time.Second)
+					}
+					return verdict.Verdict{}
 				}
-				if next.Criticality < Critical {
-					return verdict.Refused(time.Second)
+				var calls int
+				r := Try(WithCriticality(context.Background(), tt.criticality), p, script(t, nil, &calls, ret(nil)))
+				if r.Stop != tt.wantStop {
+					t.Errorf("Stop = %v, want %v", r.Stop, tt.wantStop)
 				}
-				return verdict.Verdict{}
-			}
-			var calls int
-			r := Try(WithCriticality(context.Background(), tt.criticality), p, script(t, clk, &calls, ret(nil)))
-			if r.Stop != tt.wantStop {
-				t.Errorf("Stop = %v, want %v", r.Stop, tt.wantStop)
-			}
-			if got := verdicts(r.Attempts); !slices.Equal(got, tt.wantLog) {
-				t.Errorf("attempt log = %q, want %q", got, tt.wantLog)
-			}
-			if calls != tt.wantCalls {
-				t.Errorf("callback called %d times, want %d", calls, tt.wantCalls)
-			}
-			if !slices.Equal(numbers, tt.wantNumbers) {
-				t.Errorf("Admit saw attempts %v, want %v", numbers, tt.wantNumbers)
-			}
+				if got := verdicts(r.Attempts); !slices.Equal(got, tt.wantLog) {
+					t.Errorf("attempt log = %q, want %q", got, tt.wantLog)
+				}
+				if calls != tt.wantCalls {
+					t.Errorf("callback called %d times, want %d", calls, tt.wantCalls)
+				}
+				if !slices.Equal(numbers, tt.wantNumbers) {
+					t.Errorf("Admit saw attempts %v, want %v", numbers, tt.wantNumbers)
+				}
+			})
 		})
 	}
 }
 
-func TestAdmitRefusalError(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+func TestAdmitRefusalError(t *testing.T) { synctest.Test(t, testAdmitRefusalError) }
+
+func testAdmitRefusalError(t *testing.T) {
+	p := testPolicy()
 	p.MaxAttempts = 1
 	p.Admit = func(context.Context, NextAttempt) verdict.Verdict { return verdict.New(verdict.Permanent) }
 	_, err := Run(context.Background(), p, func(context.Context) (int, error) { return 0, nil })
@@ -713,8 +763,11 @@ func TestAdmitRefusalError(t *testing.T) {
 
 // Work below Critical does not get the budget's last half.
 func TestRetryBudgetHonoursCriticality(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+	synctest.Test(t, testRetryBudgetHonoursCriticality)
+}
+
+func testRetryBudgetHonoursCriticality(t *testing.T) {
+	p := testPolicy()
 	p.MaxAttempts = 10
 	p.Budget = NewRetryBudget(0.1, 4)
 	failing := func(context.Context) (int, error) { return 0, errReset }
@@ -750,16 +803,17 @@ func TestNilAndZeroPolicy(t *testing.T) {
 	}
 }
 
-func TestDefaultsRetry(t *testing.T) {
+func TestDefaultsRetry(t *testing.T) { synctest.Test(t, testDefaultsRetry) }
+
+func testDefaultsRetry(t *testing.T) {
 	for name, p := range map[string]*Policy{"Defaults": Defaults(), "HTTPDefaults": HTTPDefaults()} {
-		clk := newFakeClock()
-		p.clock = clk
 		var calls int
-		r := Try(context.Background(), p, script(t, clk, &calls, ret(errReset), ret(status(429, "")), ret(nil)))
+		var tl timeline
+		r := Try(context.Background(), p, script(t, &tl, &calls, ret(errReset), ret(status(429, "")), ret(nil)))
 		if r.Stop != StopSuccess || calls != 3 {
 			t.Errorf("%s: %v after %d calls", name, r.Stop, calls)
 		}
-		sleeps := clk.Sleeps()
+		sleeps := tl.sleeps(time.Now())
 		// Jitter 0.5: the transient delay is in (50ms, 100ms], the throttled one in (1s, 2s].
 		if len(sleeps) != 2 || sleeps[0] <= 50*time.Millisecond || sleeps[0] > 100*time.Millisecond ||
 			sleeps[1] <= time.Second || sleeps[1] > 2*time.Second {
@@ -812,10 +866,11 @@ func TestRunCapturingClosureDoesNotAllocate(t *testing.T) {
 
 // Run and Try refuse a policy with a Hedge before any attempt, rather than
 // run it unhedged: the hedge is RunHedged's and TryHedged's.
-func TestRunRefusesAHedge(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
-	p.Hedge = newHedge(HedgeOptions{Delay: time.Millisecond}, clk)
+func TestRunRefusesAHedge(t *testing.T) { synctest.Test(t, testRunRefusesAHedge) }
+
+func testRunRefusesAHedge(t *testing.T) {
+	p := testPolicy()
+	p.Hedge = newTestHedge(t, HedgeOptions{Delay: time.Millisecond})
 	p.Budget = NewRetryBudget(0.1, 10)
 	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1})
 	calls := 0
@@ -832,9 +887,9 @@ func TestRunRefusesAHedge(t *testing.T) {
 	if r.Stop != StopInvalidUse || len(r.Attempts) != 0 {
 		t.Errorf("Try: stop %v with %d attempts logged, want %v and none", r.Stop, len(r.Attempts), StopInvalidUse)
 	}
-	if calls != 0 || p.Hedge.watching.Load() || p.Budget.Tokens() != 10 || p.Breaker.State(clk.Now()) != BreakerClosed {
+	if calls != 0 || p.Hedge.watching.Load() || p.Budget.Tokens() != 10 || p.Breaker.State(time.Now()) != BreakerClosed {
 		t.Errorf("refused calls touched something: %d callback calls, watcher running %v, %v tokens, breaker %v",
-			calls, p.Hedge.watching.Load(), p.Budget.Tokens(), p.Breaker.State(clk.Now()))
+			calls, p.Hedge.watching.Load(), p.Budget.Tokens(), p.Breaker.State(time.Now()))
 	}
 
 	// The same policy runs through the hedged entry points.
@@ -847,11 +902,12 @@ func TestRunRefusesAHedge(t *testing.T) {
 }
 
 // Without a Hedge, the hedged entry points are Run and Try.
-func TestRunHedgedWithoutAHedge(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+func TestRunHedgedWithoutAHedge(t *testing.T) { synctest.Test(t, testRunHedgedWithoutAHedge) }
+
+func testRunHedgedWithoutAHedge(t *testing.T) {
+	p := testPolicy()
 	var calls int
-	r := TryHedged(context.Background(), p, script(t, clk, &calls, ret(errReset), ret(nil)))
+	r := TryHedged(context.Background(), p, script(t, nil, &calls, ret(errReset), ret(nil)))
 	if r.Err != nil || r.Stop != StopSuccess || calls != 2 || len(r.Attempts) != 2 || r.Attempts[0].Kind() != verdict.Transient {
 		t.Errorf("TryHedged without a Hedge: %v, %v after %d calls, log %v", r.Err, r.Stop, calls, r.Attempts)
 	}
@@ -863,9 +919,10 @@ func TestRunHedgedWithoutAHedge(t *testing.T) {
 
 // Policies are shared across goroutines; the budget and breaker must hold
 // their invariants under concurrent calls (run with -race).
-func TestRunConcurrent(t *testing.T) {
-	clk := newFakeClock()
-	p := testPolicy(clk)
+func TestRunConcurrent(t *testing.T) { synctest.Test(t, testRunConcurrent) }
+
+func testRunConcurrent(t *testing.T) {
+	p := testPolicy()
 	p.Budget = NewRetryBudget(0.1, 10)
 	p.Breaker = NewBreaker(BreakerOptions{FailureThreshold: 1000, HalfOpenProbes: 2})
 	outcomes := []error{nil, errReset, &RateLimitedError{Limiter: "l"}, err404, status(429, "")}
@@ -884,5 +941,29 @@ func TestRunConcurrent(t *testing.T) {
 	}
 	if tokens := p.Budget.Tokens(); tokens < 0 || tokens > 10 {
 		t.Errorf("budget holds %v tokens, outside [0, 10]", tokens)
+	}
+}
+
+// The executor's wait between attempts lasts its delay, and ends early, with
+// the context's error, when the context does.
+func TestSleep(t *testing.T) { synctest.Test(t, testSleep) }
+
+func testSleep(t *testing.T) {
+	start := time.Now()
+	if err := sleep(context.Background(), 0); err != nil {
+		t.Errorf("sleep(0) = %v", err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := sleep(cancelled, time.Hour); err != context.Canceled || time.Since(start) != 0 {
+		t.Errorf("sleep(1h) on a cancelled context = %v after %v; want Canceled at once", err, time.Since(start))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := sleep(ctx, time.Minute); err != context.DeadlineExceeded || time.Since(start) != time.Second {
+		t.Errorf("sleep(1m) with 1s left = %v after %v; want DeadlineExceeded after 1s", err, time.Since(start))
+	}
+	if err := sleep(context.Background(), time.Minute); err != nil || time.Since(start) != time.Second+time.Minute {
+		t.Errorf("sleep(1m) = %v after %v in all; want nil, a minute more", err, time.Since(start))
 	}
 }
