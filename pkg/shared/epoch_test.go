@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/sdk"
 	"github.com/redis/go-redis/v9"
@@ -57,7 +60,7 @@ func TestSlotsEpochEphemeral(t *testing.T) {
 	if rl, ok := sdk.AsRateLimited(err); !ok || rl.RetryAfter <= 0 || rl.RetryAfter > lease {
 		t.Errorf("Acquire while frozen = %v, want a refusal with a RetryAfter within the lease", err)
 	}
-	time.Sleep(first.Frozen + 20*time.Millisecond)
+	awaitThaw(t, c, t.Name())
 	step(t, a, SlotsRequest{Want: 2, Demand: 2}, 2, false)
 	step(t, b, SlotsRequest{Want: 2, Demand: 2}, 2, false)
 	epoch := step(t, a, SlotsRequest{Want: 2, Demand: 2}, 2, false).Epoch
@@ -81,15 +84,15 @@ func TestSlotsEpochEphemeral(t *testing.T) {
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
 		t.Errorf("Acquire while frozen after the loss = %v, want a refusal", err)
 	}
-	// Renewed as a daemon would, until the freeze ends: nothing grows.
-	// (Redis's freeze ends no later than end: it began before the reply.)
-	end := time.Now().Add(lost.Frozen)
-	for ; time.Until(end) > lease/4; time.Sleep(lease / 8) {
+	// Renewed as a daemon would, while the freeze has a while to run:
+	// nothing grows. Then it ends.
+	for frozenFor(t, c, t.Name()) > lease/4 {
 		step(t, a, SlotsRequest{Want: 3, Demand: 3, Prior: 2, HadState: true}, 2, true)
 		step(t, b, SlotsRequest{Want: 2, Demand: 4, Prior: 2, HadState: true}, 2, true)
 		step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 0, true)
+		time.Sleep(lease / 8) // real Redis: the holders' renewal period, on the real clock
 	}
-	time.Sleep(time.Until(end) + 20*time.Millisecond)
+	awaitThaw(t, c, t.Name())
 	// Thawed: fair shares again. Demands 3, 4 and 1 split the 4 as 1, 1
 	// and 2: a and b are above theirs and give back as they drain; fresh
 	// grows as they do.
@@ -147,8 +150,8 @@ func TestLimiterAfterLossWaitsForHolders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := step(t, a, SlotsRequest{Want: 4, Demand: 4}, 0, true)
-	time.Sleep(r.Frozen + 20*time.Millisecond)
+	step(t, a, SlotsRequest{Want: 4, Demand: 4}, 0, true)
+	awaitThaw(t, c, t.Name())
 	step(t, a, SlotsRequest{Want: 4, Demand: 4}, 4, false) // a's kernel holds 4 connections
 
 	s.Stop()
@@ -263,6 +266,8 @@ func TestLimiterCooldownWhileRedisHangs(t *testing.T) {
 	s := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, ReadTimeout: 200 * time.Millisecond, PoolSize: 4})
 	t.Cleanup(func() { c.Close() })
+	var sent scriptsSent
+	c.AddHook(&sent)
 	const cooldown = 2 * time.Second
 	opts := func(key string, mode FailureMode) Options {
 		return Options{Key: key, FailureMode: mode, StoreCooldown: cooldown, TokenBucket: &TokenBucketOptions{TokenLimit: 100, TokensPerPeriod: 100, ReplenishmentPeriod: time.Second}}
@@ -280,7 +285,7 @@ func TestLimiterCooldownWhileRedisHangs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := s.Calls(t, "evalsha")
+	before := sent.Load()
 
 	s.Pause()
 	if _, err := throw.Acquire(context.Background()); !errors.Is(err, ErrStore) {
@@ -299,13 +304,10 @@ func TestLimiterCooldownWhileRedisHangs(t *testing.T) {
 		t.Fatalf("Deny's Acquire in the cooldown = %v, want a refusal without asking", err)
 	}
 	s.Resume()
-	// The two calls that timed out may reach Redis late (or not: their
-	// connections were closed); the 51 others never did.
-	time.Sleep(100 * time.Millisecond)
-	if n := s.Calls(t, "evalsha") - before; n > 2 {
-		t.Errorf("Redis ran %d scripts for the 53 Acquires of the outage, want at most the 2 that timed out", n)
+	if n := sent.Load() - before; n != 2 {
+		t.Errorf("the client sent Redis %d scripts for the 53 Acquires of the outage, want the 2 that timed out", n)
 	}
-	time.Sleep(cooldown)
+	awaitCooled(t, throw, deny)
 	for _, l := range []*Limiter{throw, deny} {
 		if _, err := l.Acquire(context.Background()); err != nil {
 			t.Errorf("Acquire after the cooldown, Redis back: %v", err)
@@ -343,7 +345,7 @@ func TestSlotsStateDropped(t *testing.T) {
 		{"the set deleted, a Limiter first", del(""), true, true},
 		{"the counts deleted, a holder first", del(":held"), false, true},
 		{"the counts deleted, a Limiter first", del(":held"), true, true},
-		{"expired: every holder left", func(*testing.T, *redistest.Server, string) { time.Sleep(lease + 100*time.Millisecond) }, false, false},
+		{"expired: every holder left", awaitExpiry, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -389,6 +391,37 @@ func TestSlotsStateDropped(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scriptsSent counts the scripts a client sends: a go-redis hook.
+type scriptsSent struct{ atomic.Int64 }
+
+func (*scriptsSent) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptsSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (*scriptsSent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// awaitExpiry waits until Redis has let every key of key's budget that has
+// an expiry go, as it does once every holder's lease has run out. The
+// epoch, which has none, stays.
+func awaitExpiry(t *testing.T, s *redistest.Server, key string) {
+	t.Helper()
+	keys := slices.DeleteFunc(budgetKeys(key), func(k string) bool { return k == epochKey(key) })
+	c := s.Client(t)
+	clocktest.Eventually(t, "the budget's keys to expire", func() bool {
+		n, err := c.Exists(context.Background(), keys...).Result()
+		return err == nil && n == 0
+	})
 }
 
 // evictBudget makes Redis evict key's budget under memory pressure: with

@@ -133,7 +133,7 @@ func holdersSlots(b *testing.B, rounds int) {
 			if n, err := c.ZCard(context.Background(), "holders").Result(); err == nil && n-budget > over.Load() {
 				over.Store(n - budget)
 			}
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // real Redis: the sampler's period, on the real clock
 		}
 	})
 	cpu := redisCPU(b, s)

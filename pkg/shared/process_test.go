@@ -145,7 +145,7 @@ func sharedHelper(args []string, in io.Reader, out, errOut io.Writer) int {
 				}
 				t2 := t1
 				if l.conc {
-					time.Sleep(leaseHold)
+					time.Sleep(leaseHold) // real Redis, across processes: the work a lease guards
 					t2 = time.Now()
 				}
 				lease.Release()

@@ -3,6 +3,7 @@ package shared
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/sdk"
@@ -271,7 +273,21 @@ func TestConcurrencyNeverExceeds(t *testing.T) {
 	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: permits, LeaseDuration: time.Second}})
 	var held, most atomic.Int64
 	var wg sync.WaitGroup
+	// A lease is held until the limiter refuses someone after it was
+	// granted: proof that every permit is taken, so that the budget is seen
+	// reached from this side, and a limiter that admits one too many is
+	// seen to.
+	var mu sync.Mutex
+	refusal := make(chan struct{}) // closed at the next refusal
+	refused := func() {
+		mu.Lock()
+		close(refusal)
+		refusal = make(chan struct{})
+		mu.Unlock()
+	}
 	end := time.Now().Add(300 * time.Millisecond)
+	over := make(chan struct{})
+	time.AfterFunc(time.Until(end), func() { close(over) })
 	for range 16 {
 		wg.Go(func() {
 			for time.Now().Before(end) {
@@ -281,12 +297,19 @@ func TestConcurrencyNeverExceeds(t *testing.T) {
 						t.Errorf("acquire: %v", err)
 						return
 					}
+					refused()
 					continue
 				}
+				mu.Lock()
+				next := refusal
+				mu.Unlock()
 				n := held.Add(1)
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
-				time.Sleep(time.Millisecond)
+				select {
+				case <-next:
+				case <-over:
+				}
 				held.Add(-1)
 				lease.Release()
 			}
@@ -307,13 +330,16 @@ func TestConcurrencyLeaseExpiryFreesCapacity(t *testing.T) {
 	lease := 60 * time.Millisecond
 	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: lease}})
 	// A holder in another process that died without releasing.
+	c := s.Client(t)
 	if err := concurrencyLua.Run(context.Background(), l.client, l.keys, append(slices.Clip(l.args), "dead")...).Err(); err != nil {
 		t.Fatal(err)
 	}
+	died := redisTime(t, c)
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
 		t.Fatalf("Acquire with the dead holder's lease live = %v, want a refusal", err)
 	}
-	time.Sleep(lease + 10*time.Millisecond)
+	// Its lease ran from no later than died, on Redis's clock.
+	awaitRedisTime(t, c, died.Add(lease))
 	ls, err := l.Acquire(context.Background())
 	if err != nil {
 		t.Fatalf("Acquire after the dead holder's lease expired: %v", err)
@@ -327,11 +353,12 @@ func TestConcurrencyRenewalKeepsLease(t *testing.T) {
 	// 20 on two cores were seen here) must stall the renewal for over a
 	// second to lose it.
 	l := newLimiter(t, s, Options{Concurrency: &ConcurrencyOptions{Permits: 1, LeaseDuration: 2 * time.Second}})
+	c := s.Client(t)
 	held, err := l.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Second) // two and a half lease durations
+	awaitRedisTime(t, c, redisTime(t, c).Add(5*time.Second)) // two and a half lease durations
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
 		t.Fatalf("Acquire while a renewed lease is held = %v, want a refusal", err)
 	}
@@ -388,7 +415,7 @@ func TestFailureModes(t *testing.T) {
 	}
 
 	s.Restart()
-	time.Sleep(cooldown) // until the limiters ask again
+	awaitCooled(t, throw, allow, deny) // until the limiters ask again
 	for _, l := range []*Limiter{throw, allow, deny} {
 		if _, err := l.Acquire(context.Background()); err != nil {
 			t.Errorf("%v after Redis came back: %v", l.mode, err)
@@ -442,11 +469,7 @@ func TestConcurrencyQueue(t *testing.T) {
 
 func waitQueued(t *testing.T, l *Limiter, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); l.Statistics().QueuedPermits != n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("queued %d, want %d", l.Statistics().QueuedPermits, n)
-		}
-	}
+	clocktest.Eventually(t, fmt.Sprint(n, " queued"), func() bool { return l.Statistics().QueuedPermits == n })
 }
 
 func TestWindowQueueWaitsRetryAfter(t *testing.T) {
