@@ -3,6 +3,7 @@ package sdkgrpc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/egressd/egressd/internal/pipenet"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/partition"
 	"github.com/egressd/egressd/pkg/sdk"
@@ -90,10 +93,28 @@ func (h *healthServer) handlerCtx(i int) context.Context {
 	return h.seen[i]
 }
 
-// listen runs a loopback gRPC server with opts; it returns its address.
+// The tests' servers and clients meet on an in-memory network, so that
+// the tests of timing (retries, pushback, hedging) run in synctest
+// bubbles, whose clock a loopback socket would keep from moving.
+var (
+	network pipenet.Network
+	servers atomic.Int64
+)
+
+// newClient is NewClient dialling over the tests' network, unless o has a
+// dialer of its own.
+func newClient(o ClientOptions) *Client {
+	if o.Dial == nil {
+		o.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return network.DialContext(ctx, "tcp", addr) }
+	}
+	return NewClient(o)
+}
+
+// listen runs a gRPC server with opts on the tests' network; it returns
+// its address.
 func listen(t *testing.T, h *healthServer, opts ...grpc.ServerOption) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	lis, err := network.Listen(fmt.Sprintf("srv%d.test:443", servers.Add(1)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,18 +216,20 @@ func TestUnaryRetries(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := &healthServer{steps: tt.steps}
-			hc := dial(t, listen(t, h), NewClient(ClientOptions{Policy: testPolicy(3)}))
-			_, res, err := check(t, hc, context.Background())
-			if got := status.Code(err); got != tt.wantCode {
-				t.Fatalf("status %v (%v), want %v", got, err, tt.wantCode)
-			}
-			if got := log(res); !slices.Equal(got, tt.wantLog) {
-				t.Errorf("attempt log %q, want %q", got, tt.wantLog)
-			}
-			if d := res.Attempts[0].Delay(); d != tt.wantDelay {
-				t.Errorf("first delay %v, want %v", d, tt.wantDelay)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				h := &healthServer{steps: tt.steps}
+				hc := dial(t, listen(t, h), newClient(ClientOptions{Policy: testPolicy(3)}))
+				_, res, err := check(t, hc, context.Background())
+				if got := status.Code(err); got != tt.wantCode {
+					t.Fatalf("status %v (%v), want %v", got, err, tt.wantCode)
+				}
+				if got := log(res); !slices.Equal(got, tt.wantLog) {
+					t.Errorf("attempt log %q, want %q", got, tt.wantLog)
+				}
+				if d := res.Attempts[0].Delay(); d != tt.wantDelay {
+					t.Errorf("first delay %v, want %v", d, tt.wantDelay)
+				}
+			})
 		})
 	}
 }
@@ -214,7 +237,9 @@ func TestUnaryRetries(t *testing.T) {
 // A server whose partitioned limiter refuses: the refusal is
 // RESOURCE_EXHAUSTED with the limiter's hint as pushback, which the client
 // waits out before its retry is admitted.
-func TestServerRefusalWithPushback(t *testing.T) {
+func TestServerRefusalWithPushback(t *testing.T) { synctest.Test(t, testServerRefusalWithPushback) }
+
+func testServerRefusalWithPushback(t *testing.T) {
 	s, err := servegrpc.New(servegrpc.Options{Policies: []servegrpc.Policy{{
 		Name: "per-peer", Partition: servegrpc.ByPeer,
 		Limiter: partition.Options{Local: &limit.Options{PerWindow: &limit.PerWindowOptions{Permits: 1, Window: time.Second}}},
@@ -226,7 +251,7 @@ func TestServerRefusalWithPushback(t *testing.T) {
 	addr := listen(t, h, s.ServerOptions()...)
 
 	// A client without retries sees the refusal as it is.
-	plain := dial(t, addr, NewClient(ClientOptions{Policy: testPolicy(1)}))
+	plain := dial(t, addr, newClient(ClientOptions{Policy: testPolicy(1)}))
 	if _, _, err := check(t, plain, context.Background()); err != nil {
 		t.Fatalf("first call: %v", err)
 	}
@@ -241,7 +266,7 @@ func TestServerRefusalWithPushback(t *testing.T) {
 	}
 
 	// One with retries waits the pushback and gets through.
-	retrying := dial(t, addr, NewClient(ClientOptions{Policy: testPolicy(3)}))
+	retrying := dial(t, addr, newClient(ClientOptions{Policy: testPolicy(3)}))
 	_, res, err := check(t, retrying, context.Background())
 	if err != nil {
 		t.Fatalf("retrying call: %v (%q)", err, log(res))
@@ -267,14 +292,16 @@ func firstOf(vs []string) string {
 // Criticality and the remaining deadline cross in metadata: the handler's
 // context holds them (the criticality within the ceiling, the deadline no
 // later than sent), and the metadata it sees no longer has them.
-func TestPropagateAndEdge(t *testing.T) {
+func TestPropagateAndEdge(t *testing.T) { synctest.Test(t, testPropagateAndEdge) }
+
+func testPropagateAndEdge(t *testing.T) {
 	s, err := servegrpc.New(servegrpc.Options{Criticality: serve.CriticalityOptions{Default: sdk.Critical, Ceiling: sdk.Critical}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &healthServer{steps: []step{serving}}
 	addr := listen(t, h, s.ServerOptions()...)
-	hc := dial(t, addr, NewClient(ClientOptions{Policy: testPolicy(1), Propagate: true}))
+	hc := dial(t, addr, newClient(ClientOptions{Policy: testPolicy(1), Propagate: true}))
 
 	for i, tt := range []struct {
 		sent, want sdk.Criticality
@@ -302,7 +329,7 @@ func TestPropagateAndEdge(t *testing.T) {
 // its establishment's attempt: both messages arrive.
 func TestStream(t *testing.T) {
 	h := &healthServer{}
-	hc := dial(t, listen(t, h), NewClient(ClientOptions{Policy: sdk.HTTPDefaults(), Propagate: true}))
+	hc := dial(t, listen(t, h), newClient(ClientOptions{Policy: sdk.HTTPDefaults(), Propagate: true}))
 	var res Result
 	ctx := sdk.WithCriticality(context.Background(), sdk.Sheddable)
 	st, err := hc.Watch(WithResult(ctx, &res), &healthpb.HealthCheckRequest{})
@@ -325,16 +352,13 @@ func TestStream(t *testing.T) {
 
 // A stream that cannot be established is retried, then fails with its
 // status.
-func TestStreamEstablishmentRetried(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close() // nothing listens: every dial is refused
-	hc := dial(t, addr, NewClient(ClientOptions{Policy: testPolicy(2)}))
+func TestStreamEstablishmentRetried(t *testing.T) { synctest.Test(t, testStreamEstablishmentRetried) }
+
+func testStreamEstablishmentRetried(t *testing.T) {
+	// Nothing listens there: every dial is refused.
+	hc := dial(t, "nobody.test:443", newClient(ClientOptions{Policy: testPolicy(2)}))
 	var res Result
-	_, err = hc.Watch(WithResult(context.Background(), &res), &healthpb.HealthCheckRequest{})
+	_, err := hc.Watch(WithResult(context.Background(), &res), &healthpb.HealthCheckRequest{})
 	if status.Code(err) != codes.Unavailable || !errors.Is(err, sdk.ErrAttemptsExhausted) {
 		t.Fatalf("Watch: %v, want UNAVAILABLE after the attempts ran out", err)
 	}
@@ -345,7 +369,9 @@ func TestStreamEstablishmentRetried(t *testing.T) {
 
 // The first Check stalls; the hedge answers, and the stalled call is
 // cancelled at the server. A method not marked idempotent is never hedged.
-func TestHedging(t *testing.T) {
+func TestHedging(t *testing.T) { synctest.Test(t, testHedging) }
+
+func testHedging(t *testing.T) {
 	for _, idempotent := range []bool{true, false} {
 		// The hedge waits in Admit until the first call has reached the
 		// server, so that the first attempt's is the call that stalls,
@@ -367,7 +393,7 @@ func TestHedging(t *testing.T) {
 			}
 			return verdict.Verdict{}
 		}
-		hc := dial(t, listen(t, h), NewClient(ClientOptions{Policy: p, Idempotent: func(m string) bool { return idempotent && m == checkMethod }}))
+		hc := dial(t, listen(t, h), newClient(ClientOptions{Policy: p, Idempotent: func(m string) bool { return idempotent && m == checkMethod }}))
 		// Not hedged, the call stalls until its deadline: a short one.
 		timeout := time.Minute
 		if !idempotent {
@@ -430,7 +456,6 @@ func TestKernelRefusalAttributed(t *testing.T) {
 func TestServersUnavailableBesideARefusedDial(t *testing.T) {
 	h := &healthServer{steps: []step{serving, fail(codes.Unavailable, ""), serving}}
 	good, blocked := listen(t, h), "127.0.0.1:9"
-	var d net.Dialer
 	p := testPolicy(3)
 	p.Classifier = sdk.DefaultClassifier().WithAttributor(func(context.Context, error) (*sdk.RateLimitedError, bool) {
 		return &sdk.RateLimitedError{Limiter: "payments-egress"}, true
@@ -439,7 +464,7 @@ func TestServersUnavailableBesideARefusedDial(t *testing.T) {
 		if addr == blocked {
 			return nil, eperm()
 		}
-		return d.DialContext(ctx, "tcp", addr)
+		return network.DialContext(ctx, "tcp", addr)
 	}})
 	hc := dial(t, good, c)
 	if _, _, err := check(t, hc, context.Background()); err != nil {
