@@ -14,17 +14,17 @@ import (
 func TestAdvance(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
-		var fired []time.Duration
+		fired := make(chan time.Duration, 2) // when each timer's function ran
 		for _, d := range []time.Duration{time.Second, 3 * time.Second} {
-			time.AfterFunc(d, func() { fired = append(fired, time.Since(start)) })
+			time.AfterFunc(d, func() { fired <- time.Since(start) })
 		}
 		clocktest.Advance(2 * time.Second)
-		if got := time.Since(start); got != 2*time.Second || len(fired) != 1 || fired[0] != time.Second {
-			t.Fatalf("after Advance(2s): %v passed, timers fired at %v; want 2s, [1s]", got, fired)
+		if got := time.Since(start); got != 2*time.Second || len(fired) != 1 || <-fired != time.Second {
+			t.Fatalf("after Advance(2s): %v passed; want 2s, and the 1s timer's function run, alone", got)
 		}
 		clocktest.Advance(time.Second)
-		if len(fired) != 2 || fired[1] != 3*time.Second {
-			t.Fatalf("after Advance(1s) more: timers fired at %v; want [1s 3s]", fired)
+		if len(fired) != 1 || <-fired != 3*time.Second {
+			t.Fatal("after Advance(1s) more: the 3s timer's function did not run at 3s")
 		}
 	})
 }
