@@ -78,7 +78,7 @@ func TestDaemonLimitsAnyLanguage(t *testing.T) {
 	d := e.start(t)
 
 	// The CLI before any traffic.
-	if out := e.ok(t, "limit", "ls"); !regexp.MustCompile(`(?m)^web\s+concurrency\s+2\s+0\s+0\s+0\s+0\s+policy\s+installed\s*$`).MatchString(out) {
+	if out := e.ok(t, "limit", "ls"); !regexp.MustCompile(`(?m)^web\s+concurrency\s+tcp\s+2\s+0\s+0\s+0\s+0\s+policy\s+installed\s*$`).MatchString(out) {
 		t.Errorf("limit ls:\n%s", out)
 	}
 	var ls []control.Limit
@@ -273,7 +273,7 @@ func TestDaemonRestartKeepsCLILimits(t *testing.T) {
 	var ls []control.Limit
 	e.json(t, &ls, "limit", "ls")
 	checkLimits(t, ls, want)
-	if out := e.ok(t, "limit", "ls"); !regexp.MustCompile(`(?m)^api\s+concurrency\s+1\s+1\s+0\s+1\s+2\s+cli\s+installed\s*$`).MatchString(out) {
+	if out := e.ok(t, "limit", "ls"); !regexp.MustCompile(`(?m)^api\s+concurrency\s+tcp\s+1\s+1\s+0\s+1\s+2\s+cli\s+installed\s*$`).MatchString(out) {
 		t.Errorf("limit ls after the restart:\n%s", out)
 	}
 	// Still enforced by the new daemon at the CLI's limit, not the file's.
@@ -356,7 +356,7 @@ func TestDaemonKilledUnderChurn(t *testing.T) {
 		Name: "web", Source: "policy", Limit: limit, Live: int64(held),
 		Admitted: uint64(held + admitted + failed), Refused: uint64(refused + churnRefused),
 	}})
-	if out := e.ok(t, "limit", "ls"); !regexp.MustCompile(fmt.Sprintf(`(?m)^web\s+concurrency\s+%d\s+%d\s`, limit, held)).MatchString(out) {
+	if out := e.ok(t, "limit", "ls"); !regexp.MustCompile(fmt.Sprintf(`(?m)^web\s+concurrency\s+tcp\s+%d\s+%d\s`, limit, held)).MatchString(out) {
 		t.Errorf("limit ls after the restart:\n%s", out)
 	}
 	// The new daemon enforces, and releases what the holder gives back.
