@@ -25,24 +25,32 @@ import (
 // runAgent dials and closes connections on command, one per line on stdin:
 // "dial ADDR TIMEOUT" answers "ok ID" or "err ERRNO"; "close ID" answers
 // "ok"; "loop ADDR N" connects and closes N times with bare syscalls and
-// answers "ok NS", the mean time of one connect()+close(); "refused ADDR
-// N" does the same with connects that must fail with EPERM; "echo ADDR N"
-// opens one connection, sends a byte and reads one back N times, and
-// answers "ok NS", the mean round trip; "storm ADDR PORTS RATE DURATION"
-// connects at RATE per second for DURATION to ADDR's port and the next
-// PORTS-1, one after the other, and answers "ok N ERRS", the connects made
-// and how many failed with EPERM; "until-refused ADDR TIMEOUT" connects and
-// closes until a connect fails with EPERM and answers "ok", or "timeout";
-// "hold ADDR N" opens N sockets and connects each to ADDR, port after port,
-// keeping them whether connect() succeeds or fails, and answers "ok N"
-// with the connects that did not fail with EPERM; "release" closes them;
-// "accept ADDR N" listens on ADDR and accepts N connections in the
-// background, keeping them, and answers "ok" once it listens; "pin CPU"
-// keeps the helper's commands on one CPU.
+// answers "ok NS", the mean time of one connect()+close(); "refused ADDR N"
+// does the same with connects that must fail with EPERM; "udp-send ADDR N"
+// sends N one-byte datagrams to ADDR from a UDP socket the helper keeps for
+// the next udp-send, and answers "ok NS", the mean time of one sendto();
+// "udp-open ADDR N" opens a UDP socket, sends it one datagram to ADDR and
+// closes it, N times, and answers "ok NS", the mean time of one
+// socket()+sendto()+close(); "sendto ADDR" does that once and answers "ok"
+// or "err ERRNO"; "echo ADDR N" opens one connection, sends a byte and reads
+// one back N times, and answers "ok NS", the mean round trip; "storm PROTO
+// ADDR PORTS RATE DURATION" opens a socket of PROTO (tcp or udp) at RATE per
+// second for DURATION, connects it (tcp) or sends it a datagram (udp) to
+// ADDR's port and the next PORTS-1, one after the other, and closes it, and
+// answers "ok N ERRS", the sockets opened and how many of the connects or
+// sends failed with EPERM; "until-refused ADDR TIMEOUT" connects and closes
+// until a connect fails with EPERM and answers "ok", or "timeout"; "hold
+// ADDR N" opens N sockets and connects each to ADDR, port after port,
+// keeping them whether connect() succeeds or fails, and answers "ok N" with
+// the connects that did not fail with EPERM; "release" closes them; "accept
+// ADDR N" listens on ADDR and accepts N connections in the background,
+// keeping them, and answers "ok" once it listens; "pin CPU" keeps the
+// helper's commands on one CPU.
 func runAgent([]string) error {
 	conns := map[int]net.Conn{}
 	next := 0
 	var held []int
+	udp := -1 // udp-send's socket
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
@@ -66,6 +74,34 @@ func runAgent([]string) error {
 				return err
 			}
 			fmt.Printf("ok %d\n", per.Nanoseconds())
+		case len(f) == 3 && f[0] == "udp-send":
+			if udp < 0 {
+				var err error
+				if udp, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+					return err
+				}
+			}
+			per, err := sendLoop(udp, f[1], f[2])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("ok %d\n", per.Nanoseconds())
+		case len(f) == 3 && f[0] == "udp-open":
+			per, err := sendLoop(-1, f[1], f[2])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("ok %d\n", per.Nanoseconds())
+		case len(f) == 2 && f[0] == "sendto":
+			sa, _, err := parseTarget(f[1], "1")
+			if err != nil {
+				return err
+			}
+			if err := try(unix.SOCK_DGRAM, sa); err != nil {
+				fmt.Printf("err %d\n", Errno(err))
+				continue
+			}
+			fmt.Println("ok")
 		case len(f) == 3 && f[0] == "echo":
 			per, err := echoLoop(f[1], f[2])
 			if err != nil {
@@ -133,8 +169,8 @@ func runAgent([]string) error {
 			}
 			held = nil
 			fmt.Println("ok")
-		case len(f) == 5 && f[0] == "storm":
-			n, refused, err := refusalStorm(f[1], f[2], f[3], f[4])
+		case len(f) == 6 && f[0] == "storm":
+			n, refused, err := refusalStorm(f[1], f[2], f[3], f[4], f[5])
 			if err != nil {
 				return err
 			}
@@ -414,9 +450,56 @@ func echoLoop(addr, count string) (time.Duration, error) {
 	return time.Since(start) / time.Duration(n), nil
 }
 
-// refusalStorm connects at rate per second for d to ports consecutive
-// ports from addr's, in steps of a millisecond's worth.
-func refusalStorm(addr, ports, rate, d string) (n, refused int, err error) {
+// sendLoop sends count one-byte datagrams to addr: from fd, or, for a
+// negative fd, each from a socket of its own, opened for it and closed
+// after.
+func sendLoop(fd int, addr, count string) (time.Duration, error) {
+	sa, n, err := parseTarget(addr, count)
+	if err != nil {
+		return 0, err
+	}
+	buf := []byte{1}
+	start := time.Now()
+	for range n {
+		if fd >= 0 {
+			err = unix.Sendto(fd, buf, 0, sa)
+		} else {
+			err = try(unix.SOCK_DGRAM, sa)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("send to %s: %w", addr, err)
+		}
+	}
+	return time.Since(start) / time.Duration(n), nil
+}
+
+// try opens a socket of typ (SOCK_STREAM or SOCK_DGRAM), connects it
+// (TCP) or sends it one byte (UDP) to sa, and closes it. It returns what
+// connect() or sendto() returned, or the socket's own error wrapped, which
+// no caller takes for a refusal (EPERM).
+func try(typ int, sa *unix.SockaddrInet4) error {
+	fd, err := unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if typ == unix.SOCK_DGRAM {
+		return unix.Sendto(fd, []byte{1}, 0, sa)
+	}
+	return unix.Connect(fd, sa)
+}
+
+// stormTypes are the socket types of the storm's protocols.
+var stormTypes = map[string]int{"tcp": unix.SOCK_STREAM, "udp": unix.SOCK_DGRAM}
+
+// refusalStorm tries proto's connects (tcp) or first datagrams (udp) at
+// rate per second for d to ports consecutive ports from addr's, each from
+// a socket of its own, in steps of a millisecond's worth.
+func refusalStorm(proto, addr, ports, rate, d string) (n, refused int, err error) {
+	typ, ok := stormTypes[proto]
+	if !ok {
+		return 0, 0, fmt.Errorf("storm: protocol %q, want tcp or udp", proto)
+	}
 	sa, nports, err := parseTarget(addr, ports)
 	if err != nil {
 		return 0, 0, err
@@ -434,15 +517,10 @@ func refusalStorm(addr, ports, rate, d string) (n, refused int, err error) {
 	for elapsed := time.Duration(0); elapsed < dur; elapsed = time.Since(start) {
 		// Catch up to where the rate says we should be.
 		for due := int(elapsed.Seconds() * float64(perSecond)); n < due; n++ {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-			if err != nil {
-				return n, refused, err
-			}
 			sa.Port = first + n%nports
-			if unix.Connect(fd, sa) == unix.EPERM {
+			if try(typ, sa) == unix.EPERM {
 				refused++
 			}
-			unix.Close(fd)
 		}
 		time.Sleep(time.Millisecond)
 	}
