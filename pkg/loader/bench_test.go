@@ -30,20 +30,58 @@ func sinkServer(b *testing.B) netip.AddrPort {
 	return serve(b, "tcp4", "127.0.0.1:0", func(c net.Conn) { c.Close() })
 }
 
-// costCase is one datapath whose BPF run time per connect() a benchmark
-// measures, from a helper process in a cgroup of its own.
+// costCase is one datapath whose BPF run time per connect() (or per send)
+// a benchmark measures, from a helper process in a cgroup of its own.
 type costCase struct {
-	name  string
-	rule  *Rule
+	name string
+	rule *Rule
+	// empty, when set, are the hooks that get programs doing nothing
+	// (see emptyPrograms) instead of the datapath; with bare, nothing is
+	// attached.
+	empty []program
+	bare  bool
 	cmd   string // the agent's loop: "loop" admits, "refused" must fail
 	held  int    // connections the agent holds open on the rule throughout
 	agent *privtest.Child
+	d     *Datapath // the case's, if it has one
 	stats func() (map[string]ProgramStats, error)
 	// ns holds, per round, the run time per connect() summed over every
-	// program; progs the run time per connect() of each over all rounds.
-	ns    []float64
-	progs map[string]float64
-	runs  map[string]float64
+	// program, and wall the agent's own time per connect(); progs, per
+	// program, its run time per connect() in each round, and runs its
+	// runs per connect() over all rounds.
+	ns, wall []float64
+	progs    map[string][]float64
+	runs     map[string]float64
+}
+
+// setUp gives the case a cgroup of its own, attaches what it measures
+// there and starts its agent in it.
+func (c *costCase) setUp(b *testing.B) {
+	b.Helper()
+	cg := privtest.Cgroup(b, "bench")
+	c.progs, c.runs = map[string][]float64{}, map[string]float64{}
+	if c.cmd == "" {
+		c.cmd = "loop"
+	}
+	switch {
+	case c.bare:
+		c.stats = func() (map[string]ProgramStats, error) { return nil, nil }
+	case c.empty != nil:
+		c.stats = emptyPrograms(b, cg, c.empty)
+	default:
+		d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Uninstall() })
+		if c.rule != nil {
+			if err := d.Put(*c.rule); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c.d, c.stats = d, d.ProgramStats
+	}
+	c.agent = privtest.Spawn(b, cg, "agent")
 }
 
 // round runs n connects of the case's agent and records their cost.
@@ -52,8 +90,11 @@ func (c *costCase) round(b *testing.B, target netip.AddrPort, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	var wall float64
 	if reply := c.agent.Call(b, "%s %s %d", c.cmd, target, n); !strings.HasPrefix(reply, "ok") {
 		b.Fatalf("%s: %s", c.name, reply)
+	} else if _, err := fmt.Sscanf(reply, "ok %g", &wall); err != nil {
+		b.Fatalf("%s: %q: %v", c.name, reply, err)
 	}
 	after, err := c.stats()
 	if err != nil {
@@ -63,10 +104,28 @@ func (c *costCase) round(b *testing.B, target netip.AddrPort, n int) {
 	for name, a := range after {
 		d := a.Runtime - before[name].Runtime
 		total += d
-		c.progs[name] += float64(d) / float64(n)
+		c.progs[name] = append(c.progs[name], float64(d)/float64(n))
 		c.runs[name] += float64(a.Runs-before[name].Runs) / float64(n)
 	}
 	c.ns = append(c.ns, float64(total)/float64(n))
+	c.wall = append(c.wall, wall)
+}
+
+// programs says, for each program that ran, its mean run time per
+// connect() over the rounds and its runs per connect().
+func (c *costCase) programs(rounds int) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(c.progs)) {
+		if c.runs[name] == 0 {
+			continue
+		}
+		var sum float64
+		for _, ns := range c.progs[name] {
+			sum += ns
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f (%.2f)", name, sum/float64(rounds), c.runs[name]/float64(rounds)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func median(d []float64) float64 {
@@ -75,22 +134,27 @@ func median(d []float64) float64 {
 	return d[len(d)/2]
 }
 
-// emptyPrograms attaches programs that only return 1 at the hooks the
-// datapath uses on every connection: what any program there costs, with
-// kernel.bpf_stats_enabled on, before it does anything.
-func emptyPrograms(b *testing.B, cg string) func() (map[string]ProgramStats, error) {
+// medianOf is the median over the rounds of f of round i.
+func medianOf(rounds int, f func(i int) float64) float64 {
+	d := make([]float64, rounds)
+	for i := range d {
+		d[i] = f(i)
+	}
+	return median(d)
+}
+
+// emptyPrograms attaches programs that only return 1 at the datapath's
+// hooks progs: what any program there costs, with kernel.bpf_stats_enabled
+// on, before it does anything.
+func emptyPrograms(b *testing.B, cg string, progs []program) func() (map[string]ProgramStats, error) {
 	b.Helper()
-	progs := map[string]*ebpf.Program{}
-	for _, h := range []struct {
-		name   string
-		typ    ebpf.ProgramType
-		attach ebpf.AttachType
-	}{
-		{"connect4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect},
-		{"sockops", ebpf.SockOps, ebpf.AttachCGroupSockOps},
-		{"sock_release", ebpf.CGroupSock, ebpf.AttachCgroupInetSockRelease},
-	} {
-		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: h.typ, AttachType: h.attach, License: "GPL",
+	spec, err := loadEgressd()
+	if err != nil {
+		b.Fatal(err)
+	}
+	empty := map[string]*ebpf.Program{}
+	for _, h := range progs {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: spec.Programs["egressd_"+h.name].Type, AttachType: h.attach, License: "GPL",
 			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
 		if err != nil {
 			b.Fatal(err)
@@ -101,11 +165,11 @@ func emptyPrograms(b *testing.B, cg string) func() (map[string]ProgramStats, err
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { l.Close() })
-		progs[h.name] = p
+		empty[h.name] = p
 	}
 	return func() (map[string]ProgramStats, error) {
 		out := map[string]ProgramStats{}
-		for name, p := range progs {
+		for name, p := range empty {
 			st, err := p.Stats()
 			if err != nil {
 				return nil, err
@@ -129,7 +193,7 @@ func BenchmarkKernelCost(b *testing.B) {
 	srv := sinkServer(b)
 	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
 	cases := []*costCase{
-		{name: "empty programs"},
+		{name: "empty programs", empty: connPrograms},
 		{name: "no-rules"},
 		{name: "no-match", rule: &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1000}},
 		{name: "refused", rule: &Rule{Name: "c", Dests: local, Limit: 0}, cmd: "refused"},
@@ -146,27 +210,7 @@ func BenchmarkKernelCost(b *testing.B) {
 		{name: "concurrency+requests", rule: &Rule{Name: "c", Dests: local, Limit: 1000, Requests: true}},
 	}
 	for _, c := range cases {
-		cg := privtest.Cgroup(b, "bench")
-		c.progs, c.runs = map[string]float64{}, map[string]float64{}
-		if c.cmd == "" {
-			c.cmd = "loop"
-		}
-		if c.name == "empty programs" {
-			c.stats = emptyPrograms(b, cg)
-		} else {
-			d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(b), MaxRules: 64})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { d.Uninstall() })
-			if c.rule != nil {
-				if err := d.Put(*c.rule); err != nil {
-					b.Fatal(err)
-				}
-			}
-			c.stats = d.ProgramStats
-		}
-		c.agent = privtest.Spawn(b, cg, "agent")
+		c.setUp(b)
 		for range c.held {
 			// The server closes its end at once: the client's stays in
 			// CLOSE_WAIT, holding its slot.
@@ -194,32 +238,15 @@ func BenchmarkKernelCost(b *testing.B) {
 	b.Logf("%-22s %9s %6s  per program: ns (runs); BPF run time per connect(), median of %d rounds of %d; x = times no-rules in the same round",
 		"case", "ns", "x", rounds, perRound)
 	for _, c := range cases {
-		ratios := make([]float64, rounds)
-		for i := range ratios {
-			ratios[i] = c.ns[i] / cases[1].ns[i]
-		}
-		var parts []string
-		for _, name := range slices.Sorted(maps.Keys(c.progs)) {
-			if c.runs[name] == 0 {
-				continue
-			}
-			parts = append(parts, fmt.Sprintf("%s %.0f (%.2f)", name, c.progs[name]/float64(rounds), c.runs[name]/float64(rounds)))
-		}
-		b.Logf("%-22s %9.0f %6.2f  %s", c.name, median(c.ns), median(ratios), strings.Join(parts, ", "))
+		x := medianOf(rounds, func(i int) float64 { return c.ns[i] / cases[1].ns[i] })
+		b.Logf("%-22s %9.0f %6.2f  %s", c.name, median(c.ns), x, c.programs(rounds))
 		b.ReportMetric(median(c.ns), strings.ReplaceAll(c.name, " ", "-")+"-ns")
-		b.ReportMetric(median(ratios), strings.ReplaceAll(c.name, " ", "-")+"-x")
+		b.ReportMetric(x, strings.ReplaceAll(c.name, " ", "-")+"-x")
 	}
 	// The refusal target: a refused connect() costs no more than
 	// one that matches no rule (with rules loaded), round by round.
-	byName := map[string]*costCase{}
-	for _, c := range cases {
-		byName[c.name] = c
-	}
-	ratios := make([]float64, rounds)
-	for i := range ratios {
-		ratios[i] = byName["refused"].ns[i] / byName["no-match"].ns[i]
-	}
-	b.ReportMetric(median(ratios), "refused/no-match")
+	refused, noMatch := cases[3], cases[2]
+	b.ReportMetric(medianOf(rounds, func(i int) float64 { return refused.ns[i] / noMatch.ns[i] }), "refused/no-match")
 }
 
 // BenchmarkRequestTracking reports what tracking requests costs per
@@ -571,8 +598,8 @@ func BenchmarkRuleScale(b *testing.B) {
 		s.load = time.Since(start)
 		s.memIn = kernelMemory(b, d)
 		agent := privtest.Spawn(b, cg, "agent")
-		s.admit = &costCase{name: "admitted", cmd: "loop", agent: agent, stats: d.ProgramStats, progs: map[string]float64{}, runs: map[string]float64{}}
-		s.nomatch = &costCase{name: "no-match", cmd: "loop", agent: agent, stats: d.ProgramStats, progs: map[string]float64{}, runs: map[string]float64{}}
+		s.admit = &costCase{name: "admitted", cmd: "loop", agent: agent, stats: d.ProgramStats, progs: map[string][]float64{}, runs: map[string]float64{}}
+		s.nomatch = &costCase{name: "no-match", cmd: "loop", agent: agent, stats: d.ProgramStats, progs: map[string][]float64{}, runs: map[string]float64{}}
 	}
 	stats, err := EnableStats()
 	if err != nil {
