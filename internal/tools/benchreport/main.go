@@ -30,8 +30,9 @@ func main() {
 // suites are the Go benchmarks, each run in its package; benchtime, when
 // set, overrides the report's (benchmarks that alternate rounds want more).
 var suites = []struct{ title, pkg, pattern, benchtime, note string }{
-	{"Kernel datapath", "./pkg/loader/", ".", "8s", "BPF run time per connect() (kernel.bpf_stats_enabled) summed over all programs, the cases taking turns in one run, with empty programs at the same hooks (the floor any program there costs), a refused connect() and a concurrency rule's connect() while 100 or 4,096 others hold their slots (the socket table's hot part full, then its warm part too; go test keeps the first nine cases' lines of the log below, every case's figures are in the table); request tracking per packet, client and server pinned to one CPU and to two; connect()+close() plain, limited by egressd and by nftables `ct count`, each in its own network namespace, rounds alternating on one CPU; 100,000 rules beside 10; 1,000,000 tracked sockets; rule updates."},
-	{"Daemon", "./tests/", "RefusalStorm|Policy100k|Daemon100k", "", "The built egressd: its CPU during refusal storms at 50,000 a second (from /proc, with its idle CPU for comparison); a 100,000-rule policy from file to enforcement at start, on a reload that adds a rule and on one that changes every rule (three starts, each reload after 5 s idle; the mean and the slowest; the start's phases as the daemon logs them: reading the file, waiting for the datapath opened meanwhile, installing the rules; with the YAML parse alone, the daemon's page faults, and what the first touch of a 4 KiB page costs on this machine); and what a daemon enforcing 100,000 rules costs idle, per metrics scrape (gzip asked, as Prometheus does; the first after start, then the mean and the slowest of five, with the default --metrics-rules 500 and with 1,000), per list of every rule (with the time to its first row), of the 111 rules a name pattern picks and of the 50 busiest that top asks for, and per list of events."},
+	{"Kernel datapath", "./pkg/loader/", ".", "8s", "BPF run time per connect() (kernel.bpf_stats_enabled) summed over all programs, the cases taking turns in one run, with empty programs at the same hooks (the floor any program there costs), a refused connect() and a concurrency rule's connect() while 100 or 4,096 others hold their slots (the socket table's hot part full, then its warm part too; go test keeps the first nine cases' lines of the log below, every case's figures are in the table); the same per UDP datagram sent to an address, the cases taking turns likewise: with nothing attached, empty programs, no rule matching and on an open flow, and per socket that opens a flow with its one datagram and ends it at its close (the send's and the release's programs), beside an admitted TCP connect()+close(), with the agent's wall time per send; request tracking per packet, client and server pinned to one CPU and to two; connect()+close() plain, limited by egressd and by nftables `ct count`, each in its own network namespace, rounds alternating on one CPU; 100,000 rules beside 10; 1,000,000 tracked sockets; rule updates."},
+	{"Daemon", "./tests/", "Policy100k|Daemon100k", "", "The built egressd: a 100,000-rule policy from file to enforcement at start, on a reload that adds a rule and on one that changes every rule (three starts, each reload after 5 s idle; the mean and the slowest; the start's phases as the daemon logs them: reading the file, waiting for the datapath opened meanwhile, installing the rules; with the YAML parse alone, the daemon's page faults, and what the first touch of a 4 KiB page costs on this machine); and what a daemon enforcing 100,000 rules costs idle, per metrics scrape (gzip asked, as Prometheus does; the first after start, then the mean and the slowest of five, with the default --metrics-rules 500 and with 1,000), per list of every rule (with the time to its first row), of the 111 rules a name pattern picks and of the 50 busiest that top asks for, and per list of events."},
+	{"Refusal storms", "./tests/", "RefusalStorm", "3x", "The built egressd's CPU during refusal storms at 50,000 a second (from /proc, with its idle CPU for comparison): TCP connect()s and UDP datagrams that would open a flow (the udp- figures), three seconds each, taking turns against one daemon in three rounds; udp/tcp-per-refusal is the median of the rounds' ratios."},
 	{"In-process limiters", "./pkg/limit/", ".", "", "Acquire+Release per shape, serial and parallel."},
 	{"SDK executor", "./pkg/sdk/", ".", "", "Run on the success path."},
 	{"Adaptive controller", "./pkg/adaptive/", ".", "", "Recording one latency sample."},
@@ -67,8 +68,9 @@ func run(out, benchtime string) error {
 		writeTable(&b, text, figures)
 		writeLogs(&b, text)
 	}
-	writeTargets(&b, "Datapath targets (issue 17)", targets, figures)
+	writeTargets(&b, "Datapath targets (issue 17)", issue17, figures)
 	writeTargets(&b, "Daemon at 100,000 rules (issue 49)", daemonTargets, figures)
+	writeTargets(&b, "UDP flows (issue 45)", issue45, figures)
 	for _, m := range modules {
 		fmt.Fprintf(os.Stderr, "comparison: %s\n", m.dir)
 		text, err := command(m.dir, "go", "run", ".")
@@ -136,7 +138,7 @@ func writeLogs(b *bytes.Buffer, text string) {
 	}
 }
 
-// target is one of the issues' targets, judged from the figures.
+// target is one of an issue's targets, judged from the figures.
 type target struct {
 	what string
 	got  func(f map[string]float64) (value float64, ok bool)
@@ -148,7 +150,7 @@ func fig(name string) func(map[string]float64) (float64, bool) {
 	return func(f map[string]float64) (float64, bool) { v, ok := f[name]; return v, ok }
 }
 
-var targets = []target{
+var issue17 = []target{
 	{"admitted connection (concurrency), BPF ns", fig("KernelCost concurrency-ns"), 1000, "ns"},
 	{"admitted connection (per second), BPF ns", fig("KernelCost per-second-ns"), 1000, "ns"},
 	{"admitted connection (per window), BPF ns", fig("KernelCost per-window-ns"), 1000, "ns"},
@@ -176,6 +178,20 @@ var daemonTargets = []target{
 	{"metrics scrape, daemon CPU (after the first)", fig("Daemon100k scrape-cpu-ms"), 100, "ms"},
 	{"metrics scrape with 1,000 rules' series / with 500", fig("Daemon100k scrape-1000/500"), 2.1, "x"},
 	{"idle daemon CPU per 10 s (before issue 49: 15-29 ms on the test VM)", fig("Daemon100k idle-cpu-ms/10s"), 30, "ms"},
+}
+
+// issue45 are the costs of counting UDP flows: a datagram's beyond empty
+// programs at the same hooks, within a round; a flow's life (the send
+// that opens it and its socket's release) against an admitted TCP
+// connection's (connect4, sockops, sock_release); the daemon's CPU per
+// refusal in a UDP storm against a TCP one.
+var issue45 = []target{
+	{"UDP send no rule matches, BPF ns beyond empty programs", fig("UDPCost no-match-over-floor-ns"), 20, "ns"},
+	{"UDP send on an open flow, BPF ns beyond empty programs", fig("UDPCost open-flow-over-floor-ns"), 60, "ns"},
+	{"UDP flow opened and ended (its send and release) / admitted TCP connection", fig("UDPCost opening/tcp-admitted"), 1, "x"},
+	{"daemon CPU per refusal, UDP / TCP, one client", fig("RefusalStorm/1-client udp/tcp-per-refusal"), 1, "x"},
+	{"daemon CPU per refusal, UDP / TCP, 16 clients", fig("RefusalStorm/16-clients udp/tcp-per-refusal"), 1, "x"},
+	{"daemon CPU per refusal, UDP / TCP, 65,535 destinations", fig("RefusalStorm/1-client-65535-ports udp/tcp-per-refusal"), 1, "x"},
 }
 
 // writeTargets judges targets from the figures of this run, under title.
