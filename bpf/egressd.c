@@ -32,6 +32,11 @@
 // and in the overflow hash only when all three are held by other live
 // sockets.
 //
+// UDP (cgroup/sendmsg4/6, recvmsg4/6, attached while a rule counts UDP
+// flows) runs for every datagram sent to an address. One to an address no
+// UDP rule's destinations may hold returns after three array lookups
+// (udp_dests).
+//
 // Refusals: a refused connect() takes no state and sends nothing. It
 // notes itself in its CPU's run in progress, a record folding refusals of
 // one process to one destination in a row (a storm from one client is one
@@ -472,6 +477,26 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } udp_ports SEC(".maps");
+
+/* Where UDP rules' destinations are, whatever their port and scope, for a
+ * datagram to look up a rule only if one may hold its address (see
+ * udp_ruled). The first UDP_BUCKETS bits are set by prefixes shorter than
+ * a network (an IPv4 /24, an IPv6 /48), one for each IPv4 /16 and each
+ * IPv6 /32 (its first 16 bits XOR its next 16) they hold; the 1 <<
+ * UDP_HASH_BITS after by networks and whole addresses, a bit for each
+ * network a longer prefix is in (each of an IPv4 /17 to /23's) and one for
+ * each whole address, hashed (see udp_hash). */
+#define UDP_BUCKETS (2 << 16)
+#define UDP_HASH_BITS 20
+#define UDP_NET4 0x55555555u /* what a network's hash is salted with */
+#define UDP_NET6 0xaaaaaaaau
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, (UDP_BUCKETS + (1 << UDP_HASH_BITS)) / 64);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} udp_dests SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -1361,6 +1386,41 @@ static __always_inline int udp_dest(const struct udp_flow *f, const __u8 *addr, 
 	return f->port == port && same_addr(f->addr, addr);
 }
 
+/* udp_hash is the bit of udp_dests of a network or address whose words,
+ * as loaded, XOR to folded (with a network's salt). */
+static __always_inline __u32 udp_hash(__u32 folded)
+{
+	return UDP_BUCKETS + (folded * 0x9e3779b1u >> (32 - UDP_HASH_BITS));
+}
+
+static __always_inline int udp_bit(__u32 b)
+{
+	__u32 word = b / 64;
+	__u64 *bits = bpf_map_lookup_elem(&udp_dests, &word);
+
+	return bits && (*bits >> (b % 64) & 1);
+}
+
+/* udp_ruled4 reports whether some UDP rule's destinations may hold an IPv4
+ * address (as user_ip4), and udp_ruled the same of any: a send elsewhere
+ * no rule limits, and costs three array lookups. */
+static __always_inline int udp_ruled4(__u32 ip)
+{
+	return udp_bit(bpf_ntohl(ip) >> 16) || udp_bit(udp_hash((ip & bpf_htonl(0xffffff00)) ^ UDP_NET4)) ||
+	       udp_bit(udp_hash(ip ^ bpf_htonl(0xffff)));
+}
+
+static __always_inline int udp_ruled(const __u8 *addr)
+{
+	const __u32 *w = (const __u32 *)addr;
+
+	if (!w[0] && !w[1] && w[2] == bpf_htonl(0xffff))
+		return udp_ruled4(w[3]);
+	return udp_bit(65536 + (((__u32)addr[0] << 8 | addr[1]) ^ ((__u32)addr[2] << 8 | addr[3]))) ||
+	       udp_bit(udp_hash(w[0] ^ (w[1] & bpf_htonl(0xffff0000)) ^ UDP_NET6)) ||
+	       udp_bit(udp_hash(w[0] ^ w[1] ^ w[2] ^ w[3]));
+}
+
 /* udp_walk carries a scan of a socket's flows through bpf_loop. */
 struct udp_walk {
 	struct udp_sock *us;
@@ -1492,8 +1552,9 @@ static __always_inline int on_udp_connect(struct bpf_sock_addr *ctx, struct rule
 }
 
 /* on_sendmsg runs for a datagram sent to an address (unconnected UDP, as
- * most QUIC stacks send): the first to a destination opens the socket's
- * flow to it, admitted or refused; the later ones only say it is active. */
+ * most QUIC stacks send) that some UDP rule's destinations may hold (see
+ * udp_dests): the first to a destination opens the socket's flow to it,
+ * admitted or refused; the later ones only say it is active. */
 static __always_inline int on_sendmsg(struct bpf_sock_addr *ctx, struct rule_key *key)
 {
 	struct bpf_sock *sk = ctx->sk;
@@ -1626,12 +1687,15 @@ int egressd_connect6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+/* A datagram to an address no UDP rule's destinations may hold (see
+ * udp_dests) returns before anything else: most of a host's, and what
+ * every datagram sent to an address pays, beside the program's call. */
 SEC("cgroup/sendmsg4")
 int egressd_sendmsg4(struct bpf_sock_addr *ctx)
 {
 	struct rule_key key = {};
 
-	if (!is_udp(ctx))
+	if (!is_udp(ctx) || !udp_ruled4(ctx->user_ip4))
 		return 1;
 	key4(&key, ctx);
 	return on_sendmsg(ctx, &key);
@@ -1645,6 +1709,8 @@ int egressd_sendmsg6(struct bpf_sock_addr *ctx)
 	if (!is_udp(ctx))
 		return 1;
 	key6(&key, ctx);
+	if (!udp_ruled(key.addr))
+		return 1;
 	return on_sendmsg(ctx, &key);
 }
 

@@ -271,6 +271,7 @@ const (
 	egressdMapSockStates          = "sock_states"
 	egressdMapSockTable           = "sock_table"
 	egressdMapSweep               = "sweep"
+	egressdMapUdpDests            = "udp_dests"
 	egressdMapUdpPorts            = "udp_ports"
 	egressdMapUdpSocks            = "udp_socks"
 	egressdMapWoken               = "woken"
@@ -390,6 +391,7 @@ type egressdMapSpecs struct {
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SockTable      *ebpf.MapSpec `ebpf:"sock_table"`
 	Sweep          *ebpf.MapSpec `ebpf:"sweep"`
+	UdpDests       *ebpf.MapSpec `ebpf:"udp_dests"`
 	UdpPorts       *ebpf.MapSpec `ebpf:"udp_ports"`
 	UdpSocks       *ebpf.MapSpec `ebpf:"udp_socks"`
 	Woken          *ebpf.MapSpec `ebpf:"woken"`
@@ -461,6 +463,7 @@ type egressdMaps struct {
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SockTable      *ebpf.Map `ebpf:"sock_table"`
 	Sweep          *ebpf.Map `ebpf:"sweep"`
+	UdpDests       *ebpf.Map `ebpf:"udp_dests"`
 	UdpPorts       *ebpf.Map `ebpf:"udp_ports"`
 	UdpSocks       *ebpf.Map `ebpf:"udp_socks"`
 	Woken          *ebpf.Map `ebpf:"woken"`
@@ -486,6 +489,7 @@ func (m *egressdMaps) Close() error {
 		m.SockStates,
 		m.SockTable,
 		m.Sweep,
+		m.UdpDests,
 		m.UdpPorts,
 		m.UdpSocks,
 		m.Woken,

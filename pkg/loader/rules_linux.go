@@ -598,6 +598,11 @@ func (d *Datapath) readHints() (hints, error) {
 			}
 		}
 	}
+	dests, err := newBatches[uint64](d.objs.UdpDests, len(h.udpDests)).next(len(h.udpDests))
+	if err != nil {
+		return h, fmt.Errorf("read UDP destinations: %w", err)
+	}
+	copy(h.udpDests[:], dests)
 	return h, nil
 }
 
@@ -627,6 +632,18 @@ func (d *Datapath) writeHints(old, want hints, all bool) error {
 			if err := m.Update(uint32(i), bits, ebpf.UpdateAny); err != nil {
 				return fmt.Errorf("write ports: %w", err)
 			}
+		}
+	}
+	var words []uint32
+	var dests []uint64
+	for i, bits := range want.udpDests {
+		if old.udpDests[i] != bits || all {
+			words, dests = append(words, uint32(i)), append(dests, bits)
+		}
+	}
+	if len(words) > 0 {
+		if err := batchUpdate(d.objs.UdpDests, words, dests); err != nil {
+			return fmt.Errorf("write UDP destinations: %w", err)
 		}
 	}
 	for id := range old.scopes {

@@ -1,9 +1,11 @@
 package loader
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 )
 
@@ -515,14 +517,15 @@ type uses struct {
 	levels   [MaxScopeLevel + 1]int
 	scopes   map[uint64]*[protoCount][2 * classLen]int
 	ports    [protoCount]map[uint16]int
-	requests int // rules that track requests
-	udp      int // rules that count UDP flows
-	exact    int // keys in the kernel's hash
-	prefixes int // keys in its trie
+	udpDests map[netip.Prefix]int // UDP keys by destination
+	requests int                  // rules that track requests
+	udp      int                  // rules that count UDP flows
+	exact    int                  // keys in the kernel's hash
+	prefixes int                  // keys in its trie
 }
 
 func newUses() uses {
-	u := uses{scopes: map[uint64]*[protoCount][2 * classLen]int{}}
+	u := uses{scopes: map[uint64]*[protoCount][2 * classLen]int{}, udpDests: map[netip.Prefix]int{}}
 	for p := range u.ports {
 		u.ports[p] = map[uint16]int{}
 	}
@@ -539,6 +542,7 @@ func (u *uses) clone() uses {
 	for p := range u.ports {
 		c.ports[p] = maps.Clone(u.ports[p])
 	}
+	c.udpDests = maps.Clone(u.udpDests)
 	return c
 }
 
@@ -568,6 +572,12 @@ func (u *uses) add(r *Rule, keys []ruleKey, n int) {
 			u.exact += n
 		} else {
 			u.prefixes += n
+		}
+		if k.proto == udpProto {
+			u.udpDests[k.dest] += n
+			if u.udpDests[k.dest] == 0 {
+				delete(u.udpDests, k.dest)
+			}
 		}
 		if !r.Scope.HostWide() {
 			sc := u.scopes[r.Scope.CgroupID]
@@ -601,11 +611,96 @@ func (u *uses) add(r *Rule, keys []ruleKey, n int) {
 // hints are what connect() and a UDP send read to skip lookups that
 // cannot match: each protocol's classes classBits apart.
 type hints struct {
-	classes uint32
-	levels  uint32 // bit L: some scoped rule names a cgroup at depth L
-	scopes  map[uint64]uint32
-	ports   [protoCount][65536 / 64]uint64 // bit p: some rule of the protocol names port p
+	classes  uint32
+	levels   uint32 // bit L: some scoped rule names a cgroup at depth L
+	scopes   map[uint64]uint32
+	ports    [protoCount][65536 / 64]uint64 // bit p: some rule of the protocol names port p
+	udpDests udpBuckets                     // see udpBuckets
 }
+
+// udpBuckets mirrors udp_dests in egressd.c: where UDP rules'
+// destinations are, for a UDP send to look up a rule only if one may hold
+// its address. The first udpPrefixBits are set by prefixes shorter than a
+// network (an IPv4 /24, an IPv6 /48), one for each IPv4 /16 and each IPv6
+// /32 (its first 16 bits XOR its next 16) they hold; the 1 << udpHashBits
+// after by networks and whole addresses, hashed: a bit for each network a
+// longer prefix is in (each of an IPv4 /17 to /23's), and one for each
+// whole address.
+type udpBuckets [(udpPrefixBits + 1<<udpHashBits) / 64]uint64
+
+const (
+	udpPrefixBits = 2 << 16
+	udpHashBits   = 20
+	// What a network's hash is salted with (UDP_NET4, UDP_NET6).
+	udpNet4 = 0x55555555
+	udpNet6 = 0xaaaaaaaa
+)
+
+// ipv4Mapped holds the IPv4 addresses, as rule keys and the kernel write
+// them.
+var ipv4Mapped = netip.MustParsePrefix("::ffff:0:0/96")
+
+// add sets the bits of the addresses of p, a prefix of 16-byte addresses.
+func (u *udpBuckets) add(p netip.Prefix) {
+	a, bits := p.Addr().As16(), p.Bits()
+	w := func(i int) uint32 { return binary.NativeEndian.Uint32(a[i:]) }
+	if bits == 128 {
+		u.hash(w(0) ^ w(4) ^ w(8) ^ w(12))
+		return
+	}
+	if bits >= ipv4Mapped.Bits() && ipv4Mapped.Contains(p.Addr()) {
+		switch v4 := bits - ipv4Mapped.Bits(); {
+		case v4 >= 24:
+			u.hash(w(12)&mask(0xff, 0xff, 0xff, 0) ^ udpNet4)
+		case v4 > 16:
+			for x := range 1 << (24 - v4) {
+				a[14] = a[14]&^byte(1<<(24-v4)-1) | byte(x)
+				u.hash(w(12)&mask(0xff, 0xff, 0xff, 0) ^ udpNet4)
+			}
+		default:
+			u.span(int(a[12])<<8|int(a[13]), 16-v4)
+		}
+		return
+	}
+	if p.Contains(ipv4Mapped.Addr()) {
+		u.span(0, 16)
+	}
+	hi, lo := int(a[0])<<8|int(a[1]), int(a[2])<<8|int(a[3])
+	switch {
+	case bits >= 48:
+		u.hash(w(0) ^ w(4)&mask(0xff, 0xff, 0, 0) ^ udpNet6)
+	case bits >= 32:
+		u.set(1<<16 + (hi ^ lo))
+	case bits >= 16:
+		lo &^= 1<<(32-bits) - 1
+		for x := range 1 << (32 - bits) {
+			u.set(1<<16 + (hi ^ (lo | x)))
+		}
+	default:
+		u.span(1<<16, 16)
+	}
+}
+
+// mask is the word of these bytes, as the kernel loads it.
+func mask(b ...byte) uint32 { return binary.NativeEndian.Uint32(b) }
+
+// hash sets the bit of a network or address whose words, as the kernel
+// loads them, XOR to folded (udp_hash).
+func (u *udpBuckets) hash(folded uint32) {
+	u.set(udpPrefixBits + int(folded*0x9e3779b1>>(32-udpHashBits)))
+}
+
+// span sets the buckets from b whose last free bits vary (b's are 0): all
+// 2^free of them, b and those after it; none vary for free <= 0.
+func (u *udpBuckets) span(b, free int) {
+	free = max(free, 0)
+	b &^= 1<<free - 1
+	for x := range 1 << free {
+		u.set(b + x)
+	}
+}
+
+func (u *udpBuckets) set(b int) { u[b/64] |= 1 << (b % 64) }
 
 func (u *uses) hints() hints {
 	h := hints{scopes: make(map[uint64]uint32, len(u.scopes))}
@@ -634,6 +729,9 @@ func (u *uses) hints() hints {
 		for p := range ports {
 			h.ports[proto][p/64] |= 1 << (p % 64)
 		}
+	}
+	for p := range u.udpDests {
+		h.udpDests.add(p)
 	}
 	return h
 }

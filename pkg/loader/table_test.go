@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -368,4 +369,68 @@ func TestSlotsFor(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestUDPBuckets: a prefix shorter than a network (an IPv4 /24, an IPv6
+// /48) sets the buckets of its addresses, its first 16 bits' for IPv4 and
+// its first 32's folded for IPv6 (every one for a prefix shorter than
+// them); a longer one sets its network's hashed bit (an IPv4 /17 to /23,
+// each of its networks'); a whole address its own hashed bit.
+func TestUDPBuckets(t *testing.T) {
+	const v6 = 1 << 16
+	tests := []struct {
+		prefix     string
+		buckets    int   // bits set of prefixes
+		set, unset []int // some of them, and some not
+		hashed     int   // hashed bits set
+	}{
+		{"::ffff:10.0.0.0/104", 256, []int{0x0a00, 0x0aff}, []int{0x09ff, 0x0b00, v6}, 0},
+		{"::ffff:10.1.0.0/112", 1, []int{0x0a01}, []int{0x0a00, 0x0a02}, 0},
+		{"::ffff:10.1.16.0/116", 0, nil, []int{0x0a01}, 16},
+		{"::ffff:10.1.2.0/120", 0, nil, []int{0x0a01}, 1},
+		{"::ffff:10.1.2.128/121", 0, nil, nil, 1},
+		{"::ffff:0.0.0.0/96", 1 << 16, []int{0, 0xffff}, []int{v6, v6 + 0xffff}, 0},
+		{"2001:db8::/32", 1, []int{v6 + (0x2001 ^ 0x0db8)}, []int{v6 + 0x2001, 0x2001}, 0},
+		{"2001:db8:ff00::/40", 1, []int{v6 + (0x2001 ^ 0x0db8)}, nil, 0},
+		{"2001:db8:1::/48", 0, nil, []int{v6 + (0x2001 ^ 0x0db8)}, 1},
+		{"2001:db8:1:2::/64", 0, nil, nil, 1},
+		{"2001:db8::/20", 1 << 12, []int{v6 + (0x2001 ^ 0x0db8), v6 + (0x2001 ^ 0x0fff), v6 + 0x2001}, []int{v6 + (0x2001 ^ 0x1000)}, 0},
+		{"2000::/3", 1 << 16, []int{v6, v6 + 0xffff}, []int{0, 0xffff}, 0},
+		{"::/80", 1 << 16, []int{0, 0xffff}, []int{v6}, 1},
+		{"::/0", 2 << 16, []int{0, v6 + 0xffff}, nil, 0},
+		{"::ffff:127.0.0.1/128", 0, nil, nil, 1},
+		{"::1/128", 0, nil, nil, 1},
+	}
+	for _, tt := range tests {
+		var u udpBuckets
+		u.add(netip.MustParsePrefix(tt.prefix))
+		if n, hashed := popcount(u[:udpPrefixBits/64]), popcount(u[udpPrefixBits/64:]); n != tt.buckets || hashed != tt.hashed {
+			t.Errorf("%s: %d buckets and %d hashed bits set, want %d and %d", tt.prefix, n, hashed, tt.buckets, tt.hashed)
+		}
+		for _, b := range tt.set {
+			if u[b/64]>>(b%64)&1 == 0 {
+				t.Errorf("%s: bucket %#x not set", tt.prefix, b)
+			}
+		}
+		for _, b := range tt.unset {
+			if u[b/64]>>(b%64)&1 != 0 {
+				t.Errorf("%s: bucket %#x set", tt.prefix, b)
+			}
+		}
+	}
+	// A network is one bit, whatever prefix of it a rule names.
+	var net, sub udpBuckets
+	net.add(netip.MustParsePrefix("2001:db8:1::/48"))
+	sub.add(netip.MustParsePrefix("2001:db8:1:2::/64"))
+	if net != sub {
+		t.Error("2001:db8:1:2::/64 sets another bit than its /48")
+	}
+}
+
+func popcount(words []uint64) int {
+	n := 0
+	for _, w := range words {
+		n += bits.OnesCount64(w)
+	}
+	return n
 }

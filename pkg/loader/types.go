@@ -75,8 +75,11 @@ var kernelProtos = [...]struct {
 	kernel uint8
 }{
 	{ProtoTCP, 0},
-	{ProtoUDP, 1},
+	{ProtoUDP, udpProto},
 }
+
+// udpProto is the kernel's number of UDP (PROTO_UDP).
+const udpProto = 1
 
 // Errors. Each sentinel is matched by errors.Is; typed errors carry detail.
 var (

@@ -28,11 +28,7 @@ func udpSocket(t testing.TB) int {
 // udpServer is a loopback UDP port that reads and drops what it gets.
 func udpServer(t testing.TB) netip.AddrPort {
 	t.Helper()
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := udpListen(t)
 	go func() {
 		buf := make([]byte, 1500)
 		for {
@@ -42,6 +38,26 @@ func udpServer(t testing.TB) netip.AddrPort {
 		}
 	}()
 	return netip.MustParseAddrPort(c.LocalAddr().String())
+}
+
+// udpSink is a loopback UDP port that never reads: once its buffer is full
+// the kernel drops what comes, with no reader to wake, so that a send
+// costs the same whenever it is sent.
+func udpSink(t testing.TB) netip.AddrPort {
+	t.Helper()
+	return netip.MustParseAddrPort(udpListen(t).LocalAddr().String())
+}
+
+// udpListen opens a UDP socket on a loopback port, closed when the test
+// ends.
+func udpListen(t testing.TB) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 func sendto(fd int, ap netip.AddrPort) error {
@@ -398,4 +414,78 @@ func TestUDPRuleAdopted(t *testing.T) {
 	}
 	unix.Close(fd)
 	waitLive(t, d, "both", 0)
+}
+
+// TestUDPDestinationsHinted: a send returns at once unless some UDP rule's
+// destinations may hold its address; every rule's, whole addresses and
+// prefixes, IPv4, IPv6 and IPv4 sent from an IPv6 socket, still limit
+// theirs. The kernel's hint follows the rules as they go.
+func TestUDPDestinationsHinted(t *testing.T) {
+	d, cg := open(t)
+	udp := func(r Rule) Rule { r.Protocols = ProtoUDP; return r }
+	for _, r := range []Rule{
+		{Name: "v4", Dests: prefixes("127.0.0.2/32")},
+		{Name: "v4wide", Dests: prefixes("10.0.0.0/8")},
+		{Name: "v4sub", Dests: prefixes("172.16.16.0/20")},
+		{Name: "v4net", Dests: prefixes("192.168.7.0/24")},
+		{Name: "v4part", Dests: prefixes("192.168.8.128/25")},
+		{Name: "v6", Dests: prefixes("::1/128")},
+		{Name: "v6sub", Dests: prefixes("2001:db8:2:3::/64")},
+		{Name: "v6net", Dests: prefixes("2001:db8:1::/48")},
+		{Name: "v6part", Dests: prefixes("2001:db9:ff00::/40")},
+		{Name: "v6wide", Dests: prefixes("fd00::/20")},
+	} {
+		put(t, d, udp(r))
+	}
+	privtest.Join(t, cg)
+	refused := func(dests ...string) {
+		t.Helper()
+		for _, dest := range dests {
+			if err := sendtoAny(t, netip.MustParseAddrPort(dest)); err != unix.EPERM {
+				t.Errorf("send to %s: %v, want EPERM", dest, err)
+			}
+		}
+	}
+	refused("127.0.0.2:7", "10.200.3.4:7", "172.16.31.9:7", "192.168.7.200:7", "192.168.8.200:7", "[::ffff:192.168.7.1]:7", "[::ffff:127.0.0.2]:7",
+		"[::1]:7", "[2001:db8:2:3::9]:7", "[2001:db8:1:ff::5]:7", "[2001:db9:ffaa::1]:7", "[fd00:fff:1::1]:7")
+	// A prefix holding every address, IPv4's too.
+	put(t, d, udp(Rule{Name: "all", Dests: prefixes("::/0"), Port: 9}))
+	refused("192.0.2.1:9", "[2001:db9::1]:9")
+	checkHints := func() {
+		t.Helper()
+		held, err := d.readHints()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held.udpDests != d.t.uses.hints().udpDests {
+			t.Error("the kernel's UDP destinations are not what the rules say")
+		}
+	}
+	checkHints()
+	for _, name := range []string{"all", "v4wide"} {
+		if err := d.Delete(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkHints()
+	if h := d.t.uses.hints(); h.udpDests[0x0a00/64] != 0 {
+		t.Errorf("the buckets of 10.0.0.0/8 after its rule went: %#x", h.udpDests[0x0a00/64])
+	}
+}
+
+// sendtoAny sends a datagram to ap from a socket of its family (an IPv6
+// one for an IPv4-mapped address), closed after.
+func sendtoAny(t *testing.T, ap netip.AddrPort) error {
+	t.Helper()
+	family := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	if ap.Addr().Is4() {
+		family, sa = unix.AF_INET, sa4udp(ap)
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	return unix.Sendto(fd, []byte{1}, 0, sa)
 }
