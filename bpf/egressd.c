@@ -35,7 +35,12 @@
 // UDP (cgroup/sendmsg4/6, recvmsg4/6, attached while a rule counts UDP
 // flows) runs for every datagram sent to an address. One to an address no
 // UDP rule's destinations may hold returns after three array lookups
-// (udp_dests).
+// (udp_dests); one on the flow its socket's last datagram found, after
+// the socket's entry of udp_table (an array indexed by cookie, as
+// sock_table; udp_socks, a hash, holds the states of sockets whose entry
+// another holds) and that flow, reading a clock once a jiffy. Only a
+// datagram to a new destination looks at the socket's other flows and
+// looks up a rule.
 //
 // Refusals: a refused connect() takes no state and sends nothing. It
 // notes itself in its CPU's run in progress, a record folding refusals of
@@ -281,12 +286,29 @@ struct udp_flow {
 	__u8 addr[16];
 	__u16 port;
 	__u8 flags;
-	__u8 _pad[5];
+	__u8 _pad;
+	/* The jiffy of active_ns, whose clock moves once a jiffy: a datagram
+	 * in the same jiffy reads no clock (0 in flows a build before took). */
+	__u32 tick;
 };
 
 struct udp_sock {
 	__u64 sk; /* the socket's address, as sock_state.sk */
 	struct udp_flow flows[UDP_FLOWS];
+};
+
+/* An entry of udp_table: a UDP socket's flows, as in udp_socks, with what
+ * lets a datagram find its flow without looking at the others. */
+#define UDP_TABLE 1024
+struct udp_entry {
+	__u64 cookie; /* its socket's; 0: free */
+	/* bit i: flow i was taken since the socket took the entry. Every flow
+	 * holding a slot has its bit: a release looks at no other. */
+	__u32 used;
+	__u8 last;	/* the flow the socket's last datagram found or opened */
+	__u8 connected; /* some flow was connect()'s since */
+	__u8 _pad[2];
+	struct udp_sock us;
 };
 
 /* A run of refusals of one process to one destination by one rule, on one
@@ -360,7 +382,9 @@ struct sweep_item {
 	__u64 cookie;
 	/* its sock_table entry; SWEEP_OVERFLOW: its sock_overflow entry;
 	 * SWEEP_UDP | i: flow i of its udp_socks entry, SWEEP_UDP |
-	 * UDP_FLOWS: that entry, which goes if its socket was freed */
+	 * UDP_FLOWS: that entry, which goes if its socket was freed;
+	 * SWEEP_UDP | SWEEP_UDP_TABLE | k << 4 | i: the same of entry k of
+	 * udp_table, given back if its socket was freed */
 	__u32 idx;
 	__u32 what; /* enum rec_what; 0: not held (any more) */
 	__u32 rule;
@@ -369,6 +393,7 @@ struct sweep_item {
 };
 #define SWEEP_OVERFLOW 0xffffffffu
 #define SWEEP_UDP 0x80000000u
+#define SWEEP_UDP_TABLE 0x40000000u
 
 /* sweep_args is egressd_sweep's context. */
 struct sweep_args {
@@ -401,6 +426,7 @@ const struct iter_rec *unused_iter_rec __attribute__((unused));
 const struct sweep_item *unused_sweep_item __attribute__((unused));
 const struct sweep_args *unused_sweep_args __attribute__((unused));
 const struct udp_sock *unused_udp_sock __attribute__((unused));
+const struct udp_entry *unused_udp_entry __attribute__((unused));
 const enum proto *unused_proto __attribute__((unused));
 const struct sock_state *unused_sock_state __attribute__((unused));
 const struct merge_args *unused_merge_args __attribute__((unused));
@@ -586,6 +612,22 @@ struct {
 	__type(value, struct udp_sock);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } udp_socks SEC(".maps");
+
+/* The flows of UDP sockets, by cookie: the entry a socket's cookie picks,
+ * taken at its first flow a rule admitted if no live socket holds it, and
+ * given back at its release. Cookies count up, so sockets that come and
+ * go one after another take entries a few apart, whose lines stay in the
+ * CPU's caches; a socket whose entry another holds keeps its flows in
+ * udp_socks. Only the flows in use of an entry are looked at: the last a
+ * datagram found, at the next; those taken, at the release. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, UDP_TABLE);
+	__type(key, __u32);
+	__type(value, struct udp_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} udp_table SEC(".maps");
 
 /* Where builds before put those states; kept so that their sockets are
  * still found. */
@@ -1421,13 +1463,24 @@ static __always_inline int udp_ruled(const __u8 *addr)
 	       udp_bit(udp_hash(w[0] ^ w[1] ^ w[2] ^ w[3]));
 }
 
+/* udp_stamp says a datagram of f went or came now. */
+static __always_inline void udp_stamp(struct udp_flow *f)
+{
+	__u32 tick = bpf_jiffies64();
+
+	if (f->tick != tick) {
+		f->tick = tick;
+		f->active_ns = bpf_ktime_get_coarse_ns();
+	}
+}
+
 /* udp_walk carries a scan of a socket's flows through bpf_loop. */
 struct udp_walk {
 	struct udp_sock *us;
 	__u64 cookie;
 	__u8 addr[16];
 	__u16 port;
-	__u8 give_back; /* give back what the scan passes (see udp_scan) */
+	__u8 give_back; /* give back what the scan passes (see udp_step) */
 	__u8 connected; /* the socket is connected: keep its connect() flow */
 	int found;	/* the flow to addr:port */
 	int free;	/* a flow that holds nothing */
@@ -1466,7 +1519,7 @@ static long udp_step(__u64 i, struct udp_walk *w)
 	return 0;
 }
 
-/* What a UDP socket's entry starts as. */
+/* What a UDP socket's entry of udp_socks starts as. */
 const struct udp_sock empty_udp_sock = {};
 
 /* udp_flow_of returns flow i of us; none for a negative i. */
@@ -1479,12 +1532,72 @@ static __always_inline struct udp_flow *udp_flow_of(struct udp_sock *us, int i)
 	return &us->flows[k & (UDP_FLOWS - 1)];
 }
 
+/* udp_state returns the flows of the socket with cookie: its entry of
+ * udp_table (*e set), else its entry of udp_socks; 0 if it has none. */
+static __always_inline struct udp_sock *udp_state(__u64 cookie, struct udp_entry **e)
+{
+	__u32 idx = cookie & (UDP_TABLE - 1);
+	struct udp_entry *t;
+
+	*e = 0;
+	if (!cookie)
+		return 0;
+	t = bpf_map_lookup_elem(&udp_table, &idx);
+	if (t && t->cookie == cookie) {
+		*e = t;
+		return &t->us;
+	}
+	return bpf_map_lookup_elem(&udp_socks, &cookie);
+}
+
+/* udp_last returns the flow to addr and port if it is the one the
+ * socket's last datagram found or opened, still the socket's and of its
+ * rule's current generation. A connect() flow is not one: a datagram of
+ * it goes to an address only on a socket disconnected since, which the
+ * scan that ends that flow must look at. */
+static __always_inline struct udp_flow *udp_last(struct udp_entry *e, __u64 cookie, const __u8 *addr, __u16 port)
+{
+	struct udp_flow *f = udp_flow_of(&e->us, e->last);
+
+	if (!f || f->word != (cookie << 2 | SS_HELD) || (f->flags & FLOW_CONNECTED) || !udp_dest(f, addr, port))
+		return 0;
+	__u32 slot = f->rule;
+	struct rule *r = bpf_map_lookup_elem(&rules, &slot);
+	return r && r->gen == f->gen ? f : 0;
+}
+
+/* udp_end gives back every flow of a socket's state and frees it: an
+ * entry of udp_table once its address is gone (the sweep takes an entry
+ * without one for a live socket's), an entry of udp_socks deleted. */
+static __always_inline void udp_end(struct udp_sock *us, struct udp_entry *e, __u64 cookie)
+{
+	struct udp_walk w = {.us = us, .cookie = cookie, .give_back = 1, .free = -1, .found = -1, .oldest = -1};
+
+	if (!e) {
+		bpf_loop(UDP_FLOWS, udp_step, &w, 0);
+		bpf_map_delete_elem(&udp_socks, &cookie);
+		return;
+	}
+	__u32 used = e->used, n = 0;
+	for (int i = 0; i < UDP_FLOWS; i++)
+		if (used >> i)
+			n = i + 1;
+	bpf_loop(n, udp_step, &w, 0);
+	e->used = 0;
+	e->last = 0;
+	e->connected = 0;
+	__sync_lock_test_and_set(&e->us.sk, 0);
+	__sync_val_compare_and_swap(&e->cookie, cookie, 0);
+}
+
 /* udp_admit runs a rule for a new UDP flow of the socket, to key's
  * destination, and gives it a place among the socket's flows: one that
  * holds nothing, else the one idle longest, whose slot it gives back (its
- * next datagram is a new flow). Returns 0 if refused. */
+ * next datagram is a new flow). A socket without flows takes the entry of
+ * udp_table its cookie picks if no live socket holds it, else one of
+ * udp_socks. Returns 0 if refused. */
 static __always_inline int udp_admit(struct bpf_sock_addr *ctx, struct rule_key *key, __u64 cookie,
-				     struct udp_sock *us, struct udp_walk *w, __u8 flags)
+				     struct udp_sock *us, struct udp_entry *e, struct udp_walk *w, __u8 flags)
 {
 	__u16 port = key->port;
 	struct rule *r;
@@ -1499,17 +1612,37 @@ static __always_inline int udp_admit(struct bpf_sock_addr *ctx, struct rule_key 
 	if (!cookie)
 		cookie = bpf_get_socket_cookie(ctx);
 	if (!us) {
-		bpf_map_update_elem(&udp_socks, &cookie, &empty_udp_sock, BPF_NOEXIST);
-		us = bpf_map_lookup_elem(&udp_socks, &cookie);
-		if (us)
-			us->sk = (__u64)ctx->sk;
+		__u32 idx = cookie & (UDP_TABLE - 1);
+		struct udp_entry *t = bpf_map_lookup_elem(&udp_table, &idx);
+		/* Another of the socket's threads may have taken a place
+		 * meanwhile: then its flows are looked at first. */
+		__u64 was = t ? __sync_val_compare_and_swap(&t->cookie, 0, cookie) : 1;
+
+		if (t && (was == 0 || was == cookie)) {
+			e = t;
+			us = &t->us;
+			if (!was)
+				t->us.sk = (__u64)ctx->sk;
+		} else if (!bpf_map_update_elem(&udp_socks, &cookie, &empty_udp_sock, BPF_NOEXIST)) {
+			us = bpf_map_lookup_elem(&udp_socks, &cookie);
+			if (us)
+				us->sk = (__u64)ctx->sk;
+			was = 0;
+		} else {
+			us = bpf_map_lookup_elem(&udp_socks, &cookie);
+			was = cookie;
+		}
+		w->us = us;
 		w->free = 0;
 		w->oldest = -1;
+		if (us && was) {
+			w->free = -1;
+			bpf_loop(UDP_FLOWS, udp_step, w, 0);
+		}
 	}
 	struct udp_flow *f = 0;
+	int i = w->free >= 0 ? w->free : w->oldest;
 	if (us) {
-		int i = w->free >= 0 ? w->free : w->oldest;
-
 		f = udp_flow_of(us, i);
 		if (f && w->free < 0)
 			give_back(f, cookie);
@@ -1520,8 +1653,16 @@ static __always_inline int udp_admit(struct bpf_sock_addr *ctx, struct rule_key 
 		count(st, COUNTER_UNTRACKED, 1);
 		return 1;
 	}
+	if (e) {
+		/* Before the flow holds: a release then looks at it. */
+		__sync_fetch_and_or(&e->used, 1u << (i & (UDP_FLOWS - 1)));
+		e->last = i;
+		if (flags & FLOW_CONNECTED)
+			e->connected = 1;
+	}
 	f->rule = slot;
 	f->gen = r->gen;
+	f->tick = bpf_jiffies64();
 	f->active_ns = bpf_ktime_get_coarse_ns();
 	__builtin_memcpy(f->addr, key->addr, sizeof(f->addr));
 	f->port = port;
@@ -1543,18 +1684,20 @@ static __always_inline int on_udp_connect(struct bpf_sock_addr *ctx, struct rule
 	if (!sk)
 		return 1;
 	__u64 cookie = cookie_of(sk);
-	struct udp_sock *us = cookie ? bpf_map_lookup_elem(&udp_socks, &cookie) : 0;
+	struct udp_entry *e;
+	struct udp_sock *us = udp_state(cookie, &e);
 	struct udp_walk w = {.us = us, .cookie = cookie, .free = -1, .found = -1, .oldest = -1};
 
 	if (us)
 		bpf_loop(UDP_FLOWS, udp_step, &w, 0);
-	return udp_admit(ctx, key, cookie, us, &w, FLOW_CONNECTED);
+	return udp_admit(ctx, key, cookie, us, e, &w, FLOW_CONNECTED);
 }
 
 /* on_sendmsg runs for a datagram sent to an address (unconnected UDP, as
  * most QUIC stacks send) that some UDP rule's destinations may hold (see
  * udp_dests): the first to a destination opens the socket's flow to it,
- * admitted or refused; the later ones only say it is active. */
+ * admitted or refused; the later ones only say it is active. A datagram
+ * on the flow the socket's last datagram found looks at no other. */
 static __always_inline int on_sendmsg(struct bpf_sock_addr *ctx, struct rule_key *key)
 {
 	struct bpf_sock *sk = ctx->sk;
@@ -1570,14 +1713,21 @@ static __always_inline int on_sendmsg(struct bpf_sock_addr *ctx, struct rule_key
 	if (!((udp & ANYPORT_CLASSES) && !dns_port(port)) && !((udp & PORT_CLASSES) && port_has_rules(port, PROTO_UDP)))
 		return 1;
 	__u64 cookie = cookie_of(sk);
-	struct udp_sock *us = cookie ? bpf_map_lookup_elem(&udp_socks, &cookie) : 0;
-	struct udp_walk w = {.us = us, .cookie = cookie, .port = port, .free = -1, .found = -1, .oldest = -1};
+	struct udp_entry *e;
+	struct udp_sock *us = udp_state(cookie, &e);
+	int connected = sk->state == BPF_TCP_ESTABLISHED_STATE;
+	struct udp_flow *f;
+
+	if (e && (connected || !e->connected) && (f = udp_last(e, cookie, key->addr, port))) {
+		udp_stamp(f);
+		return 1;
+	}
+	struct udp_walk w = {.us = us, .cookie = cookie, .port = port, .connected = connected, .free = -1, .found = -1, .oldest = -1};
 
 	if (us) {
-		w.connected = sk->state == BPF_TCP_ESTABLISHED_STATE;
 		__builtin_memcpy(w.addr, key->addr, sizeof(w.addr));
 		bpf_loop(UDP_FLOWS, udp_step, &w, 0);
-		struct udp_flow *f = udp_flow_of(us, w.found);
+		f = udp_flow_of(us, w.found);
 		if (f) {
 			/* A flow of a rule deleted or replaced since is counted
 			 * anew. */
@@ -1585,14 +1735,16 @@ static __always_inline int on_sendmsg(struct bpf_sock_addr *ctx, struct rule_key
 			struct rule *r = bpf_map_lookup_elem(&rules, &slot);
 
 			if (r && r->gen == f->gen) {
-				f->active_ns = bpf_ktime_get_coarse_ns();
+				udp_stamp(f);
+				if (e)
+					e->last = w.found;
 				return 1;
 			}
 			give_back(f, cookie);
 			w.free = w.found;
 		}
 	}
-	return udp_admit(ctx, key, cookie, us, &w, 0);
+	return udp_admit(ctx, key, cookie, us, e, &w, 0);
 }
 
 /* on_recvmsg runs for a datagram received with its source asked for:
@@ -1604,16 +1756,20 @@ static __always_inline int on_recvmsg(struct bpf_sock_addr *ctx, struct rule_key
 	if (!sk)
 		return 1;
 	__u64 cookie = cookie_of(sk);
-	struct udp_sock *us = cookie ? bpf_map_lookup_elem(&udp_socks, &cookie) : 0;
+	struct udp_entry *e;
+	struct udp_sock *us = udp_state(cookie, &e);
 	if (!us)
 		return 1;
-	struct udp_walk w = {.us = us, .cookie = cookie, .port = key->port, .connected = 1, .free = -1, .found = -1, .oldest = -1};
+	struct udp_flow *f = e ? udp_last(e, cookie, key->addr, key->port) : 0;
+	if (!f) {
+		struct udp_walk w = {.us = us, .cookie = cookie, .port = key->port, .connected = 1, .free = -1, .found = -1, .oldest = -1};
 
-	__builtin_memcpy(w.addr, key->addr, sizeof(w.addr));
-	bpf_loop(UDP_FLOWS, udp_step, &w, 0);
-	struct udp_flow *f = udp_flow_of(us, w.found);
+		__builtin_memcpy(w.addr, key->addr, sizeof(w.addr));
+		bpf_loop(UDP_FLOWS, udp_step, &w, 0);
+		f = udp_flow_of(us, w.found);
+	}
 	if (f)
-		f->active_ns = bpf_ktime_get_coarse_ns();
+		udp_stamp(f);
 	return 1;
 }
 
@@ -1840,16 +1996,14 @@ int egressd_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
-/* A UDP socket's release ends its flows, and its entry of udp_socks goes. */
+/* A UDP socket's release ends its flows, and its state goes. */
 static __always_inline int udp_release(__u64 cookie)
 {
-	struct udp_sock *us = bpf_map_lookup_elem(&udp_socks, &cookie);
+	struct udp_entry *e;
+	struct udp_sock *us = udp_state(cookie, &e);
 
-	if (!us)
-		return 1;
-	struct udp_walk w = {.us = us, .cookie = cookie, .give_back = 1, .free = -1, .found = -1, .oldest = -1};
-	bpf_loop(UDP_FLOWS, udp_step, &w, 0);
-	bpf_map_delete_elem(&udp_socks, &cookie);
+	if (us)
+		udp_end(us, e, cookie);
 	return 1;
 }
 
@@ -2038,23 +2192,32 @@ static __always_inline int sock_alive(__u64 addr, __u64 cookie)
 }
 
 /* sweep_flow looks at flow i of the socket with cookie, or with i
- * UDP_FLOWS at its entry: a flow of a socket freed is given back (and the
- * entry removed), one idle longer than idle_ns ends; otherwise it counts. */
-static __always_inline void sweep_flow(struct sweep_item *it, __u64 cookie, __u32 i)
+ * UDP_FLOWS at its state: a flow of a socket freed is given back (and the
+ * state freed), one idle longer than idle_ns ends; otherwise it counts.
+ * idx is the item's: the socket's entry of udp_table (SWEEP_UDP_TABLE) or
+ * of udp_socks, and i. */
+static __always_inline void sweep_flow(struct sweep_item *it, __u64 cookie, __u32 idx)
 {
-	struct udp_sock *us = bpf_map_lookup_elem(&udp_socks, &cookie);
+	__u32 i = idx & 0xf, k = (idx & ~(SWEEP_UDP | SWEEP_UDP_TABLE)) >> 4;
+	struct udp_entry *e = 0;
+	struct udp_sock *us;
 
-	if (!us)
+	if (idx & SWEEP_UDP_TABLE) {
+		e = bpf_map_lookup_elem(&udp_table, &k);
+		/* The cookie first: an address read after it is its socket's,
+		 * or 0 while the socket has not written it yet (see
+		 * udp_end). */
+		if (!e || *(volatile __u64 *)&e->cookie != cookie)
+			return;
+		us = &e->us;
+	} else if (!(us = bpf_map_lookup_elem(&udp_socks, &cookie))) {
 		return;
-	__u64 addr = us->sk;
+	}
+	__u64 addr = *(volatile __u64 *)&us->sk;
 	int freed = addr && !sock_alive(addr, cookie);
 	if (i >= UDP_FLOWS) {
-		if (freed) {
-			struct udp_walk w = {.us = us, .cookie = cookie, .give_back = 1, .free = -1, .found = -1, .oldest = -1};
-
-			bpf_loop(UDP_FLOWS, udp_step, &w, 0);
-			bpf_map_delete_elem(&udp_socks, &cookie);
-		}
+		if (freed)
+			udp_end(us, e, cookie);
 		return;
 	}
 	struct udp_flow *f = &us->flows[i];
@@ -2089,7 +2252,7 @@ static long sweep_one(__u64 i, void *unused)
 	__u32 idx = it->idx;
 	it->what = 0;
 	if (idx != SWEEP_OVERFLOW && (idx & SWEEP_UDP)) {
-		sweep_flow(it, cookie, idx & ~SWEEP_UDP);
+		sweep_flow(it, cookie, idx);
 		return 0;
 	}
 	int overflow = idx == SWEEP_OVERFLOW;

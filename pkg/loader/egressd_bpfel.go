@@ -231,6 +231,16 @@ type egressdSweepItem struct {
 	IdleNs uint64
 }
 
+type egressdUdpEntry struct {
+	_         structs.HostLayout
+	Cookie    uint64
+	Used      uint32
+	Last      uint8
+	Connected uint8
+	Pad       [2]uint8
+	Us        egressdUdpSock
+}
+
 type egressdUdpFlow struct {
 	_        structs.HostLayout
 	Word     uint64
@@ -240,7 +250,8 @@ type egressdUdpFlow struct {
 	Addr     [16]uint8
 	Port     uint16
 	Flags    uint8
-	Pad      [5]uint8
+	Pad      uint8
+	Tick     uint32
 }
 
 type egressdUdpSock struct {
@@ -274,6 +285,7 @@ const (
 	egressdMapUdpDests            = "udp_dests"
 	egressdMapUdpPorts            = "udp_ports"
 	egressdMapUdpSocks            = "udp_socks"
+	egressdMapUdpTable            = "udp_table"
 	egressdMapWoken               = "woken"
 	egressdProgEgressdConnect4    = "egressd_connect4"
 	egressdProgEgressdConnect6    = "egressd_connect6"
@@ -309,6 +321,7 @@ const (
 	egressdVarUnusedSockState     = "unused_sock_state"
 	egressdVarUnusedSweepArgs     = "unused_sweep_args"
 	egressdVarUnusedSweepItem     = "unused_sweep_item"
+	egressdVarUnusedUdpEntry      = "unused_udp_entry"
 	egressdVarUnusedUdpSock       = "unused_udp_sock"
 )
 
@@ -394,6 +407,7 @@ type egressdMapSpecs struct {
 	UdpDests       *ebpf.MapSpec `ebpf:"udp_dests"`
 	UdpPorts       *ebpf.MapSpec `ebpf:"udp_ports"`
 	UdpSocks       *ebpf.MapSpec `ebpf:"udp_socks"`
+	UdpTable       *ebpf.MapSpec `ebpf:"udp_table"`
 	Woken          *ebpf.MapSpec `ebpf:"woken"`
 }
 
@@ -422,6 +436,7 @@ type egressdVariableSpecs struct {
 	UnusedSockState     *ebpf.VariableSpec `ebpf:"unused_sock_state"`
 	UnusedSweepArgs     *ebpf.VariableSpec `ebpf:"unused_sweep_args"`
 	UnusedSweepItem     *ebpf.VariableSpec `ebpf:"unused_sweep_item"`
+	UnusedUdpEntry      *ebpf.VariableSpec `ebpf:"unused_udp_entry"`
 	UnusedUdpSock       *ebpf.VariableSpec `ebpf:"unused_udp_sock"`
 }
 
@@ -466,6 +481,7 @@ type egressdMaps struct {
 	UdpDests       *ebpf.Map `ebpf:"udp_dests"`
 	UdpPorts       *ebpf.Map `ebpf:"udp_ports"`
 	UdpSocks       *ebpf.Map `ebpf:"udp_socks"`
+	UdpTable       *ebpf.Map `ebpf:"udp_table"`
 	Woken          *ebpf.Map `ebpf:"woken"`
 }
 
@@ -492,6 +508,7 @@ func (m *egressdMaps) Close() error {
 		m.UdpDests,
 		m.UdpPorts,
 		m.UdpSocks,
+		m.UdpTable,
 		m.Woken,
 	)
 }
@@ -521,6 +538,7 @@ type egressdVariables struct {
 	UnusedSockState     *ebpf.Variable `ebpf:"unused_sock_state"`
 	UnusedSweepArgs     *ebpf.Variable `ebpf:"unused_sweep_args"`
 	UnusedSweepItem     *ebpf.Variable `ebpf:"unused_sweep_item"`
+	UnusedUdpEntry      *ebpf.Variable `ebpf:"unused_udp_entry"`
 	UnusedUdpSock       *ebpf.Variable `ebpf:"unused_udp_sock"`
 }
 

@@ -202,6 +202,7 @@ func (d *Datapath) recount() (map[string]Recount, error) {
 
 var (
 	sockStateSize = int(unsafe.Sizeof(egressdSockState{}))
+	udpEntrySize  = int(unsafe.Sizeof(egressdUdpEntry{}))
 	sweepItemSize = int(unsafe.Sizeof(egressdSweepItem{}))
 )
 
@@ -285,20 +286,41 @@ func (d *Datapath) sweepStates(fn func(*egressdSweepItem)) error {
 		return fmt.Errorf("read overflow table: %w", err)
 	}
 	// Each UDP socket's flows holding a slot, with their rule's idle
-	// time, and then the socket's entry, which goes if it was freed.
+	// time, and then the socket's state, which goes if it was freed: in
+	// the UDP table (read from mapped memory), and in the hash of the
+	// others.
 	idle := d.flowIdles()
-	var us egressdUdpSock
-	it = m.UdpSocks.Iterate()
-	for it.Next(&cookie, &us) {
+	flows := func(cookie uint64, us *egressdUdpSock, idx uint32) error {
 		for i, f := range us.Flows {
 			if f.Word != cookie<<2|ssHeld {
 				continue
 			}
-			if err := add(cookie, sweepUDP|uint32(i), idle[slotGen{f.Rule, f.Gen}]); err != nil {
+			if err := add(cookie, idx|uint32(i), idle[slotGen{f.Rule, f.Gen}]); err != nil {
 				return err
 			}
 		}
-		if err := add(cookie, sweepUDP|uint32(len(us.Flows)), 0); err != nil {
+		return add(cookie, idx|uint32(len(us.Flows)), 0)
+	}
+	udpTable, err := m.UdpTable.Memory()
+	if err != nil {
+		return fmt.Errorf("map UDP table: %w", err)
+	}
+	udpEntries := make([]egressdUdpEntry, int(udpTable.Size())/udpEntrySize)
+	if _, err := udpTable.ReadAt(unsafe.Slice((*byte)(unsafe.Pointer(&udpEntries[0])), len(udpEntries)*udpEntrySize), 0); err != nil {
+		return fmt.Errorf("read UDP table: %w", err)
+	}
+	for k, e := range udpEntries {
+		if e.Cookie == 0 {
+			continue
+		}
+		if err := flows(e.Cookie, &e.Us, sweepUDP|sweepUDPTable|uint32(k)<<4); err != nil {
+			return err
+		}
+	}
+	var us egressdUdpSock
+	it = m.UdpSocks.Iterate()
+	for it.Next(&cookie, &us) {
+		if err := flows(cookie, &us, sweepUDP); err != nil {
 			return err
 		}
 	}
@@ -326,11 +348,13 @@ func (d *Datapath) flowIdles() map[slotGen]time.Duration {
 }
 
 // Mirrors of egressd.c: a state's held bit, and the sweep's index of a
-// state in the overflow table and of a UDP flow.
+// state in the overflow table and of a UDP flow (with sweepUDPTable, of one
+// in the UDP table).
 const (
 	ssHeld        = 1
 	sweepOverflow = ^uint32(0)
 	sweepUDP      = 1 << 31
+	sweepUDPTable = 1 << 30
 )
 
 // walk runs an iterator program and hands fn each record of a state of a

@@ -475,7 +475,7 @@ func (d *Datapath) namedMaps() map[string]*ebpf.Map {
 	o := &d.objs.egressdMaps
 	return map[string]*ebpf.Map{
 		"config": o.Config, "rule_exact": o.RuleExact, "rule_prefixes": o.RulePrefixes, "scopes": o.Scopes,
-		"ports": o.Ports, "udp_ports": o.UdpPorts, "udp_dests": o.UdpDests, "udp_socks": o.UdpSocks,
+		"ports": o.Ports, "udp_ports": o.UdpPorts, "udp_dests": o.UdpDests, "udp_socks": o.UdpSocks, "udp_table": o.UdpTable,
 		"rules": o.Rules, "rule_metas": o.RuleMetas, "rule_states": o.RuleStates,
 		"latency": o.Latency, "rule_responses": o.RuleResponses, "global_counters": o.GlobalCounters, "sock_table": o.SockTable,
 		"sock_overflow": o.SockOverflow, "sock_states": o.SockStates, "refusal_runs": o.RefusalRuns, "refusal_log": o.RefusalLog,
@@ -496,7 +496,7 @@ func (d *Datapath) keepUnresized(objs *egressdObjects) {
 	}
 	o := &objs.egressdMaps
 	o.Config, o.Ports, o.GlobalCounters, o.SockTable, o.SockStates = mine["config"], mine["ports"], mine["global_counters"], mine["sock_table"], mine["sock_states"]
-	o.SockOverflow, o.UdpPorts, o.UdpDests, o.UdpSocks = mine["sock_overflow"], mine["udp_ports"], mine["udp_dests"], mine["udp_socks"]
+	o.SockOverflow, o.UdpPorts, o.UdpDests, o.UdpSocks, o.UdpTable = mine["sock_overflow"], mine["udp_ports"], mine["udp_dests"], mine["udp_socks"], mine["udp_table"]
 	o.RefusalRuns, o.RefusalLog, o.Woken, o.Samples = mine["refusal_runs"], mine["refusal_log"], mine["woken"], mine["samples"]
 }
 

@@ -152,25 +152,36 @@ func TestUDPUnconnectedFlows(t *testing.T) {
 	checkRecount(t, d, "udp", 3)
 	unix.Close(fd)
 	waitLive(t, d, "udp", 0)
-	if n := udpEntries(t, d); n != 0 {
-		t.Errorf("%d UDP socket entries after the close", n)
+	if table, hash := udpEntries(t, d); table != 0 || hash != 0 {
+		t.Errorf("UDP socket states after the close: %d in the table, %d in the hash", table, hash)
 	}
 }
 
-// udpEntries counts the entries of the UDP sockets' table.
-func udpEntries(t *testing.T, d *Datapath) int {
+// udpEntries counts the UDP sockets' states: the UDP table's entries a
+// socket holds, and the entries of the hash of the others.
+func udpEntries(t *testing.T, d *Datapath) (table, hash int) {
 	t.Helper()
-	n := 0
-	var cookie uint64
-	var us egressdUdpSock
-	it := d.maps().UdpSocks.Iterate()
-	for it.Next(&cookie, &us) {
-		n++
+	var idx uint32
+	var e egressdUdpEntry
+	it := d.maps().UdpTable.Iterate()
+	for it.Next(&idx, &e) {
+		if e.Cookie != 0 {
+			table++
+		}
 	}
 	if err := it.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return n
+	var cookie uint64
+	var us egressdUdpSock
+	it = d.maps().UdpSocks.Iterate()
+	for it.Next(&cookie, &us) {
+		hash++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return table, hash
 }
 
 // TestUDPFlowsPerSocket: a socket sending to more destinations than it
@@ -324,8 +335,8 @@ func TestUDPFlowsOfFreedSockets(t *testing.T) {
 	if s := stats(t, d, "udp"); s.Live != 0 || freed != 2 {
 		t.Errorf("live %d, freed %d; want 0, 2", s.Live, freed)
 	}
-	if n := udpEntries(t, d); n != 0 {
-		t.Errorf("%d UDP socket entries left", n)
+	if table, hash := udpEntries(t, d); table != 0 || hash != 0 {
+		t.Errorf("UDP socket states left: %d in the table, %d in the hash", table, hash)
 	}
 }
 
@@ -488,4 +499,61 @@ func sendtoAny(t *testing.T, ap netip.AddrPort) error {
 	}
 	defer unix.Close(fd)
 	return unix.Sendto(fd, []byte{1}, 0, sa)
+}
+
+// TestUDPSocketsBeyondTheTable: sockets with flows hold the UDP table's
+// entries their cookies pick, and those whose entry another holds keep
+// their flows in the hash: every flow counts and the recount finds each.
+// Their closes give every slot back and free every state; so does the
+// recount for sockets freed without their sock_release.
+func TestUDPSocketsBeyondTheTable(t *testing.T) {
+	d, cg := open(t)
+	srv := udpSink(t)
+	put(t, d, Rule{Name: "udp", Dests: prefixes("127.0.0.1/32"), Limit: 1 << 20, Protocols: ProtoUDP})
+	privtest.Join(t, cg)
+	entries := int(d.maps().UdpTable.MaxEntries())
+	n := 3 * entries / 2
+	var fds []int
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		fds = nil
+	}
+	t.Cleanup(closeAll)
+	openAll := func() {
+		t.Helper()
+		for range n {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fds = append(fds, fd)
+			if err := sendto(fd, srv); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Past the table's length, some share an entry.
+		if table, hash := udpEntries(t, d); table+hash != n || hash < n-entries {
+			t.Fatalf("%d sockets' states: %d in the table, %d in the hash", n, table, hash)
+		}
+		checkRecount(t, d, "udp", int64(n))
+	}
+	noStates := func() {
+		t.Helper()
+		if table, hash := udpEntries(t, d); table != 0 || hash != 0 {
+			t.Errorf("UDP socket states left: %d in the table, %d in the hash", table, hash)
+		}
+	}
+	openAll()
+	closeAll()
+	waitLive(t, d, "udp", 0)
+	noStates()
+	openAll()
+	withoutSockRelease(t, d, closeAll)
+	if freed := recountUntil(t, d, "udp", func(freed int64, _ Recount) bool { return freed == int64(n) }); freed != int64(n) {
+		t.Errorf("%d freed, want %d", freed, n)
+	}
+	waitLive(t, d, "udp", 0)
+	noStates()
 }
