@@ -1844,15 +1844,16 @@ int egressd_connect6(struct bpf_sock_addr *ctx)
 }
 
 /* A datagram to an address no UDP rule's destinations may hold (see
- * udp_dests) returns before anything else: most of a host's, and what
+ * udp_dests) returns before anything else, even the socket's protocol
+ * (UDP-Lite's sends run these programs too): most of a host's, and what
  * every datagram sent to an address pays, beside the program's call. */
 SEC("cgroup/sendmsg4")
 int egressd_sendmsg4(struct bpf_sock_addr *ctx)
 {
+	if (!udp_ruled4(ctx->user_ip4) || !is_udp(ctx))
+		return 1;
 	struct rule_key key = {};
 
-	if (!is_udp(ctx) || !udp_ruled4(ctx->user_ip4))
-		return 1;
 	key4(&key, ctx);
 	return on_sendmsg(ctx, &key);
 }
@@ -1862,10 +1863,8 @@ int egressd_sendmsg6(struct bpf_sock_addr *ctx)
 {
 	struct rule_key key = {};
 
-	if (!is_udp(ctx))
-		return 1;
 	key6(&key, ctx);
-	if (!udp_ruled(key.addr))
+	if (!udp_ruled(key.addr) || !is_udp(ctx))
 		return 1;
 	return on_sendmsg(ctx, &key);
 }
