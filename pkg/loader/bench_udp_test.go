@@ -22,10 +22,11 @@ import (
 // Sends from one socket to one destination: with nothing attached; with
 // programs that do nothing at every hook the datapath attaches with a UDP
 // rule (the floor any program there costs); with a UDP rule for another
-// network (no rule matches), and for another prefix of the destination's
-// /16 (nearby: the datagram looks for a rule, see udp_dests in egressd.c);
-// and with one for it, the socket's flow to it open since the rounds
-// began (an open flow). Each from a socket of
+// network (no rule matches), and for another part of the destination's
+// /24 (nearby: the datagram cannot tell it holds no rule's address, see
+// udp_dests in egressd.c, and looks the rules up); and with one for it,
+// the socket's flow to it open since the rounds began (an open flow). Each
+// from a socket of
 // its own, opened, sent one datagram and closed: the same three ways, the
 // rule's case opening a flow at each send and ending it at each close
 // (its figure counts both, the send's program and sock_release's, as an
@@ -42,7 +43,7 @@ func BenchmarkUDPCost(b *testing.B) {
 		{name: "nothing attached", bare: true, cmd: "udp-send"},
 		{name: "empty programs", empty: hooks, cmd: "udp-send"},
 		{name: "no-match", rule: &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limit: 1000, Protocols: ProtoUDP}, cmd: "udp-send"},
-		{name: "no-match nearby", rule: &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.1.0/24")}, Limit: 1000, Protocols: ProtoUDP}, cmd: "udp-send"},
+		{name: "no-match nearby", rule: &Rule{Name: "other", Dests: []netip.Prefix{netip.MustParsePrefix("127.0.0.128/25")}, Limit: 1000, Protocols: ProtoUDP}, cmd: "udp-send"},
 		{name: "open flow", rule: flows, cmd: "udp-send"},
 		{name: "nothing attached, new socket", bare: true, cmd: "udp-open"},
 		{name: "empty programs, new socket", empty: hooks, cmd: "udp-open"},
