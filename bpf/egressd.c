@@ -509,9 +509,10 @@ struct {
  * udp_ruled). The first UDP_BUCKETS bits are set by prefixes shorter than
  * a network (an IPv4 /24, an IPv6 /48), one for each IPv4 /16 and each
  * IPv6 /32 (its first 16 bits XOR its next 16) they hold; the 1 <<
- * UDP_HASH_BITS after by networks and whole addresses, a bit for each
- * network a longer prefix is in (each of an IPv4 /17 to /23's) and one for
- * each whole address, hashed (see udp_hash). */
+ * UDP_HASH_BITS after by networks and whole addresses, hashed (see
+ * udp_hash): a bit for each address of a prefix of at most 128 (an IPv4
+ * /25 or longer, an IPv6 /121 or longer), and one for each network any
+ * other longer prefix is in (each of an IPv4 /17 to /23's). */
 #define UDP_BUCKETS (2 << 16)
 #define UDP_HASH_BITS 20
 #define UDP_NET4 0x55555555u /* what a network's hash is salted with */

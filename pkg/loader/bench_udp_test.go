@@ -22,9 +22,10 @@ import (
 // Sends from one socket to one destination: with nothing attached; with
 // programs that do nothing at every hook the datapath attaches with a UDP
 // rule (the floor any program there costs); with a UDP rule for another
-// network (no rule matches), and for another part of the destination's
-// /24 (nearby: the datagram cannot tell it holds no rule's address, see
-// udp_dests in egressd.c, and looks the rules up); and with one for it,
+// network (no rule matches), and for the other half of the destination's
+// /24 (nearby: a prefix of at most 128 addresses marks each in udp_dests,
+// see egressd.c, so the send finds no rule's mark as for any other
+// network); and with one for it,
 // the socket's flow to it open since the rounds began (an open flow). Each
 // from a socket of
 // its own, opened, sent one datagram and closed: the same three ways, the

@@ -623,14 +623,18 @@ type hints struct {
 // its address. The first udpPrefixBits are set by prefixes shorter than a
 // network (an IPv4 /24, an IPv6 /48), one for each IPv4 /16 and each IPv6
 // /32 (its first 16 bits XOR its next 16) they hold; the 1 << udpHashBits
-// after by networks and whole addresses, hashed: a bit for each network a
-// longer prefix is in (each of an IPv4 /17 to /23's), and one for each
-// whole address.
+// after by networks and whole addresses, hashed: a bit for each address
+// of a prefix of at most 128 (an IPv4 /25 or longer, an IPv6 /121 or
+// longer), and one for each network any other longer prefix is in (each
+// of an IPv4 /17 to /23's).
 type udpBuckets [(udpPrefixBits + 1<<udpHashBits) / 64]uint64
 
 const (
 	udpPrefixBits = 2 << 16
 	udpHashBits   = 20
+	// A prefix of at most 2^udpAddrBits addresses sets a bit per address
+	// rather than one for its network.
+	udpAddrBits = 7
 	// What a network's hash is salted with (UDP_NET4, UDP_NET6).
 	udpNet4 = 0x55555555
 	udpNet6 = 0xaaaaaaaa
@@ -644,8 +648,13 @@ var ipv4Mapped = netip.MustParsePrefix("::ffff:0:0/96")
 func (u *udpBuckets) add(p netip.Prefix) {
 	a, bits := p.Addr().As16(), p.Bits()
 	w := func(i int) uint32 { return binary.NativeEndian.Uint32(a[i:]) }
-	if bits == 128 {
-		u.hash(w(0) ^ w(4) ^ w(8) ^ w(12))
+	if bits >= 128-udpAddrBits {
+		// Each whole address: a send to another of the network's
+		// addresses then finds its bits clear.
+		for x := range 1 << (128 - bits) {
+			a[15] = a[15]&^byte(1<<(128-bits)-1) | byte(x)
+			u.hash(w(0) ^ w(4) ^ w(8) ^ w(12))
+		}
 		return
 	}
 	if bits >= ipv4Mapped.Bits() && ipv4Mapped.Contains(p.Addr()) {

@@ -388,7 +388,10 @@ func TestUDPBuckets(t *testing.T) {
 		{"::ffff:10.1.0.0/112", 1, []int{0x0a01}, []int{0x0a00, 0x0a02}, 0},
 		{"::ffff:10.1.16.0/116", 0, nil, []int{0x0a01}, 16},
 		{"::ffff:10.1.2.0/120", 0, nil, []int{0x0a01}, 1},
-		{"::ffff:10.1.2.128/121", 0, nil, nil, 1},
+		{"::ffff:10.1.2.128/121", 0, nil, nil, 128},
+		{"::ffff:10.1.2.4/126", 0, nil, nil, 4},
+		{"2001:db8::80/121", 0, nil, nil, 128},
+		{"2001:db8::/120", 0, nil, nil, 1},
 		{"::ffff:0.0.0.0/96", 1 << 16, []int{0, 0xffff}, []int{v6, v6 + 0xffff}, 0},
 		{"2001:db8::/32", 1, []int{v6 + (0x2001 ^ 0x0db8)}, []int{v6 + 0x2001, 0x2001}, 0},
 		{"2001:db8:ff00::/40", 1, []int{v6 + (0x2001 ^ 0x0db8)}, nil, 0},
@@ -424,6 +427,16 @@ func TestUDPBuckets(t *testing.T) {
 	sub.add(netip.MustParsePrefix("2001:db8:1:2::/64"))
 	if net != sub {
 		t.Error("2001:db8:1:2::/64 sets another bit than its /48")
+	}
+	// A prefix of 128 addresses or fewer sets theirs, not its network's: a
+	// send to the rest of the network finds its bits clear.
+	var net4, half udpBuckets
+	net4.add(netip.MustParsePrefix("::ffff:10.1.2.0/120"))
+	half.add(netip.MustParsePrefix("::ffff:10.1.2.128/121"))
+	for i := range net4 {
+		if net4[i]&half[i] != 0 {
+			t.Fatalf("10.1.2.128/25 sets a bit of its /24's: word %d", i)
+		}
 	}
 }
 
