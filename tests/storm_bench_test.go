@@ -33,7 +33,11 @@ import (
 // connect()s, and UDP datagrams that would open a flow, each from a fresh
 // socket (the udp- figures; udp/tcp-per-refusal is the median over the
 // rounds of the one's CPU per refusal over the other's), after a second of
-// each that is not measured.
+// each that is not measured. The TCP storm runs a second time in each
+// round: tcp-spread is how far apart the same storm's two runs were (the
+// median over the rounds of the larger over the smaller), and
+// udp/tcp-over-spread the UDP ratio beyond it, which is above 1 only if
+// UDP cost more than this run can tell from its own scatter.
 // The last storm runs again with the client on one CPU and the daemon on
 // another: the kernel here counts no interrupt time apart
 // (CONFIG_IRQ_TIME_ACCOUNTING), so what a client's sockets cost in softirq
@@ -147,26 +151,31 @@ func BenchmarkRefusalStorm(b *testing.B) {
 			time.Sleep(duration)
 			idle = cpuTime(b, cmd.Process.Pid) - idle
 
-			// The protocols take turns, each first in every other round;
-			// ratios holds each round's UDP CPU per refusal over TCP's.
+			// The storms take turns, each first in one round of three:
+			// TCP's, UDP's, and TCP's again, whose ratio to the first is
+			// what the same storm scatters by in this run. ratios holds
+			// each round's UDP CPU per refusal over TCP's, again each
+			// round's second TCP storm's over its first's.
+			passes := []struct{ name, proto string }{{"tcp", "tcp"}, {"udp", "udp"}, {"tcp-again", "tcp"}}
 			cpu := map[string]time.Duration{}
 			refused := map[string]int{}
-			var ratios []float64
+			var ratios, again []float64
 			for round := 0; b.Loop(); round++ {
 				perRefusal := map[string]float64{}
-				for j := range protos {
-					proto := protos[(round+j)%len(protos)]
+				for j := range passes {
+					pass := passes[(round+j)%len(passes)]
 					before := cpuTime(b, cmd.Process.Pid)
-					n := storm(proto, duration)
+					n := storm(pass.proto, duration)
 					// Events come out within a tenth of a second, and a
 					// pair's last counts a second after its last event.
 					time.Sleep(1200 * time.Millisecond)
 					spent := cpuTime(b, cmd.Process.Pid) - before
-					cpu[proto] += spent
-					refused[proto] += n
-					perRefusal[proto] = float64(spent) / float64(n)
+					cpu[pass.proto] += spent
+					refused[pass.proto] += n
+					perRefusal[pass.name] = float64(spent) / float64(n)
 				}
 				ratios = append(ratios, perRefusal["udp"]/perRefusal["tcp"])
+				again = append(again, perRefusal["tcp-again"]/perRefusal["tcp"])
 			}
 			total += refused["tcp"] + refused["udp"]
 			l, err := c.Limit(context.Background(), "storm")
@@ -206,8 +215,11 @@ func BenchmarkRefusalStorm(b *testing.B) {
 				b.ReportMetric(float64(events[proto]), prefix+"events-kept")
 				b.ReportMetric(float64(counted[proto]), prefix+"refusals-in-events-kept")
 			}
-			slices.Sort(ratios)
-			b.ReportMetric(ratios[len(ratios)/2], "udp/tcp-per-refusal")
+			udp, spread := median(ratios), median(again)
+			spread = max(spread, 1/spread)
+			b.ReportMetric(udp, "udp/tcp-per-refusal")
+			b.ReportMetric(spread, "tcp-spread")
+			b.ReportMetric(udp/spread, "udp/tcp-over-spread")
 			b.ReportMetric(float64(idle)/duration.Seconds()/1e6, "daemon-idle-ms/s")
 			b.ReportMetric(float64(st.LostRefusals), "records-lost")
 		})
@@ -264,4 +276,12 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 		total += time.Duration(ns)
 	}
 	return total
+}
+
+// median is the middle of xs, or the mean of its two middles.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	return (s[(n-1)/2] + s[n/2]) / 2
 }
