@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/control"
@@ -331,12 +332,20 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 	rds := redistest.Start(t)
 	w := newWorld(t, rds, 10)
 	start := privtest.Monotonic()
-	for range 3 {
-		w.addHost(`key: "egressd-test:pool", lease: 3s`, false)
-	}
-	l := w.hosts[0].share(t, "pool")
+	// Redis's first answer to the first host freezes the budget for a
+	// lease from then: asked as soon as it came, before two more daemons
+	// take their seconds to start on a loaded machine.
+	w.addHost(`key: "egressd-test:pool", lease: 3s`, false)
+	var l control.Limit
+	clocktest.Eventually(t, "Redis's first answer to the first host", func() bool {
+		l = w.hosts[0].share(t, "pool")
+		return !l.Shared.Waiting
+	})
 	if l.Shared.FrozenUntil.IsZero() || l.Shared.Durability != "ephemeral" || l.Limit != 0 {
 		t.Errorf("a new ephemeral budget: %+v, limit %d; want it frozen, limit 0", l.Shared, l.Limit)
+	}
+	for range 2 {
+		w.addHost(`key: "egressd-test:pool", lease: 3s`, false)
 	}
 	w.thawed()
 
