@@ -69,6 +69,8 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_core_read.h>
 
+#include "rule.h"
+
 #define SOCK_STREAM 1
 #define SOCK_DGRAM 2
 #define IPPROTO_TCP 6
@@ -78,11 +80,6 @@
 #define TCP_BPF_SOCK_OPS_CB_FLAGS 1008
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
-#define NSEC_PER_SEC 1000000000ULL
-/* A bucket idle for this long is full whatever its rate; it also bounds
- * elapsed * rate below 2^64 for rates up to 10^6 per second. */
-#define MAX_REFILL_NS (100ULL * NSEC_PER_SEC)
-#define MAX_SEGMENTS 32
 #define MAX_SCOPE_LEVEL 15
 #define HIST_BUCKETS 28
 
@@ -94,21 +91,6 @@ enum shape {
 	SHAPE_PER_WINDOW,
 	SHAPE_GRANTED, /* admit while spent < granted: user space grants permits */
 	SHAPE_LEN,
-};
-
-/* Per-rule counters. */
-enum counter {
-	COUNTER_ADMITTED,
-	COUNTER_REFUSED,
-	COUNTER_SHADOW_REFUSED, /* would have been refused; admitted in shadow mode */
-	COUNTER_RELEASED,
-	COUNTER_ESTABLISHED,
-	COUNTER_CONNECT_FAILED, /* released without ever reaching ESTABLISHED */
-	COUNTER_UNTRACKED,	/* admitted without socket state (allocation failed) */
-	COUNTER_REQUESTS,
-	COUNTER_RESPONSES,	/* those an earlier build counted; rule_responses has the rest */
-	COUNTER_ABORTED,	/* released while a request was in flight */
-	COUNTER_LEN,		/* in flight: requests - responses - aborted */
 };
 
 /* Host-wide counters. */
@@ -185,30 +167,6 @@ struct rule_key {
 #define RULE_KEY_FIXED_BITS 96
 #define RULE_KEY_FULL_BITS (RULE_KEY_FIXED_BITS + 128)
 
-struct rule {
-	__u32 gen;
-	__u8 shape;
-	__u8 flags;
-	__u16 refuse_errno; /* 0 = EPERM */
-	__u32 limit; /* live connections, permits per second or per window */
-	__u32 burst; /* per-second bucket size */
-	__u32 segments;
-	__u32 epoch; /* bumped when the shape's parameters change: state restarts */
-	__u64 segment_ns;
-	/* SHAPE_GRANTED: permits granted since the slot was created. User
-	 * space raises it as it claims a share of a budget kept elsewhere, and
-	 * lowers it no further than what is spent when it hands permits back. */
-	__u64 granted;
-	/* SHAPE_CONCURRENCY: a shared rule's share holds until until_ns (0:
-	 * for good); from then connect() is admitted against limit_after. User
-	 * space pushes until_ns on as Redis renews the share, so a daemon that
-	 * stopped (killed, paused) cannot leave its kernel spending slots that
-	 * Redis has since given to other hosts. */
-	__u64 until_ns;
-	__u32 limit_after;
-	__u32 _pad;
-};
-
 /* What user space needs, with the rule's keys, to rebuild its view of a
  * rule after a restart; the programs never read it. */
 struct rule_meta {
@@ -216,22 +174,6 @@ struct rule_meta {
 	__u64 scope;
 	__u32 scope_level;
 	__u32 port;
-};
-
-/* What the programs change of a rule. The first cache line holds what
- * admission touches. */
-struct rule_state {
-	struct bpf_spin_lock lock;
-	__u32 epoch; /* rule.epoch this state was started for; under the lock */
-	__s64 live;  /* atomic; not under the lock */
-	__u64 spent; /* SHAPE_GRANTED permits taken; atomic, never restarted */
-	/* token bucket, under the lock */
-	__u64 tokens; /* permits scaled by NSEC_PER_SEC */
-	__u64 refilled_ns;
-	__u64 counters[COUNTER_LEN]; /* atomic */
-	/* sliding window, under the lock */
-	__u64 segment_id[MAX_SEGMENTS];
-	__u32 segment_count[MAX_SEGMENTS];
 };
 
 /* The count is the buckets' sum: one atomic less per sample. */
@@ -1023,91 +965,6 @@ static __always_inline long find_rule(struct rule_key *key, const struct datapat
 	if ((slot = lookup_class(key, classes, CLASS_HOST_PORT, 0, tagged)) >= 0)
 		return slot;
 	return lookup_class(key, classes, CLASS_HOST_ANY, 0, any);
-}
-
-/* Token bucket: returns 0 to admit, else the nanoseconds to the next token. */
-static __always_inline __u64 take_token(struct rule_state *st, const struct rule *r, __u64 now)
-{
-	__u64 cap = (__u64)r->burst * NSEC_PER_SEC;
-	__u64 rate = r->limit;
-	__u64 wait = 0;
-
-	bpf_spin_lock(&st->lock);
-	if (st->epoch != r->epoch) {
-		st->epoch = r->epoch;
-		st->tokens = cap;
-		st->refilled_ns = now;
-	}
-	/* Another CPU may have stored a later time: never go backwards. */
-	__u64 elapsed = now > st->refilled_ns ? now - st->refilled_ns : 0;
-	if (elapsed > MAX_REFILL_NS)
-		elapsed = MAX_REFILL_NS;
-	__u64 t = st->tokens + elapsed * rate;
-	if (t > cap)
-		t = cap;
-	if (now > st->refilled_ns)
-		st->refilled_ns = now;
-	if (t >= NSEC_PER_SEC)
-		t -= NSEC_PER_SEC;
-	else if (rate)
-		wait = (NSEC_PER_SEC - t + rate - 1) / rate;
-	else
-		wait = NSEC_PER_SEC;
-	st->tokens = t;
-	bpf_spin_unlock(&st->lock);
-	return wait;
-}
-
-/* Sliding window of n segments. Segments are numbered from the clock
- * (now / segment_ns); slot i of segment_id/segment_count holds segment
- * number segment_id[i], and counts only while that segment is one of the
- * last n. Only the first n slots are read: fewer cache lines. Fixed-trip
- * loops without breaks keep the verifier's work linear. Returns 0 to
- * admit, else the nanoseconds until the oldest counted segment leaves the
- * window. */
-static __always_inline __u64 take_window(struct rule_state *st, const struct rule *r, __u64 now)
-{
-	__u64 n = r->segments;
-	__u64 seg_ns = r->segment_ns;
-
-	if (n == 0 || n > MAX_SEGMENTS || seg_ns == 0)
-		return 0; /* user space validates; never refuse on a broken rule */
-	__u64 cur = now / seg_ns;
-	__u32 idx = (cur % n) & (MAX_SEGMENTS - 1);
-	__u64 total = 0, oldest = ~0ULL, wait = 0;
-
-	bpf_spin_lock(&st->lock);
-	if (st->epoch != r->epoch) {
-#pragma unroll
-		for (int i = 0; i < MAX_SEGMENTS; i++) {
-			st->segment_id[i] = 0;
-			st->segment_count[i] = 0;
-		}
-		st->epoch = r->epoch;
-	}
-	if (st->segment_id[idx] != cur) {
-		st->segment_id[idx] = cur;
-		st->segment_count[idx] = 0;
-	}
-#pragma unroll
-	for (int i = 0; i < MAX_SEGMENTS; i++) {
-		if (i >= n)
-			continue;
-		__u64 id = st->segment_id[i];
-		__u32 c = st->segment_count[i];
-
-		if (id + n > cur && id <= cur && c) {
-			total += c;
-			if (id < oldest)
-				oldest = id;
-		}
-	}
-	if (total < r->limit)
-		st->segment_count[idx]++;
-	else
-		wait = (oldest + n) * seg_ns - now;
-	bpf_spin_unlock(&st->lock);
-	return wait;
 }
 
 /* window_wait runs take_window for a rule slot as a global function: the
