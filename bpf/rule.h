@@ -13,9 +13,10 @@
 #include <bpf/bpf_helpers.h>
 
 #define NSEC_PER_SEC 1000000000ULL
-/* A bucket idle for this long is full whatever its rate; it also bounds
- * elapsed * rate below 2^64 for rates up to 10^6 per second. */
-#define MAX_REFILL_NS (100ULL * NSEC_PER_SEC)
+/* A refill up to this long keeps elapsed * rate below 2^64 at any rate
+ * user space allows (10^6 per second); a longer one is first capped at
+ * the bucket's fill time. */
+#define LONG_REFILL_NS (100ULL * NSEC_PER_SEC)
 #define MAX_SEGMENTS 32
 
 /* Per-rule counters. */
@@ -88,8 +89,16 @@ static __always_inline __u64 take_token(struct rule_state *st, const struct rule
 	}
 	/* Another CPU may have stored a later time: never go backwards. */
 	__u64 elapsed = now > st->refilled_ns ? now - st->refilled_ns : 0;
-	if (elapsed > MAX_REFILL_NS)
-		elapsed = MAX_REFILL_NS;
+	/* Refilling for longer than an empty bucket takes to fill (cap / rate,
+	 * rounded up) adds nothing, and capping elapsed there keeps elapsed *
+	 * rate within cap + rate: a bucket slower to fill than LONG_REFILL_NS
+	 * still fills all the way. Only a long refill pays the division. */
+	if (elapsed > LONG_REFILL_NS && rate) {
+		__u64 fill = (cap + rate - 1) / rate;
+
+		if (elapsed > fill)
+			elapsed = fill;
+	}
 	__u64 t = st->tokens + elapsed * rate;
 	if (t > cap)
 		t = cap;
