@@ -298,7 +298,7 @@ struct merge_args {
 	__s64 live;
 	__s64 spent;
 	__u64 tokens; /* taken from the bucket: subtracted */
-	/* That state's bucket, for a copy it started after */
+	/* That state's bucket and latest clock reading, for a copy it started after */
 	__u64 bucket_tokens;
 	__u64 refilled_ns;
 	__u64 counters[COUNTER_LEN];

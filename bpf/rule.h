@@ -67,7 +67,7 @@ struct rule_state {
 	__u64 spent; /* SHAPE_GRANTED permits taken; atomic, never restarted */
 	/* token bucket, under the lock */
 	__u64 tokens; /* permits scaled by NSEC_PER_SEC */
-	__u64 refilled_ns;
+	__u64 refilled_ns; /* the latest clock a take read; a window's too */
 	__u64 counters[COUNTER_LEN]; /* atomic */
 	/* sliding window, under the lock */
 	__u64 segment_id[MAX_SEGMENTS];
@@ -130,7 +130,6 @@ static __always_inline __u64 take_window(struct rule_state *st, const struct rul
 	if (n == 0 || n > MAX_SEGMENTS || seg_ns == 0)
 		return 0; /* user space validates; never refuse on a broken rule */
 	__u64 cur = now / seg_ns;
-	__u32 idx = (cur % n) & (MAX_SEGMENTS - 1);
 	__u64 total = 0, oldest = ~0ULL, wait = 0;
 
 	bpf_spin_lock(&st->lock);
@@ -142,6 +141,18 @@ static __always_inline __u64 take_window(struct rule_state *st, const struct rul
 		}
 		st->epoch = r->epoch;
 	}
+	/* Another CPU may have taken at a later time (it read the clock after
+	 * this one and took the lock first): take at that time, so that a
+	 * stale reading neither leaves the newer segment's permits out of the
+	 * total, admitting past the limit, nor counts its own in an older
+	 * segment. Only then is the division done again. */
+	if (now < st->refilled_ns) {
+		now = st->refilled_ns;
+		cur = now / seg_ns;
+	} else {
+		st->refilled_ns = now;
+	}
+	__u32 idx = (cur % n) & (MAX_SEGMENTS - 1);
 	if (st->segment_id[idx] != cur) {
 		st->segment_id[idx] = cur;
 		st->segment_count[idx] = 0;
