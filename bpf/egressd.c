@@ -85,14 +85,6 @@
 
 char __license[] SEC("license") = "Dual MIT/GPL";
 
-enum shape {
-	SHAPE_CONCURRENCY,
-	SHAPE_PER_SECOND,
-	SHAPE_PER_WINDOW,
-	SHAPE_GRANTED, /* admit while spent < granted: user space grants permits */
-	SHAPE_LEN,
-};
-
 /* Host-wide counters. */
 enum global_counter {
 	GLOBAL_SAMPLES_LOST, /* latency samples dropped: ring buffer full */

@@ -19,6 +19,14 @@
 #define LONG_REFILL_NS (100ULL * NSEC_PER_SEC)
 #define MAX_SEGMENTS 32
 
+enum shape {
+	SHAPE_CONCURRENCY,
+	SHAPE_PER_SECOND,
+	SHAPE_PER_WINDOW,
+	SHAPE_GRANTED, /* admit while spent < granted: user space grants permits */
+	SHAPE_LEN,
+};
+
 /* Per-rule counters. */
 enum counter {
 	COUNTER_ADMITTED,
