@@ -29,9 +29,9 @@ func newTokenBucket(origin time.Time, rate, burst int) tokenBucket {
 // before the latest one seen (a goroutine that read the clock, then lost the
 // race for the lock) refills nothing.
 //
-// The kernel caps a refill at 100s to keep elapsed × rate in 64 bits, which
-// under-fills a bucket that takes longer than that to fill; capping at the
-// fill time instead is exact, and bounds the product by cap + rate.
+// A refill is capped at the bucket's fill time, which keeps elapsed × rate
+// in 64 bits (the product is at most cap + rate); the kernel's take_token
+// does the same.
 func (b *tokenBucket) take(now time.Time) time.Duration {
 	return b.takeAt(int64(now.Sub(b.origin)))
 }

@@ -95,7 +95,7 @@ func TestTokenBucket(t *testing.T) {
 			{s[1], 0},
 		},
 	}, {
-		name: "a bucket slower to fill than 100s fills all the way (the kernel's cap would stop at 100)",
+		name: "a bucket slower to fill than 100s fills all the way",
 		rate: 1, burst: 1000,
 		takes: append(n(1000, take{s[0], 0}),
 			take{s[0], time.Second},
