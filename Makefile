@@ -64,6 +64,7 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 
 # Installs the binary, the systemd unit and, unless one exists, the
 # example policy. Then: systemctl daemon-reload && systemctl enable --now egressd

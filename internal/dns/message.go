@@ -141,14 +141,14 @@ func parseRData(p *dnsmessage.Parser, r *record, h dnsmessage.ResourceHeader, sk
 	switch h.Type {
 	case dnsmessage.TypeA:
 		if h.Length != 4 {
-			return fmt.Errorf("A record with %d bytes of data", h.Length)
+			return fmt.Errorf("type A record with %d bytes of data", h.Length)
 		}
 		a, err := p.AResource()
 		r.addr = netip.AddrFrom4(a.A)
 		return err
 	case dnsmessage.TypeAAAA:
 		if h.Length != 16 {
-			return fmt.Errorf("AAAA record with %d bytes of data", h.Length)
+			return fmt.Errorf("type AAAA record with %d bytes of data", h.Length)
 		}
 		a, err := p.AAAAResource()
 		r.addr = netip.AddrFrom16(a.AAAA)
