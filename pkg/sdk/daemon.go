@@ -12,27 +12,13 @@ import (
 	"github.com/egressd/egressd/pkg/control"
 )
 
-// How long the daemon's answer is reused for the same destination: long
-// enough that a refusal storm does not become a storm of questions to the
-// daemon, short enough that a limit lifted is seen at once. Only answers
-// are kept. A question that failed - the attempt's context ended, the
-// socket refused or is missing - says nothing about the refusal and is
-// asked again next time: a missing daemon fails at connect() on a local
-// socket, about what the refused connect() that led here cost, and such
-// questions come no faster than the policy lets attempts fail.
-//
-// A daemon that takes the question and does not answer (stopped, deadlocked)
-// is the exception: waiting for it costs the attempt its deadline, or with
-// none the call never returns. A question gets askTimeout, whatever the
-// client's Timeout, and the caller's deadline does not cut it short (the
-// caller stops waiting, the question goes on): the daemon answers from
-// memory over a local socket, in tens of microseconds, but names the rule
-// under the datapath's table lock, which a reload of 100,000 rules holds
-// for about a second (docs/bench.md); a refusal then must still be told
-// throttled, so 2s. One that was not answered in time stops the
-// questions, to any destination, for unansweredFor, so that a refusal storm
-// does not wait on each refusal; those refusals stay Permanent, as they
-// would after the wait.
+// A "yes" is reused for the same destination for attributedFor, a "no"
+// for unattributedFor: a refusal storm is not a storm of questions, and a
+// lifted limit is seen at once. A question that got no answer is not
+// cached. A question waits at most askTimeout, whatever the client's
+// Timeout (a reload of 100,000 rules holds the lock the answer needs for
+// about a second); one left unanswered stops all questions for
+// unansweredFor. docs/sdk.md ("Kernel refusals") says why each.
 const (
 	attributedFor   = 100 * time.Millisecond
 	unattributedFor = time.Second

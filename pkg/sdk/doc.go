@@ -2,35 +2,26 @@
 // circuit breaker, and tells "this process refused me" apart from "the
 // dependency failed me".
 //
-// The core is Run (value and error) and Try (the full Result: value, error,
-// attempt log, stop reason), both driven by a Policy:
+// Run (value and error) and Try (the full Result: value, error, attempt
+// log, stop reason) run a callback under a Policy:
 //
 //	p := sdk.HTTPDefaults() // one per dependency: it owns a budget and a breaker
 //	body, err := sdk.Run(ctx, p, func(ctx context.Context) ([]byte, error) {
 //		return fetch(ctx) // ctx is min(AttemptTimeout, remaining deadline), linked with the caller's
 //	})
 //
-// Run and Try never hedge, and allocate nothing on the success path, even
-// for a closure that captures the caller's variables. RunHedged and
-// TryHedged are the same calls with the policy's Hedge: copies of a slow
-// attempt raced beside it (see Hedge).
+// Run and Try never hedge, and allocate nothing on the success path;
+// RunHedged and TryHedged race copies of a slow attempt (see Hedge).
 //
 // Each attempt's error is classified into a verdict.Verdict. Transient and
-// Throttled are retried on their own backoff curves; a RetryAfter from the
-// server or a limiter wins over the curve. A refusal by something in this
-// process - a *RateLimitedError, ErrRateLimited, or an Admit hook saying no -
-// becomes verdict.Refused (Throttled, SelfImposed): it takes the throttled
-// curve, records no evidence against the breaker (but returns its half-open
-// probe slot), and neither spends nor funds the retry budget. The classifier
-// recognises it before any user rule, so no rule can downgrade it.
+// Throttled are retried on their own backoff curves, a RetryAfter from the
+// server or a limiter winning over the curve. A refusal by this process (a
+// *RateLimitedError, ErrRateLimited, an Admit hook saying no) is
+// verdict.Refused, whatever the classifier's rules: it takes the throttled
+// curve, is no evidence against the breaker, and neither spends nor funds
+// the retry budget. So put guards that limit outbound work inside the
+// callback or in Admit, never around Run: each attempt then takes its own
+// permit, bounded by its context, and a refusal is classified.
 //
-// Guards that limit outbound work belong inside the callback (or in the Admit
-// hook), never around Run: retries re-invoke the callback, so a permit taken
-// there is taken once per attempt, bounded by the attempt's context, and its
-// refusal is classified.
-//
-// The executor reads the real clock; the decisions it makes from the time
-// (the breaker's, the backoff's, the attributor's) take it as an argument.
-// The package's tests run in testing/synctest bubbles, on a fake clock, and
-// never sleep.
+// docs/sdk.md is the guide.
 package sdk
