@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestUDPTargets: issue 45's rows are judged from the figures of go test's
+// TestUDPTargets: the UDP flow rows are judged from the figures of go test's
 // lines, sub-benchmarks' included, and a target no line measured says so.
 func TestUDPTargets(t *testing.T) {
 	out := `BenchmarkUDPCost-2   	      30	  35174616 ns/op	       46.29 no-match-over-floor-ns	        48.10 no-match-nearby-over-floor-ns	       12.50 open-flow-over-floor-ns	         0.9024 opening/tcp-admitted
@@ -18,7 +18,7 @@ BenchmarkRefusalStorm/1-client-65535-ports-apart-2         	       3	8403385280 
 	var b bytes.Buffer
 	writeTable(&b, out, figures)
 	b.Reset()
-	writeTargets(&b, "UDP flows (issue 45)", issue45, figures)
+	writeTargets(&b, "UDP flow targets", udpTargets, figures)
 	report := b.String()
 	for _, row := range []string{
 		"| UDP send no rule matches, BPF ns beyond empty programs | 20 ns | 46.3 ns | missed |",
