@@ -5,16 +5,16 @@
 //	cd bench/sdkcompare && go run .            # the tables and the ratios
 //	cd bench/sdkcompare && go test -bench . -benchmem
 //
-// The targets (issue 5):
+// The targets:
 //
 //   - limit.PerSecond's Acquire takes at most 1.0× the time of
 //     rate.Limiter.Allow, both admitting (this file);
 //   - sdk.Run on the success path allocates nothing and takes at most 0.5×
 //     the time of failsafe-go's retry policy executor on the same callback
 //     (run.go);
-//   - issue 15: hedging at p95 at least halves the p99 of calls to a
-//     dependency with a slow tail for at most 10% more requests, and does as
-//     well as failsafe-go's hedge policy for no more (hedge.go).
+//   - hedging at p95 at least halves the p99 of calls to a dependency with
+//     a slow tail for at most 10% more requests, and does as well as
+//     failsafe-go's hedge policy for no more (hedge.go).
 //
 // The process exits 1 if a target is missed.
 package main
@@ -45,8 +45,8 @@ func background() context.Context { return context.Background() }
 type pair struct {
 	name         string
 	ours, theirs func(b *testing.B)
-	// target, if set, is the largest ratio ours/theirs that meets the
-	// issue's target; a pair without one is shown for information.
+	// target, if set, is the largest ratio ours/theirs allowed; a pair
+	// without one is shown for information.
 	target float64
 	// zeroAllocs, if set, also asks ours to allocate nothing.
 	zeroAllocs bool

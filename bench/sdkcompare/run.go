@@ -13,7 +13,7 @@ import (
 	"github.com/egressd/egressd/pkg/sdk"
 )
 
-// The target (issue 5): sdk.Run on the success path allocates nothing and
+// The target: sdk.Run on the success path allocates nothing and
 // takes at most 0.5× the time of failsafe-go's retry policy executor on the
 // same callback. Every pair below makes one successful call per iteration.
 //
@@ -42,7 +42,7 @@ var runTable = table{
 }
 
 var runPairs = []pair{
-	// The issue's comparison: everything sdk.Defaults does - retries,
+	// The target's comparison: everything sdk.Defaults does - retries,
 	// budget, breaker - against failsafe-go's retry policy alone.
 	{name: "Defaults | retry", ours: sdkRun(sdk.Defaults), theirs: failsafeGet(failsafeRetry), target: 0.5, zeroAllocs: true},
 	// The same guards on both sides: a retry policy shaped like Defaults'
