@@ -38,7 +38,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egressd/egressd/internal/dns"
-	"github.com/egressd/egressd/internal/hugeheap"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
@@ -251,9 +250,6 @@ type Daemon struct {
 	// lastGood is the hash of the policy text kept as the last applied
 	// (see lastGoodPath), so that a reload of the same text writes nothing.
 	lastGood [sha256.Size]byte
-	// huge is where the heap grows while a large policy is read and
-	// installed; nil for a small one.
-	huge *hugeheap.Region
 	// reloadMu makes reloads (SIGHUP's and the API's) one at a time, each
 	// held from the read of the file to the apply: otherwise a reload
 	// whose lookups are slow applies the file it read after a later

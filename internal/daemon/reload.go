@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/egressd/egressd/internal/hugeheap"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/policy"
 )
@@ -96,34 +95,12 @@ func (d *Daemon) startProblem(msg string) {
 	d.reload = control.Reload{Time: time.Now(), Error: msg}
 }
 
-// Policies from this size up grow the heap by about 50 times their size
-// while they are read and installed (a 7 MB file of 100,000 rules: 200 MB
-// at start, 350 MB on a reload that changes every rule); the heap grows
-// into huge pages there. Below it the growth is small, and whole 2 MiB
-// pages would only raise the resident memory of a small heap.
-const (
-	hugeHeapFrom   = 1 << 20
-	hugeHeapFactor = 64
-)
-
-// reserveHeap is the heap region for the policy at path; nil when it is
-// small or cannot be read (reading it again reports why).
-func reserveHeap(path string) *hugeheap.Region {
-	fi, err := os.Stat(path)
-	if err != nil || fi.Size() < hugeHeapFrom {
-		return nil
-	}
-	return hugeheap.Reserve(int(min(fi.Size()*hugeHeapFactor, 4<<30)))
-}
-
 // reloadPolicy reads the policy file again and applies it whole, or
 // changes nothing and says why. A reload started while another runs waits
 // for it, then reads the file as it is then.
 func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
-	d.huge.Advise()
-	defer d.huge.Withdraw()
 	t := time.Now()
 	p, text, err := d.loadPolicyFile(false)
 	if errors.Is(err, os.ErrNotExist) {

@@ -51,10 +51,6 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	var stack cleanups
 	defer func() { err = errors.Join(err, stack.run()) }()
 	d.started = time.Now()
-	d.huge = reserveHeap(d.cfg.PolicyFile)
-	d.huge.Advise()
-	grown := sync.OnceFunc(d.huge.Withdraw)
-	defer grown()
 	d.overrides, err = loadOverrides(d.cfg.StateDir)
 	if errors.Is(err, errUnreadable) {
 		d.overrides, err = overrides{}, d.setAsideOverrides(err)
@@ -102,7 +98,6 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	d.saveLastGood(text)
 	took.install = time.Since(t)
-	grown()
 	metricsLn, err := d.listenMetrics()
 	if err != nil {
 		return err

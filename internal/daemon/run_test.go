@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressd/egressd/internal/hugeheap"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
@@ -119,41 +118,11 @@ func TestRunServesAndStops(t *testing.T) {
 	if err != nil || l.Limit != 5 {
 		t.Fatalf("limit db = %+v, %v", l, err)
 	}
-	if td.huge != nil {
-		t.Error("a region for huge pages for a policy of one rule")
-	}
 	if err := stop(); err != nil {
 		t.Fatalf("run: %v", err)
 	}
 	if td.fake.closed != "closed" {
 		t.Errorf("the datapath was %q after a stop, want closed (pinned)", td.fake.closed)
-	}
-}
-
-// TestRunLargePolicyHugeHeap: a policy file of 1 MiB and more gets the
-// heap a region for huge pages, advised while the policy is read and
-// installed, at start and on a reload, and not after; a smaller one none.
-func TestRunLargePolicyHugeHeap(t *testing.T) {
-	td := newTestDaemon(t)
-	writeFile(t, td.cfg.PolicyFile, manyRules(hugeHeapFrom/40, 0)) // a rule's line is longer than 40 bytes
-	td.start(t)
-	if !hugeheap.Available() {
-		if td.huge != nil {
-			t.Error("a region where none is available")
-		}
-		return
-	}
-	if td.huge == nil {
-		t.Fatal("no region for a policy of 1 MiB")
-	}
-	if td.huge.Advised() {
-		t.Error("the region is advised after start")
-	}
-	if _, err := td.client().ReloadPolicy(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if td.huge.Advised() {
-		t.Error("the region is advised after a reload")
 	}
 }
 
