@@ -15,7 +15,7 @@
 //   - names.go: host-name destinations, looked up outside every lock.
 //   - adaptive.go: adaptive rules' loops and their pushes to the kernel.
 //   - share*.go: this host's shares of shared budgets (the decisions are
-//     package share's).
+//     package decide's).
 //   - events.go: refusal events and attribution; api.go, metrics.go: what
 //     the daemon shows; tracker.go: what it remembers of every rule's
 //     counts between reads of them all (the classes' sums, the busiest

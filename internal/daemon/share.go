@@ -10,15 +10,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	decide "github.com/egressd/egressd/internal/daemon/share"
+	"github.com/egressd/egressd/internal/daemon/decide"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 	"github.com/egressd/egressd/pkg/shared"
 )
 
-// This host's shares of shared budgets. The decisions are package share's
-// (internal/daemon/share); a share here runs them: a loop of its own that
+// This host's shares of shared budgets. The decisions are package decide's
+// (internal/daemon/decide); a share here runs them: a loop of its own that
 // every shareTick reads the kernel rule, asks the decision, writes the
 // kernel rule through the table and calls Redis. slotShare
 // (share_slots.go) holds a concurrency budget's slots, grantShare
@@ -206,7 +206,7 @@ func shareMode(m string) decide.Mode {
 	case policy.FailureDeny:
 		return decide.Deny
 	}
-	return decide.Throw
+	return decide.KeepShare
 }
 
 // batchOf is shareBatchTime of perSecond, at least 1 and at most most.

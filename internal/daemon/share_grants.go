@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	decide "github.com/egressd/egressd/internal/daemon/share"
+	"github.com/egressd/egressd/internal/daemon/decide"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 	"github.com/egressd/egressd/pkg/shared"
@@ -125,7 +125,7 @@ func (g *grantShare) claim(ctx, cctx context.Context, p decide.GrantsPlan) {
 		return
 	}
 	g.mu.Lock()
-	k, ev := g.grants.Claimed(p, decide.GrantsReply{Got: uint64(c.Got), Segment: c.Segment, Confirmed: c.Confirmed}, err, g.env.now())
+	k, ev := g.grants.Claimed(p, c, err, g.env.now())
 	g.count(ev, err)
 	g.kernel = k
 	g.mu.Unlock()

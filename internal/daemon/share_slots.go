@@ -5,7 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	decide "github.com/egressd/egressd/internal/daemon/share"
+	"github.com/egressd/egressd/internal/daemon/decide"
 	"github.com/egressd/egressd/pkg/loader"
 	"github.com/egressd/egressd/pkg/policy"
 	"github.com/egressd/egressd/pkg/shared"
@@ -126,13 +126,13 @@ func (s *slotShare) tick(ctx context.Context) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, shareCallTimeout)
 	sent := s.env.now()
-	reply, err := s.store.Resize(cctx, shared.SlotsRequest(req))
+	reply, err := s.store.Resize(cctx, req)
 	cancel()
 	if ctx.Err() != nil {
 		return // stopping: the answer no longer matters
 	}
 	s.mu.Lock()
-	_, ev := s.slots.Reply(p, req, decide.SlotsReply(reply), err, sent, s.env.now())
+	_, ev := s.slots.Reply(p, req, reply, err, sent, s.env.now())
 	s.count(ev, err)
 	s.mu.Unlock()
 	s.env.write(s) // a no-op when the kernel has it already

@@ -1,5 +1,5 @@
-// Package share decides how one host holds its part of a budget shared
-// with other hosts through Redis. It is pure: a state machine per budget
+// Package decide decides how much of a budget shared with other hosts
+// through Redis one host holds. It is pure: a state machine per budget
 // shape ([Slots] for concurrency, [Grants] for rates) turns what the
 // kernel shows and what Redis answers into the kernel limit or grant to
 // set, and does no I/O. The daemon observes, asks the machine, performs
@@ -10,39 +10,30 @@
 // has confirmed to its host. A share grows only after Redis said so (and,
 // when replicas are asked for, after they did too), and shrinks in the
 // kernel before it hands anything back.
-package share
+package decide
 
-import (
-	"strconv"
-	"time"
-)
+import "time"
 
-// Mode is what a share does while Redis cannot be reached.
+//go:generate go tool stringer -type=Mode -linecomment
+
+// Mode is what a share does while Redis cannot be reached: a shared
+// rule's failure mode.
 type Mode uint8
 
 const (
-	// Throw keeps the share held when Redis went away: the same slots, or
+	// KeepShare keeps the share held (failure mode throw): the same slots, or
 	// a per-second bucket at the rate the host claimed lately. A
 	// concurrency share stops admitting once its slots' lease could have
 	// run out in Redis, since another host may then take them.
-	Throw Mode = iota
+	KeepShare Mode = iota // throw
 	// Allow enforces the whole budget on this host alone: the budget is
 	// not kept while Redis is away.
-	Allow
+	Allow // allow
 	// Deny admits nothing new.
-	Deny
+	Deny // deny
 
-	modeLen // sentinel; keep last.
+	modeLen = iota // sentinel, untyped for stringer; keep last.
 )
-
-var modeNames = [modeLen]string{Throw: "throw", Allow: "allow", Deny: "deny"}
-
-func (m Mode) String() string {
-	if m < modeLen {
-		return modeNames[m]
-	}
-	return "Mode(" + strconv.Itoa(int(m)) + ")"
-}
 
 // Outage is what a share knows of Redis being unreachable.
 type Outage struct {

@@ -1,6 +1,10 @@
-package share
+package decide
 
-import "time"
+import (
+	"time"
+
+	"github.com/egressd/egressd/pkg/shared"
+)
 
 // SlotsConfig is a concurrency share's settings.
 type SlotsConfig struct {
@@ -29,37 +33,6 @@ type SlotsObs struct {
 	Limit   int    // the rule's limit now
 	Live    int    // connections holding a slot of it
 	Refused uint64 // refusals since the rule was made
-}
-
-// SlotsRequest is a Resize to send to Redis (see shared.Slots).
-type SlotsRequest struct {
-	// Want is the slots to hold: more than held grows the share (if its
-	// fair share and the budget allow), fewer hands the extras back.
-	Want int
-	// Demand is how many this host could use now, for the fair shares.
-	Demand int
-	// Prior is what this host's kernel may still be holding connections
-	// on: all a host may take back while Redis's growth is frozen after it
-	// lost the budget's state.
-	Prior int
-	// HadState says this host held slots of the budget before (or
-	// adopted a kernel rule that did), so Redis missing the budget's
-	// epoch means it lost state rather than sees it first.
-	HadState bool
-}
-
-// SlotsReply is Redis's answer to a Resize.
-type SlotsReply struct {
-	Held, Fair int
-	// Epoch names the budget's state in Redis: another one than before
-	// means the state was lost and made anew.
-	Epoch int64
-	// Frozen is how long growth stays frozen after the state was lost.
-	Frozen time.Duration
-	// Confirmed is false when replicas were asked to confirm the change
-	// and fewer did in time: the slots are Redis's answer, but a failover
-	// could lose what they added, so no growth may be used yet.
-	Confirmed bool
 }
 
 // Slots is one host's share of a shared concurrency budget: the slots it
@@ -173,7 +146,7 @@ func (s *Slots) Plan(o SlotsObs, now time.Time) SlotsPlan {
 // is how a tick learns that Redis is back. ask is false when there is
 // nothing to ask this tick: the share wants what it holds, Redis answered
 // lately and growth is not frozen; the tick then ends at p.Limit.
-func (s *Slots) Request(p SlotsPlan, live int, now time.Time) (req SlotsRequest, ask bool) {
+func (s *Slots) Request(p SlotsPlan, live int, now time.Time) (req shared.SlotsRequest, ask bool) {
 	// What the kernel may still hold connections on: its limit (never
 	// above what Redis confirmed, but under FailureMode allow) and its
 	// live connections.
@@ -182,7 +155,7 @@ func (s *Slots) Request(p SlotsPlan, live int, now time.Time) (req SlotsRequest,
 	if s.outage.Failing() {
 		want = prior
 	}
-	req = SlotsRequest{Want: want, Demand: max(p.need, want), Prior: prior, HadState: s.hadState}
+	req = shared.SlotsRequest{Want: want, Demand: max(p.need, want), Prior: prior, HadState: s.hadState}
 	// A fair share below the demand Redis heard is the level others
 	// leave: more demand would not raise it. One at that demand may be
 	// the demand itself, which more would raise.
@@ -194,7 +167,7 @@ func (s *Slots) Request(p SlotsPlan, live int, now time.Time) (req SlotsRequest,
 // Reply takes Redis's answer to req (or the error that stood for it; sent
 // is when req was sent) and returns the kernel limit to set, with the
 // events worth a log line.
-func (s *Slots) Reply(p SlotsPlan, req SlotsRequest, r SlotsReply, err error, sent, now time.Time) (limit int, ev Event) {
+func (s *Slots) Reply(p SlotsPlan, req shared.SlotsRequest, r shared.SlotsReply, err error, sent, now time.Time) (limit int, ev Event) {
 	if err != nil {
 		return s.fail(p, err, now)
 	}

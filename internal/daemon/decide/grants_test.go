@@ -1,8 +1,10 @@
-package share
+package decide
 
 import (
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/pkg/shared"
 )
 
 // grantsTick is one tick of a Grants share at a fixed instant: what the
@@ -128,7 +130,7 @@ func TestGrantsTicks(t *testing.T) {
 					if tk.err {
 						err = errDown
 					}
-					k, ev := g.Claimed(p, GrantsReply{Got: tk.got, Segment: tk.seg, Confirmed: tk.confirmed}, err, now)
+					k, ev := g.Claimed(p, shared.Claimed{Got: int(tk.got), Segment: tk.seg, Confirmed: tk.confirmed}, err, now)
 					if k != tk.kernel || ev != tk.ev {
 						t.Fatalf("tick %d: kernel %+v, events %b; want %+v, %b", i, k, ev, tk.kernel, tk.ev)
 					}

@@ -1,4 +1,4 @@
-package share
+package decide
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/pkg/shared"
 	"github.com/egressd/egressd/pkg/shared/sharedtest"
 )
 
@@ -144,7 +145,7 @@ func (s *grantsSim) daemon(h *grantsHost) {
 		h.phase, h.at = 2, s.now.Add(simRTT)
 	case 2:
 		confirmed := !s.lag
-		k, _ := h.g.Claimed(h.plan, GrantsReply{Got: h.got, Confirmed: confirmed}, h.err, s.now)
+		k, _ := h.g.Claimed(h.plan, shared.Claimed{Got: int(h.got), Confirmed: confirmed}, h.err, s.now)
 		if h.err == nil && confirmed {
 			h.backed += h.got
 		}
@@ -207,7 +208,7 @@ func TestGrantsSimBacked(t *testing.T) {
 	for seed := range uint64(30) {
 		s := newGrantsSim(t, seed, 100+s0(seed)*50, 50+s0(seed)*25)
 		for range 2 + s.rng.IntN(4) {
-			s.add(1+s.rng.IntN(20), Throw)
+			s.add(1+s.rng.IntN(20), KeepShare)
 		}
 		s.run(3 * time.Second)
 		s.lag = true
@@ -246,7 +247,7 @@ func TestGrantsSimRedisFaults(t *testing.T) {
 	for seed := range uint64(20) {
 		s := newGrantsSim(t, seed, 100, 100)
 		for range 3 {
-			s.add(0, Throw)
+			s.add(0, KeepShare)
 		}
 		s.run(2 * time.Second) // idle: the bucket is full
 		before := len(s.admitted)

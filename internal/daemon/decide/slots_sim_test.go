@@ -1,4 +1,4 @@
-package share
+package decide
 
 import (
 	"errors"
@@ -56,9 +56,9 @@ type simHost struct {
 	phase  int
 	at     time.Time // when the next phase runs
 	plan   SlotsPlan
-	req    SlotsRequest
+	req    shared.SlotsRequest
 	sent   time.Time
-	reply  SlotsReply
+	reply  shared.SlotsReply
 	err    error
 	events []Event
 }
@@ -218,7 +218,7 @@ func (s *sim) daemon(h *simHost) {
 		}
 		h.phase, h.at = 2, s.now.Add(simRTT)
 	case 2:
-		h.reply, h.err = SlotsReply(s.redis.budget.Resize(s.now, h.name, shared.SlotsRequest(h.req))), nil
+		h.reply, h.err = s.redis.budget.Resize(s.now, h.name, h.req), nil
 		h.reply.Confirmed = s.redis.lag == 0
 		h.phase, h.at = 3, s.now.Add(simRTT)
 	case 3:
@@ -361,7 +361,7 @@ func TestSlotsSimOutages(t *testing.T) {
 	for seed := range uint64(60) {
 		lease := 3 * time.Second
 		s := newSim(t, seed, 10, lease, seed%4 == 0)
-		s.mode = Mode(seed % 3)
+		s.mode = Mode(seed % modeLen)
 		for range 3 {
 			s.addHost(5 + s.rng.IntN(20))
 		}

@@ -1,8 +1,10 @@
-package share
+package decide
 
 import (
 	"math"
 	"time"
+
+	"github.com/egressd/egressd/pkg/shared"
 )
 
 // GrantsConfig is a rate share's settings.
@@ -48,17 +50,6 @@ const (
 	// (loader's Reclaim), then hand them to Redis.
 	Return
 )
-
-// GrantsReply is Redis's answer to a Claim (see shared.Claimed).
-type GrantsReply struct {
-	Got uint64
-	// Segment is the sliding window's segment the permits were counted
-	// in, on Redis's clock; 0 for a token bucket.
-	Segment int64
-	// Confirmed is false when replicas were asked to confirm the claim
-	// and fewer did in time: the permits are not used.
-	Confirmed bool
-}
 
 // GrantsPlan is a tick's decision.
 type GrantsPlan struct {
@@ -165,7 +156,7 @@ func (g *Grants) Plan(o GrantsObs, now time.Time) GrantsPlan {
 
 // Claimed takes Redis's answer to a Claim, or the error that stood for
 // it. It returns how the kernel rule is to enforce the share now.
-func (g *Grants) Claimed(p GrantsPlan, r GrantsReply, err error, now time.Time) (GrantsKernel, Event) {
+func (g *Grants) Claimed(p GrantsPlan, r shared.Claimed, err error, now time.Time) (GrantsKernel, Event) {
 	if err != nil {
 		return g.fail(err, now)
 	}
@@ -174,7 +165,7 @@ func (g *Grants) Claimed(p GrantsPlan, r GrantsReply, err error, now time.Time) 
 		ev |= Recovered
 	}
 	g.outage = Outage{}
-	got := r.Got
+	got := uint64(r.Got)
 	if !r.Confirmed && got > 0 {
 		g.unconfirmed += got
 		got, ev = 0, ev|Unconfirmed
@@ -237,7 +228,7 @@ func (g *Grants) fail(err error, now time.Time) (GrantsKernel, Event) {
 		}
 		rate := uint32(max(1, math.Ceil(float64(n)/g.cfg.RateWindow.Seconds())))
 		switch g.cfg.Mode {
-		case Throw:
+		case KeepShare:
 			g.kernel = GrantsKernel{Granted: g.kernel.Granted, PerSecond: rate, Burst: uint32(min(g.cfg.Batch, math.MaxUint32))}
 		case Allow:
 			g.kernel = GrantsKernel{Granted: g.kernel.Granted, Own: true}
