@@ -22,29 +22,19 @@ func (p Peer) String() string {
 	return fmt.Sprintf("pid %d uid %d gid %d", p.PID, p.UID, p.GID)
 }
 
+//go:generate go tool stringer -type=Access -linecomment
+
 // Access is what a peer may do.
 type Access uint8
 
 const (
 	// AccessNone: nothing; the peer's credentials could not be read.
-	AccessNone Access = iota
+	AccessNone Access = iota // none
 	// AccessRead: routes whose Write is false.
-	AccessRead
+	AccessRead // read
 	// AccessWrite: every route.
-	AccessWrite
+	AccessWrite // write
 )
-
-func (a Access) String() string {
-	switch a {
-	case AccessNone:
-		return "none"
-	case AccessRead:
-		return "read"
-	case AccessWrite:
-		return "write"
-	}
-	return "Access(" + strconv.Itoa(int(a)) + ")"
-}
 
 // accessPolicy is the input of permit besides the peer.
 type accessPolicy struct {
