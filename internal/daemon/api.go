@@ -1,10 +1,11 @@
 package daemon
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,11 +18,25 @@ import (
 	"github.com/egressd/egressd/pkg/policy"
 )
 
-// The control API's handlers: what status, limits, events and attribution
-// show, and the changes a writer asks for (limits, reload, uninstall).
-// Package controlserver serves them and checks who may call which.
+// api is the control API's handlers: what status, limits, events and
+// attribution show, and the changes a writer asks for (limits, reload,
+// uninstall). Package controlserver serves them and checks who may call
+// which.
+type api struct {
+	cfg     *Config
+	log     *slog.Logger
+	dp      datapath
+	started time.Time
+	table   *table
+	list    *lister
+	events  *eventLog
+	// reload reloads the policy file; uninstall asks the daemon to stop
+	// and take the datapath down.
+	reload    func(context.Context) (control.Reload, error)
+	uninstall func()
+}
 
-func (d *Daemon) routes() map[string]controlserver.Route {
+func (a *api) routes() map[string]controlserver.Route {
 	get := func(h controlserver.HandlerFunc) controlserver.Route {
 		return controlserver.Route{Method: http.MethodGet, Handler: h}
 	}
@@ -29,63 +44,43 @@ func (d *Daemon) routes() map[string]controlserver.Route {
 		return controlserver.Route{Method: http.MethodPost, Write: true, Handler: h}
 	}
 	return map[string]controlserver.Route{
-		control.RouteStatus:       get(controlserver.JSON(d.handleStatus)),
-		control.RouteLimits:       {Method: http.MethodGet, Stream: true, Handler: d.handleLimits},
-		control.RouteLimit:        get(controlserver.JSON(d.handleLimit)),
-		control.RouteLimitSet:     post(controlserver.JSON(d.handleSetLimit)),
-		control.RouteLimitRemove:  post(controlserver.JSON(d.handleRemoveLimit)),
-		control.RoutePolicyReload: post(controlserver.JSON(d.handleReload)),
-		control.RouteEvents:       {Method: http.MethodGet, Stream: true, Handler: d.handleEvents},
-		control.RouteRefusal:      get(controlserver.JSON(d.handleRefusal)),
-		control.RouteUninstall:    post(controlserver.JSON(d.handleUninstall)),
+		control.RouteStatus:       get(controlserver.JSON(a.handleStatus)),
+		control.RouteLimits:       {Method: http.MethodGet, Stream: true, Handler: a.handleLimits},
+		control.RouteLimit:        get(controlserver.JSON(a.handleLimit)),
+		control.RouteLimitSet:     post(controlserver.JSON(a.handleSetLimit)),
+		control.RouteLimitRemove:  post(controlserver.JSON(a.handleRemoveLimit)),
+		control.RoutePolicyReload: post(controlserver.JSON(a.handleReload)),
+		control.RouteEvents:       {Method: http.MethodGet, Stream: true, Handler: a.handleEvents},
+		control.RouteRefusal:      get(controlserver.JSON(a.handleRefusal)),
+		control.RouteUninstall:    post(controlserver.JSON(a.handleUninstall)),
 	}
 }
 
-func (d *Daemon) handleStatus(r *http.Request, _ struct{}) (control.Status, error) {
-	lost, err := d.dp.Lost()
+func (a *api) handleStatus(r *http.Request, _ struct{}) (control.Status, error) {
+	lost, err := a.dp.Lost()
 	if err != nil {
 		return control.Status{}, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	s := control.Status{
-		Version:      d.cfg.Version,
-		Started:      d.started,
-		Adopted:      d.dp.Adopted(),
-		Cgroup:       d.cfg.Cgroup,
-		PinDir:       d.dp.PinDir(),
-		PolicyFile:   d.cfg.PolicyFile,
-		Rules:        len(d.entries),
+		Version:      a.cfg.Version,
+		Started:      a.started,
+		Adopted:      a.dp.Adopted(),
+		Cgroup:       a.cfg.Cgroup,
+		PinDir:       a.dp.PinDir(),
+		PolicyFile:   a.cfg.PolicyFile,
 		LostRefusals: lost.Refusals,
 		LostSamples:  lost.Samples,
-		LastReload:   d.reload,
 	}
-	for name, e := range d.entries {
-		if !e.installed() {
-			s.Pending++
-		}
-		if e.share != nil {
-			s.Shared++
-			v := e.share.view()
-			if v.outage.Failing() {
-				s.Unreachable = append(s.Unreachable, name)
-			}
-			if v.frozen {
-				s.Frozen = append(s.Frozen, name)
-			}
-		}
-	}
-	slices.Sort(s.Unreachable)
-	slices.Sort(s.Frozen)
+	a.table.describe(&s)
 	return s, nil
 }
 
-func (d *Daemon) handleLimit(r *http.Request, _ struct{}) (control.Limit, error) {
+func (a *api) handleLimit(r *http.Request, _ struct{}) (control.Limit, error) {
 	name := r.URL.Query().Get("name")
 	if name == "" {
 		return control.Limit{}, control.Errorf(control.CodeInvalid, "name is required")
 	}
-	return d.limitView(name, readOnly(r))
+	return a.limitView(name, readOnly(r))
 }
 
 // readOnly says whether r's caller may read but not write.
@@ -95,25 +90,15 @@ func readOnly(r *http.Request) bool {
 
 // limitView describes one rule with its kernel counts, for a reader if
 // forReader.
-func (d *Daemon) limitView(name string, forReader bool) (control.Limit, error) {
-	d.mu.Lock()
-	e, ok := d.entries[name]
-	var v viewed
-	if ok {
-		v = viewedLocked(name, e)
-	}
-	d.mu.Unlock()
+func (a *api) limitView(name string, forReader bool) (control.Limit, error) {
+	v, ok := a.table.viewOf(name)
 	if !ok {
 		return control.Limit{}, control.Errorf(control.CodeNotFound, "rule %s: %v", name, errUnknownRule)
 	}
-	if !e.installed() {
+	if !v.e.installed() {
 		return view(v, loader.Stats{}, loader.Rule{}, forReader)
 	}
-	st, err := d.dp.Stats(name)
-	if err != nil {
-		return control.Limit{}, err
-	}
-	kr, err := d.dp.Rule(name)
+	st, kr, err := kernelView(a.dp, name)
 	if err != nil {
 		return control.Limit{}, err
 	}
@@ -130,7 +115,7 @@ type viewed struct {
 }
 
 // viewedLocked is e, the entry of rule name, as the views read it. Call
-// with d.mu held.
+// with the table's lock held.
 func viewedLocked(name string, e *entry) viewed {
 	return viewed{name: name, e: e, dests: e.kernel.Dests}
 }
@@ -192,7 +177,7 @@ func shapeName(e *entry) string {
 	return e.spec.LoaderRule(loader.Scope{}, nil).Shape.String()
 }
 
-func (d *Daemon) handleSetLimit(r *http.Request, in control.SetLimitRequest) (control.Limit, error) {
+func (a *api) handleSetLimit(r *http.Request, in control.SetLimitRequest) (control.Limit, error) {
 	p, err := policy.Parse([]byte("rules:\n" + indent(in.Rule)))
 	var pe *policy.Error
 	if errors.As(err, &pe) {
@@ -212,10 +197,10 @@ func (d *Daemon) handleSetLimit(r *http.Request, in control.SetLimitRequest) (co
 	if len(p.Rules) != 1 {
 		return control.Limit{}, control.Errorf(control.CodeInvalid, "want exactly one rule, got %d", len(p.Rules))
 	}
-	if err := d.setRule(r.Context(), p.Rules[0]); err != nil {
+	if err := a.table.set(r.Context(), p.Rules[0]); err != nil {
 		return control.Limit{}, applyError(err)
 	}
-	return d.limitView(p.Rules[0].Name, false)
+	return a.limitView(p.Rules[0].Name, false)
 }
 
 // indent makes one rule's YAML an item of a rules list.
@@ -231,8 +216,8 @@ func indent(rule string) string {
 	return strings.Join(lines, "\n") + "\n"
 }
 
-func (d *Daemon) handleRemoveLimit(r *http.Request, in control.NameRequest) (struct{}, error) {
-	err := d.removeRule(r.Context(), in.Name)
+func (a *api) handleRemoveLimit(r *http.Request, in control.NameRequest) (struct{}, error) {
+	err := a.table.remove(r.Context(), in.Name)
 	if errors.Is(err, errUnknownRule) {
 		return struct{}{}, control.Errorf(control.CodeNotFound, "rule %s: %v", in.Name, err)
 	}
@@ -252,15 +237,15 @@ func applyError(err error) error {
 	return err
 }
 
-func (d *Daemon) handleReload(r *http.Request, _ struct{}) (control.Reload, error) {
-	rl, err := d.reloadPolicy(r.Context())
+func (a *api) handleReload(r *http.Request, _ struct{}) (control.Reload, error) {
+	rl, err := a.reload(r.Context())
 	if err != nil {
 		return rl, applyError(err)
 	}
 	return rl, nil
 }
 
-func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
+func (a *api) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	follow, _ := strconv.ParseBool(r.URL.Query().Get("follow"))
 	// A reader learns about its own connections only, as with
 	// attribution.
@@ -276,7 +261,7 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	var live <-chan event
 	if follow {
-		ch, cancel, err := d.events.follow(who)
+		ch, cancel, err := a.events.follow(who)
 		if err != nil {
 			return control.Errorf(control.CodeUnavailable, "%v", err)
 		}
@@ -287,18 +272,18 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	for _, e := range d.events.recent() {
+	for _, e := range a.events.recent() {
 		if !shown(e) {
 			continue
 		}
-		if err := sw.Send(d.eventView(e)); err != nil {
+		if err := sw.Send(a.eventView(e)); err != nil {
 			return err
 		}
 	}
 	if !follow {
 		return nil
 	}
-	keepalive := time.NewTicker(d.cfg.keepalive)
+	keepalive := time.NewTicker(a.cfg.keepalive)
 	defer keepalive.Stop()
 	for {
 		select {
@@ -315,7 +300,7 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 			if !shown(e) {
 				continue
 			}
-			if err := sw.Send(d.eventView(e)); err != nil {
+			if err := sw.Send(a.eventView(e)); err != nil {
 				return err
 			}
 		}
@@ -325,16 +310,14 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) error {
 // eventView shows an event with its rule's shape as the policy gives it,
 // as limit ls does: the kernel enforces an adaptive rule as a concurrency
 // limit and a shared rate as granted permits.
-func (d *Daemon) eventView(e event) control.Event {
+func (a *api) eventView(e event) control.Event {
 	shape := e.Shape.String()
 	if e.gaveBack != nil {
 		shape = "" // a recount knows no shape; the rule may have gone
 	}
-	d.mu.Lock()
-	if en, ok := d.entries[e.Rule]; ok {
-		shape = shapeName(en)
+	if s, ok := a.table.shapeOf(e.Rule); ok {
+		shape = s
 	}
-	d.mu.Unlock()
 	if g := e.gaveBack; g != nil {
 		return control.Event{
 			Kind:      control.EventRecount,
@@ -361,7 +344,7 @@ func (d *Daemon) eventView(e event) control.Event {
 	}
 }
 
-func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution, error) {
+func (a *api) handleRefusal(r *http.Request, _ struct{}) (control.Attribution, error) {
 	q := r.URL.Query()
 	pid, err := strconv.ParseUint(q.Get("pid"), 10, 32)
 	if err != nil {
@@ -392,15 +375,15 @@ func (d *Daemon) handleRefusal(r *http.Request, _ struct{}) (control.Attribution
 	if controlserver.AccessFrom(r.Context()) != controlserver.AccessWrite && (!known || uint32(peer.PID) != uint32(pid)) {
 		return control.Attribution{}, control.Errorf(control.CodeForbidden, "may ask only about your own process")
 	}
-	e, ok := d.attribute(uint32(pid), proto, netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
+	e, ok := a.attribute(uint32(pid), proto, netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port()))
 	if !ok {
 		return control.Attribution{}, nil
 	}
 	return control.Attribution{Refused: true, Rule: e.Rule, RetryAfterSeconds: e.RetryAfter.Seconds(), SecondsAgo: max(0, time.Since(e.Time).Seconds())}, nil
 }
 
-func (d *Daemon) handleUninstall(r *http.Request, _ struct{}) (struct{}, error) {
-	d.log.Warn("uninstall requested: detaching and exiting")
-	d.requestStop()
+func (a *api) handleUninstall(r *http.Request, _ struct{}) (struct{}, error) {
+	a.log.Warn("uninstall requested: detaching and exiting")
+	a.uninstall()
 	return struct{}{}, nil
 }

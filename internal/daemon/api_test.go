@@ -29,7 +29,7 @@ var (
 // server is a control server of td's routes, to call through ServeHTTP.
 func (td *testDaemon) server(t *testing.T) *controlserver.Server {
 	t.Helper()
-	srv, err := controlserver.New(controlserver.Config{Routes: td.routes(), Logger: td.log})
+	srv, err := controlserver.New(controlserver.Config{Routes: td.api.routes(), Logger: td.log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,9 +251,9 @@ func (l *eventLog) await(t *testing.T, n int) {
 func TestLimitViewsWhileLimitMoves(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, adaptivePolicy)
-	td.mu.Lock()
-	c := td.entries["dep"].ctrl
-	td.mu.Unlock()
+	td.table.mu.Lock()
+	c := td.table.entries["dep"].ctrl
+	td.table.mu.Unlock()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -263,11 +263,11 @@ func TestLimitViewsWhileLimitMoves(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := td.limitView("dep", false); err != nil {
+			if _, err := td.api.limitView("dep", false); err != nil {
 				t.Error(err)
 				return
 			}
-			if err := td.limits(control.LimitsQuery{}, false, func(control.Limit) error { return nil }); err != nil {
+			if err := td.listEach(control.LimitsQuery{}, func(control.Limit) {}); err != nil {
 				t.Error(err)
 				return
 			}

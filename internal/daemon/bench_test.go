@@ -24,7 +24,7 @@ func BenchmarkInstall100k(b *testing.B) {
 		if i%2 == 1 {
 			p = p1
 		}
-		if err := td.install(context.Background(), p); err != nil {
+		if err := td.table.install(context.Background(), p); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -37,7 +37,7 @@ func BenchmarkInstall100k(b *testing.B) {
 func BenchmarkScrape100k(b *testing.B) {
 	td := newTestDaemon(b)
 	td.fake.maxRules = 1 << 20
-	if err := td.install(context.Background(), parse(b, manyRules(100_000, 0))); err != nil {
+	if err := td.table.install(context.Background(), parse(b, manyRules(100_000, 0))); err != nil {
 		b.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()

@@ -66,7 +66,7 @@ func (c clash) String() string {
 // for, so that a name moving onto a rule's address never takes it; else
 // to the rule first in es. It returns what the rules still installed go
 // without. Call with d.mu held.
-func (d *Daemon) settleClashesLocked(es []*entry) []clash {
+func (t *table) settleClashesLocked(es []*entry) []clash {
 	owner := map[key]int{}
 	var contested []int
 	claim := func(k key, i int) {
@@ -76,7 +76,7 @@ func (d *Daemon) settleClashesLocked(es []*entry) []clash {
 			return
 		}
 		contested = append(contested, i, j)
-		if ii, ij := d.enforces(es[i], k), d.enforces(es[j], k); ii != ij && ii || ii == ij && i < j {
+		if ii, ij := t.enforces(es[i], k), t.enforces(es[j], k); ii != ij && ii || ii == ij && i < j {
 			owner[k] = i
 		}
 	}
@@ -133,7 +133,7 @@ func (d *Daemon) settleClashesLocked(es []*entry) []clash {
 }
 
 // enforces reports whether the kernel enforces e's rule for k now.
-func (d *Daemon) enforces(e *entry, k key) bool {
-	r, err := d.dp.Rule(e.spec.Name)
+func (t *table) enforces(e *entry, k key) bool {
+	r, err := t.dp.Rule(e.spec.Name)
 	return err == nil && slices.ContainsFunc(r.Dests, func(p netip.Prefix) bool { return keyOf(&r, p) == k })
 }

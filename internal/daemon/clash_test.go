@@ -98,7 +98,7 @@ func TestClashesFollowDNS(t *testing.T) {
 		"b": "pending: destination 127.0.0.2/32 (any port) is rule a's",
 		"c": "127.0.0.10/32 concurrency 3 (policy)",
 	})
-	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: z, destination: 10.9.9.9, port: 443, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: z, destination: 10.9.9.9, port: 443, concurrency: 3}\n").Rules[0]); err != nil {
 		t.Errorf("limit set of an unrelated rule: %v", err)
 	}
 

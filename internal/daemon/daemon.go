@@ -4,26 +4,26 @@
 // API and the metrics, and follows refusals.
 //
 // Where things live:
-//   - daemon.go: the configuration and New, which checks it; run.go: Run,
-//     which starts the parts and stops them on one path.
-//   - datapath.go: the kernel side, as the narrow interface the daemon
-//     calls (the loader implements it; the tests' fake does too).
-//   - table.go: the rule table: which rules are in force and how each is
-//     written to the kernel. overrides.go keeps run-time changes on disk;
-//     reload.go reads the policy file; scope.go finds cgroups and units;
-//     capacity.go sizes the kernel's rule tables.
+//   - daemon.go: the configuration, and the Daemon, which makes the parts
+//     and wires them; run.go: Run, which starts them and stops them on
+//     one path; reload.go: the policy file and its reloads.
+//   - datapath.go: the kernel side, as the narrow interface the parts
+//     call (the loader implements it; the tests' fake does too).
+//   - table.go: the table, the rules in force and how each is written to
+//     the kernel; its other files are overrides.go (run-time changes,
+//     kept on disk), scope.go (cgroups and units), capacity.go (the size
+//     of the kernel's rule tables), clash.go (rules that resolve to the
+//     same traffic), adaptive.go (adaptive rules' loops and their pushes)
+//     and share*.go (this host's shares of shared budgets, decided by
+//     package decide).
 //   - names.go: host-name destinations, looked up outside every lock.
-//   - adaptive.go: adaptive rules' loops and their pushes to the kernel.
-//   - share*.go: this host's shares of shared budgets (the decisions are
-//     package decide's).
-//   - events.go: refusal events and attribution; api.go, metrics.go: what
-//     the daemon shows; tracker.go: what it remembers of every rule's
-//     counts between reads of them all (the classes' sums, the busiest
-//     rules).
+//   - events.go: the event log of refusals, and attribution; api.go and
+//     listing.go: the control API; metrics.go: the metrics, and
+//     tracker.go what they remember of every rule's counts between reads
+//     of them all (the classes' sums, the busiest rules).
 package daemon
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -35,13 +35,10 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
-	"github.com/egressd/egressd/pkg/policy"
 )
 
 // Defaults for Config.
@@ -238,62 +235,27 @@ func (c *Config) validate() error {
 // ErrConfig is what New's error for a bad Config matches.
 var ErrConfig = errors.New("bad configuration")
 
-// Daemon is one egressd run.
+// Daemon is one egressd run: it makes the parts, wires them together and
+// runs them.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
-	dp      datapath
-	started time.Time
-	// reader reads the policy file; it keeps the rules it read last, so
-	// that a reload parses only what changed.
-	reader policy.Reader
-	// lastGood is the hash of the policy text kept as the last applied
-	// (see lastGoodPath), so that a reload of the same text writes nothing.
-	lastGood [sha256.Size]byte
+	cfg Config
+	log *slog.Logger
+	dp  datapath
+
+	file    *policyFile
+	table   *table
+	names   *names
+	redis   *redisClients
+	events  *eventLog
+	metrics *metrics
+	list    *lister
+	api     *api
 	// reloadMu makes reloads (SIGHUP's and the API's) one at a time, each
 	// held from the read of the file to the apply: otherwise a reload
 	// whose lookups are slow applies the file it read after a later
-	// reload applied a newer one. d.mu cannot serve: it is not held
-	// across the lookups.
+	// reload applied a newer one. The table's lock cannot serve: it is not
+	// held across the lookups.
 	reloadMu sync.Mutex
-
-	// mu guards the rule table and what was applied: the entries in force,
-	// the policy and overrides they came from, the last reload. No lock is
-	// held across a DNS or Redis call.
-	mu     sync.Mutex
-	policy *policy.Policy
-	// overrides are the run-time limits as saved; applied are those in
-	// force, which differ only after a conflict at start.
-	overrides overrides
-	applied   overrides
-	entries   map[string]*entry
-	// order is entries in the order they were applied, where the next
-	// apply looks for each rule first.
-	order  []*entry
-	reload control.Reload
-	// heldBack says the start applied the file without the run-time
-	// limits, which conflicted with it: reload says so until a change
-	// puts them all in force.
-	heldBack bool
-	// What entries were planned with (the cgroups of scopes) and views of
-	// them, so that loops that tick often do not walk or plan again a table
-	// of 100,000 rules: the host names its rules use, and its installed
-	// adaptive rules.
-	scopes map[policy.Scope]scoped
-	// scopesGen counts the times the table took other scopes' cgroups.
-	scopesGen uint64
-	uses      []nameUse
-	adaptive  []*entry
-	// adaptiveAdded has a value once an apply leaves adaptive rules, for
-	// watchSaturation to wait on while there are none.
-	adaptiveAdded chan struct{}
-
-	names   *names
-	redisMu sync.Mutex
-	redis   map[string]redis.UniversalClient // by URL, for shared budgets
-
-	events   *eventLog
-	metrics  *metrics
 	stop     chan struct{} // closed by an uninstall request
 	stopOnce sync.Once
 }
@@ -304,13 +266,19 @@ func New(cfg Config) (*Daemon, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{
-		cfg: c, log: c.Logger, entries: map[string]*entry{}, redis: map[string]redis.UniversalClient{},
-		stop: make(chan struct{}), events: newEventLog(), adaptiveAdded: make(chan struct{}, 1),
-	}
+	d := &Daemon{cfg: c, log: c.Logger, redis: newRedisClients(), events: newEventLog(), stop: make(chan struct{})}
 	d.names = newNames(c.Resolver, c.StateDir, d.log)
-	d.metrics = newMetrics(d, max(c.MetricsRules, 0))
+	d.file = &policyFile{cfg: &d.cfg, log: d.log}
+	d.table = newTable(&d.cfg, d.names, d.redis, d.log)
+	d.metrics = newMetrics(&d.cfg, d.table, max(c.MetricsRules, 0), d.log)
+	d.list = &lister{table: d.table, metrics: d.metrics}
+	d.api = &api{cfg: &d.cfg, table: d.table, list: d.list, events: d.events, reload: d.reloadPolicy, uninstall: d.requestStop, log: d.log}
 	return d, nil
+}
+
+// useDatapath makes dp the kernel side of every part.
+func (d *Daemon) useDatapath(dp datapath) {
+	d.dp, d.table.dp, d.metrics.dp, d.list.dp, d.api.dp = dp, dp, dp, dp, dp
 }
 
 // ErrUninstalled is Run's result after an uninstall request: the datapath

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -162,10 +161,10 @@ func (l *eventLog) close() {
 // for proto ProtoUDP, was refused just now. The kernel notes each
 // (process, destination) pair's latest refusal before connect() or
 // sendmsg() returns, so the answer needs no event and no wait.
-func (d *Daemon) attribute(pid uint32, proto loader.Protocols, dest netip.AddrPort) (loader.Refusal, bool) {
-	r, ok, err := d.dp.LastRefusal(pid, proto, dest)
+func (a *api) attribute(pid uint32, proto loader.Protocols, dest netip.AddrPort) (loader.Refusal, bool) {
+	r, ok, err := a.dp.LastRefusal(pid, proto, dest)
 	if err != nil {
-		d.log.Error("refusal attribution", "err", err)
+		a.log.Error("refusal attribution", "err", err)
 		return loader.Refusal{}, false
 	}
 	if !ok || r.Shadow || r.Rule == "" || time.Since(r.Time) > attributionWindow {
@@ -194,7 +193,7 @@ func (d *Daemon) followRefusals(rd reader[loader.Refusal]) {
 		}
 		// The loop hears of it before anyone can see it listed.
 		if !r.Shadow {
-			d.constrained(r.Rule)
+			d.table.constrained(r.Rule)
 		}
 		d.events.add(event{Refusal: r})
 		b := bursts[r.Rule]
@@ -222,62 +221,6 @@ func (d *Daemon) followSamples(rd reader[loader.Sample]) {
 			d.log.Error("latency samples", "err", err)
 			continue
 		}
-		d.mu.Lock()
-		e := d.entries[s.Rule]
-		var want loader.SampleKind
-		if e != nil && e.ctrl != nil {
-			want = e.kernelSampleKind()
-		}
-		d.mu.Unlock()
-		if e != nil && e.ctrl != nil && s.Kind == want {
-			// The kernel's time: samples arrive in batches.
-			e.ctrl.Sample(s.Time, s.Latency)
-		}
-	}
-}
-
-func (e *entry) kernelSampleKind() loader.SampleKind {
-	if e.kernel.Requests {
-		return loader.SampleRequest
-	}
-	return loader.SampleConnect
-}
-
-// saturationTick is how often watchSaturation looks at adaptive rules'
-// live connections.
-const saturationTick = 50 * time.Millisecond
-
-// watchSaturation marks adaptive rules constrained when their live
-// connections reach the limit: in-flight at the limit is the other way a
-// limit holds callers back. It ticks only while there are adaptive rules:
-// a daemon without one does not wake twenty times a second for nothing.
-func (d *Daemon) watchSaturation(ctx context.Context) {
-	t := time.NewTicker(saturationTick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		d.mu.Lock()
-		adaptive := d.adaptive
-		d.mu.Unlock()
-		if len(adaptive) == 0 {
-			t.Stop()
-			select {
-			case <-ctx.Done():
-				return
-			case <-d.adaptiveAdded:
-			}
-			t.Reset(saturationTick)
-			continue
-		}
-		for _, e := range adaptive {
-			live, err := d.dp.Live(e.spec.Name)
-			if err == nil && live >= int64(e.ctrl.Limit()) {
-				e.ctrl.Constrained()
-			}
-		}
+		d.table.sample(s)
 	}
 }

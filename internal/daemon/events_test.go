@@ -203,9 +203,9 @@ func TestReplacedAdaptiveLoopLeavesTheRule(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			td := newTestDaemon(t)
 			td.apply(t, adaptivePolicy)
-			td.mu.Lock()
-			old := td.entries["dep"].ctrl
-			td.mu.Unlock()
+			td.table.mu.Lock()
+			old := td.table.entries["dep"].ctrl
+			td.table.mu.Unlock()
 			td.apply(t, "rules:\n  - "+tt.replacement+"\n")
 			lowerLimit(t, old)
 			if got := td.state()["dep"]; got != tt.want {

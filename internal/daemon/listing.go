@@ -13,20 +13,24 @@ import (
 	"github.com/egressd/egressd/pkg/loader"
 )
 
-// The list of rules (limit ls, top): those a query picks, in its order,
-// each sent as soon as its counts are read. With 100,000 rules the list
-// of them all took 1.7 s and came whole; a query for the rules that
-// matter reads and sends only them.
+// lister lists rules (limit ls, top): those a query picks, in its order,
+// each sent as soon as its counts are read, so that a query for the rules
+// that matter among 100,000 reads and sends only them.
+type lister struct {
+	table   *table
+	dp      datapath
+	metrics *metrics // busiest reads the counts every rule's averages come from
+}
 
 // handleLimits streams the rules the request's query picks.
-func (d *Daemon) handleLimits(w http.ResponseWriter, r *http.Request) error {
+func (a *api) handleLimits(w http.ResponseWriter, r *http.Request) error {
 	q, err := control.ParseLimitsQuery(r.URL.Query())
 	if err != nil {
 		return err
 	}
 	// Picked before the answer starts, so that a kernel that cannot be
 	// read is an error status, not a broken stream.
-	rows, read, err := d.picked(q)
+	rows, read, err := a.list.picked(q)
 	if err != nil {
 		return err
 	}
@@ -34,28 +38,19 @@ func (d *Daemon) handleLimits(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := d.sendRows(rows, read, readOnly(r), sw.Queue); err != nil {
+	if err := a.list.send(rows, read, readOnly(r), sw.Queue); err != nil {
 		return err
 	}
 	return sw.Flush()
 }
 
-// limits calls fn with each rule q picks, as the handler sends them.
-func (d *Daemon) limits(q control.LimitsQuery, forReader bool, fn func(control.Limit) error) error {
-	rows, read, err := d.picked(q)
-	if err != nil {
-		return err
-	}
-	return d.sendRows(rows, read, forReader, func(v any) error { return fn(v.(control.Limit)) })
-}
-
-// picked is pickRules of q, once it is checked.
-func (d *Daemon) picked(q control.LimitsQuery) ([]viewed, map[string]*counted, error) {
+// picked is find of q, once it is checked.
+func (l *lister) picked(q control.LimitsQuery) ([]viewed, map[string]*counted, error) {
 	p, err := newPick(q)
 	if err != nil {
 		return nil, nil, err
 	}
-	return d.pickRules(p)
+	return l.find(p)
 }
 
 // pick is a LimitsQuery, checked.
@@ -168,30 +163,16 @@ func (p pick) matches(v viewed) bool {
 	return true
 }
 
-// pickRules returns the rules p picks, in its order, and with counts
-// the kernel's counts of them when it was quicker to read every rule's
-// than each one's (nil: read each). The table's order is replaced, never
-// written in place, and a rule's name is its spec's, which never
-// changes: the rules are ranked by their places in it outside its lock.
-func (d *Daemon) pickRules(p pick) ([]viewed, map[string]*counted, error) {
-	d.mu.Lock()
-	order := d.order
-	var places []int
-	installed := 0
-	for i, e := range order {
-		if e.installed() {
-			installed++
-		}
-		if p.matches(viewedLocked(e.spec.Name, e)) {
-			places = append(places, i)
-		}
-	}
-	d.mu.Unlock()
+// find returns the rules p picks, in its order, and with counts the
+// kernel's counts of them when it was quicker to read every rule's than
+// each one's (nil: read each).
+func (l *lister) find(p pick) ([]viewed, map[string]*counted, error) {
+	order, places, installed := l.table.match(p)
 	name := func(i int) string { return order[i].spec.Name }
 	switch {
 	case p.q.Sort == control.SortBusy:
 		var err error
-		if places, err = d.busiest(name, places, p.q.Max); err != nil {
+		if places, err = l.busiest(name, places, p.q.Max); err != nil {
 			return nil, nil, err
 		}
 	case p.q.Max > 0 && p.q.Max < len(places):
@@ -199,23 +180,18 @@ func (d *Daemon) pickRules(p pick) ([]viewed, map[string]*counted, error) {
 	default:
 		slices.SortFunc(places, func(a, b int) int { return strings.Compare(name(a), name(b)) })
 	}
-	rows := make([]viewed, len(places))
-	d.mu.Lock()
-	for i, at := range places {
-		rows[i] = viewedLocked(name(at), order[at])
-	}
-	d.mu.Unlock()
+	rows := l.table.viewsAt(order, places)
 	if len(rows)*8 < installed {
 		return rows, nil, nil
 	}
-	all, err := d.countRows(rows)
+	all, err := l.countRows(rows)
 	return rows, all, err
 }
 
 // busiest orders the rules at places in the table by how busy they have
 // been lately, and keeps max of them (0: all): a read of every rule's
 // counts moves their averages, and finds each rule at its place.
-func (d *Daemon) busiest(name func(int) string, places []int, max int) ([]int, error) {
+func (l *lister) busiest(name func(int) string, places []int, max int) ([]int, error) {
 	if max <= 0 {
 		max = len(places)
 	}
@@ -224,7 +200,7 @@ func (d *Daemon) busiest(name func(int) string, places []int, max int) ([]int, e
 		place int
 	}
 	var kept []ranked
-	_, err := d.metrics.read(func(t *tracker) {
+	_, err := l.metrics.read(func(t *tracker) {
 		each := func(yield func(ranked) bool) {
 			for _, at := range places {
 				r := ranked{c: candidate{name: name(at)}, place: at}
@@ -257,14 +233,14 @@ type counted struct {
 }
 
 // countRows reads every rule's counts at once and keeps those of rows.
-func (d *Daemon) countRows(rows []viewed) (map[string]*counted, error) {
+func (l *lister) countRows(rows []viewed) (map[string]*counted, error) {
 	out := make(map[string]*counted, len(rows))
 	for _, v := range rows {
 		if v.e.installed() {
 			out[v.name] = nil
 		}
 	}
-	err := d.dp.Counts(func(r *loader.Rule, s *loader.Stats) {
+	err := l.dp.Counts(func(r *loader.Rule, s *loader.Stats) {
 		if _, ok := out[r.Name]; ok {
 			out[r.Name] = &counted{live: s.Live, inFlight: s.InFlight, admitted: s.Admitted, refused: s.Refused,
 				shadowRefused: s.ShadowRefused, spent: s.Spent, limit: r.Limit}
@@ -273,16 +249,16 @@ func (d *Daemon) countRows(rows []viewed) (map[string]*counted, error) {
 	return out, err
 }
 
-// sendRows describes each row, with the counts in all or, when all is
-// nil, read for it alone, and sends it.
-func (d *Daemon) sendRows(rows []viewed, all map[string]*counted, forReader bool, send func(any) error) error {
+// send describes each row, with the counts in all or, when all is nil,
+// read for it alone, and sends it.
+func (l *lister) send(rows []viewed, all map[string]*counted, forReader bool, send func(any) error) error {
 	for _, v := range rows {
 		var st loader.Stats
 		var kr loader.Rule
 		if v.e.installed() {
 			if all == nil {
 				var err error
-				st, kr, err = d.kernelView(v.name)
+				st, kr, err = kernelView(l.dp, v.name)
 				if errors.Is(err, loader.ErrUnknownRule) {
 					continue // removed after the table was read
 				}
@@ -309,11 +285,11 @@ func (d *Daemon) sendRows(rows []viewed, all map[string]*counted, forReader bool
 }
 
 // kernelView reads one rule's counts and kernel rule.
-func (d *Daemon) kernelView(name string) (loader.Stats, loader.Rule, error) {
-	st, err := d.dp.Stats(name)
+func kernelView(dp datapath, name string) (loader.Stats, loader.Rule, error) {
+	st, err := dp.Stats(name)
 	if err != nil {
 		return st, loader.Rule{}, err
 	}
-	kr, err := d.dp.Rule(name)
+	kr, err := dp.Rule(name)
 	return st, kr, err
 }

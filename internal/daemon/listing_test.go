@@ -17,10 +17,19 @@ import (
 func (td *testDaemon) list(t *testing.T, q control.LimitsQuery) []control.Limit {
 	t.Helper()
 	var out []control.Limit
-	if err := td.limits(q, false, func(l control.Limit) error { out = append(out, l); return nil }); err != nil {
+	if err := td.listEach(q, func(l control.Limit) { out = append(out, l) }); err != nil {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// listEach calls fn with each rule limit ls with q shows, for a writer.
+func (td *testDaemon) listEach(q control.LimitsQuery, fn func(control.Limit)) error {
+	rows, read, err := td.Daemon.list.picked(q)
+	if err != nil {
+		return err
+	}
+	return td.Daemon.list.send(rows, read, false, func(l any) error { fn(l.(control.Limit)); return nil })
 }
 
 func listed(ls []control.Limit) string {
@@ -54,7 +63,7 @@ func listPolicy() string {
 func TestLimitsPick(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, listPolicy())
-	if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: manual, destination: 10.9.9.9, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: manual, destination: 10.9.9.9, concurrency: 3}\n").Rules[0]); err != nil {
 		t.Fatal(err)
 	}
 	td.fake.set("pay-eu", loader.Stats{Live: 2, Admitted: 9, Refused: 1})
@@ -84,7 +93,7 @@ func TestLimitsPick(t *testing.T) {
 			t.Errorf("%s: listed %q, want %q", tt.name, got, tt.want)
 		}
 		for _, l := range list {
-			one, err := td.limitView(l.Name, false)
+			one, err := td.api.limitView(l.Name, false)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,11 +2,13 @@ package daemon
 
 import (
 	"errors"
+	"log/slog"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -21,7 +23,10 @@ import (
 // its class (egressd_class_*); at most maxRules rules have series of
 // their own (tracker.go says which).
 type metrics struct {
-	d *Daemon
+	cfg   *Config
+	log   *slog.Logger
+	dp    datapath
+	table *table
 	// maxRules is how many rules get series of their own; 0 none.
 	maxRules int
 
@@ -43,10 +48,12 @@ type metrics struct {
 	ruleInfo, window                                       *prometheus.Desc
 }
 
-func newMetrics(d *Daemon, maxRules int) *metrics {
+func newMetrics(cfg *Config, t *table, maxRules int, log *slog.Logger) *metrics {
 	rule := []string{"rule"}
 	return &metrics{
-		d:              d,
+		cfg:            cfg,
+		log:            log,
+		table:          t,
 		maxRules:       maxRules,
 		t:              newTracker(),
 		classes:        newClassDescs(),
@@ -103,11 +110,11 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(m.buildInfo, prometheus.GaugeValue, 1, m.d.cfg.Version, runtime.Version())
+	ch <- prometheus.MustNewConstMetric(m.buildInfo, prometheus.GaugeValue, 1, m.cfg.Version, runtime.Version())
 	ch <- prometheus.MustNewConstMetric(m.reloads, prometheus.CounterValue, float64(m.reloadsOK.Load()), "success")
 	ch <- prometheus.MustNewConstMetric(m.reloads, prometheus.CounterValue, float64(m.reloadsFailed.Load()), "failure")
 	ch <- prometheus.MustNewConstMetric(m.perRuleMax, prometheus.GaugeValue, float64(m.maxRules))
-	if lost, err := m.d.dp.Lost(); err == nil {
+	if lost, err := m.dp.Lost(); err == nil {
 		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Refusals), "refusal")
 		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, float64(lost.Samples), "sample")
 	}
@@ -128,17 +135,17 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.rules, prometheus.GaugeValue, float64(table.pending), "pending")
 	ch <- prometheus.MustNewConstMetric(m.loadOK, prometheus.GaugeValue, bit(table.loadOK))
 	if err != nil {
-		m.d.log.Error("metrics: read counters", "err", err)
+		m.log.Error("metrics: read counters", "err", err)
 		return
 	}
-	t := m.d.tableView(chosen)
+	t := m.table.viewChosen(chosen)
 	m.collectLoops(ch, t.loops)
 	for name, v := range t.shares {
 		m.shares.collect(ch, name, v)
 	}
-	status, err := m.d.chosenStatus(t.installed, table.installed)
+	status, err := chosenStatus(m.dp, t.installed, table.installed)
 	if err != nil {
-		m.d.log.Error("metrics: read counters", "err", err)
+		m.log.Error("metrics: read counters", "err", err)
 		return
 	}
 	m.collectKernel(ch, status, t, recounts)
@@ -157,29 +164,12 @@ type tableCounts struct {
 // with the tracker, whose lock it holds. It reports what it found of the
 // table even when the kernel cannot be read (then fn is not called).
 func (m *metrics) read(fn func(t *tracker)) (tableCounts, error) {
-	d := m.d
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.t
-	var tc tableCounts
-	d.mu.Lock()
-	t.begin(d.cfg.now(), len(d.order))
-	tc.loadOK = d.reload.OK
-	if d.policy != nil {
-		t.name(d.policy.MetricsRules)
-	}
-	for i, e := range d.order {
-		unreachable := e.share != nil && e.share.view().outage.Failing()
-		t.classify(i, e.spec.Name, classOf(e), e.installed(), unreachable)
-		if e.installed() {
-			tc.installed++
-		} else {
-			tc.pending++
-		}
-	}
-	d.mu.Unlock()
+	tc := m.table.census(t, m.cfg.now())
 	i := 0
-	err := d.dp.Counts(func(r *loader.Rule, s *loader.Stats) {
+	err := m.dp.Counts(func(r *loader.Rule, s *loader.Stats) {
 		t.count(i, r.Name, s)
 		i++
 	})
@@ -206,16 +196,16 @@ func (m *metrics) say(t *tracker, why [whyLen]int) {
 	if now.bounded != m.said.bounded {
 		switch {
 		case now.bounded && m.maxRules == 0:
-			m.d.log.Info("metrics: no rule has series of its own (--metrics-rules 0); every rule is in its class's sums (egressd_class_*)", "rules", n)
+			m.log.Info("metrics: no rule has series of its own (--metrics-rules 0); every rule is in its class's sums (egressd_class_*)", "rules", n)
 		case now.bounded:
-			m.d.log.Warn("metrics: more rules than --metrics-rules; the rest are only in their classes' sums (egressd_class_*)",
+			m.log.Warn("metrics: more rules than --metrics-rules; the rest are only in their classes' sums (egressd_class_*)",
 				"rules", n, "metrics_rules", m.maxRules, "named", why[whyNamed], "trouble", why[whyTrouble], "busiest", why[whyBusiest])
 		default:
-			m.d.log.Info("metrics: every rule has series of its own again", "rules", n, "metrics_rules", m.maxRules)
+			m.log.Info("metrics: every rule has series of its own again", "rules", n, "metrics_rules", m.maxRules)
 		}
 	}
 	if now.overNamed && !m.said.overNamed {
-		m.d.log.Warn("metrics: the policy's metrics.rules names more rules than --metrics-rules; some have no series of their own",
+		m.log.Warn("metrics: the policy's metrics.rules names more rules than --metrics-rules; some have no series of their own",
 			"named", t.named, "metrics_rules", m.maxRules)
 	}
 	m.said = now
@@ -232,42 +222,67 @@ type tableView struct {
 	rates map[string]*loader.Rule
 }
 
-func (d *Daemon) tableView(chosen []string) tableView {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	t := tableView{loops: map[string]*adaptive.Controller{}, shares: map[string]shareView{}, rates: map[string]*loader.Rule{}}
+// viewChosen is what the series of the chosen rules need of the table.
+func (t *table) viewChosen(chosen []string) tableView {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v := tableView{loops: map[string]*adaptive.Controller{}, shares: map[string]shareView{}, rates: map[string]*loader.Rule{}}
 	for _, name := range chosen {
-		e, ok := d.entries[name]
+		e, ok := t.entries[name]
 		if !ok {
 			continue
 		}
 		if e.share != nil {
-			t.shares[name] = e.share.view()
+			v.shares[name] = e.share.view()
 		}
 		if !e.installed() {
 			continue
 		}
-		t.installed = append(t.installed, name)
+		v.installed = append(v.installed, name)
 		if e.ctrl != nil {
-			t.loops[name] = e.ctrl
+			v.loops[name] = e.ctrl
 		}
 		if r := e.sharedRate(); r != nil {
-			t.rates[name] = r
+			v.rates[name] = r
 		}
 	}
-	return t
+	return v
+}
+
+// census starts tr's read of every rule's counts at now with the table's
+// rules, in its order: each rule's class, and whether it is installed or
+// in trouble (its Redis unreachable). It returns what it found of the
+// table as a whole.
+func (t *table) census(tr *tracker, now time.Time) tableCounts {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr.begin(now, len(t.order))
+	tc := tableCounts{loadOK: t.reload.OK}
+	if t.policy != nil {
+		tr.name(t.policy.MetricsRules)
+	}
+	for i, e := range t.order {
+		unreachable := e.share != nil && e.share.view().outage.Failing()
+		tr.classify(i, e.spec.Name, classOf(e), e.installed(), unreachable)
+		if e.installed() {
+			tc.installed++
+		} else {
+			tc.pending++
+		}
+	}
+	return tc
 }
 
 // chosenStatus reads the counters and latency histograms of the rules
 // named (sorted), of installed in the kernel: one by one, or all at once
 // with Status when they are a quarter of them or more, which then costs
 // less.
-func (d *Daemon) chosenStatus(names []string, installed int) ([]loader.RuleStatus, error) {
+func chosenStatus(dp datapath, names []string, installed int) ([]loader.RuleStatus, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
 	if len(names)*4 >= installed {
-		all, err := d.dp.Status()
+		all, err := dp.Status()
 		if err != nil {
 			return nil, err
 		}
@@ -281,14 +296,14 @@ func (d *Daemon) chosenStatus(names []string, installed int) ([]loader.RuleStatu
 	}
 	out := make([]loader.RuleStatus, 0, len(names))
 	for _, name := range names {
-		r, err := d.dp.Rule(name)
+		r, err := dp.Rule(name)
 		if errors.Is(err, loader.ErrUnknownRule) {
 			continue // removed since the table was read
 		}
 		if err != nil {
 			return nil, err
 		}
-		st, err := d.dp.Stats(name)
+		st, err := dp.Stats(name)
 		if errors.Is(err, loader.ErrUnknownRule) {
 			continue
 		}

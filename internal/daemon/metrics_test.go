@@ -71,7 +71,7 @@ func TestMetricsLint(t *testing.T) {
 `, rds.URL()))
 	// Give the adaptive rule a baseline and take a recount, the two
 	// families that need them.
-	ctrl := d.entries["adapt"].ctrl
+	ctrl := d.table.entries["adapt"].ctrl
 	for range 20 {
 		ctrl.Sample(time.Now(), 5*time.Millisecond)
 	}
@@ -207,7 +207,7 @@ func TestPendingSharedRuleMetrics(t *testing.T) {
 	rds := redistest.Start(t)
 	td := newTestDaemon(t)
 	td.apply(t, fmt.Sprintf("rules:\n  - {name: pool, destination: api.test, concurrency: 5, shared: {redis: %q, key: pool}}\n", rds.URL()))
-	if p := td.entries["pool"].pending; p == "" {
+	if p := td.table.entries["pool"].pending; p == "" {
 		t.Fatal("rule pool is installed; want it pending on its host name")
 	}
 	tests := []struct {
@@ -327,7 +327,7 @@ egressd_recount_remarked_total{rule="web"} 1
 func TestPerRuleSeriesBounded(t *testing.T) {
 	td := newTestDaemon(t)
 	var log bytes.Buffer
-	td.log = slog.New(slog.NewTextHandler(&log, nil))
+	td.logTo(slog.New(slog.NewTextHandler(&log, nil)))
 	td.metrics.maxRules = 2
 	td.apply(t, `metrics: {rules: [keep]}
 rules:

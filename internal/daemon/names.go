@@ -249,17 +249,17 @@ func (n *names) release(uses []nameUse) {
 // be lifted. A file that was read and lacks the name says the name is new
 // to the rule, whose kernel rule then holds another destination's. Only
 // for the first table of a daemon that adopted a pinned datapath.
-func (d *Daemon) adoptNames(rules ...[]policy.Rule) {
-	if !d.names.unread {
+func (t *table) adoptNames(rules ...[]policy.Rule) {
+	if !t.names.unread {
 		return
 	}
 	for _, rs := range rules {
 		for _, r := range rs {
 			host, ok := r.Destination.Host()
-			if !ok || len(d.names.addrs(host)) > 0 {
+			if !ok || len(t.names.addrs(host)) > 0 {
 				continue
 			}
-			kr, err := d.dp.Rule(r.Name)
+			kr, err := t.dp.Rule(r.Name)
 			if err != nil || kr.Port != r.Port {
 				continue
 			}
@@ -269,8 +269,8 @@ func (d *Daemon) adoptNames(rules ...[]policy.Rule) {
 					addrs = append(addrs, p.Addr().Unmap())
 				}
 			}
-			if len(addrs) > 0 && d.names.adopt(host, addrs) {
-				d.log.Warn("host name not resolved and no saved addresses: keeping those its pinned rule enforces until it resolves", "rule", r.Name, "host", host, "addresses", len(addrs))
+			if len(addrs) > 0 && t.names.adopt(host, addrs) {
+				t.log.Warn("host name not resolved and no saved addresses: keeping those its pinned rule enforces until it resolves", "rule", r.Name, "host", host, "addresses", len(addrs))
 			}
 		}
 	}

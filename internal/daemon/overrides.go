@@ -113,19 +113,26 @@ func loadOverrides(dir string) (overrides, error) {
 // by hand, written by a newer egressd, damaged).
 var errUnreadable = errors.New("unreadable")
 
-// setAsideOverrides moves the run-time limits' file that does not parse
-// (err) aside, so that the next `limit set` does not write over it, and
-// has the daemon start with the policy alone: not starting would leave a
-// rebooted host with no limits at all. Only a failed move stops the start.
-func (d *Daemon) setAsideOverrides(err error) error {
-	path := overridesPath(d.cfg.StateDir)
-	aside := path + ".unreadable"
-	if rerr := os.Rename(path, aside); rerr != nil {
-		return errors.Join(err, fmt.Errorf("setting it aside: %w", rerr))
+// restoreOverrides takes the run-time limits saved in the state
+// directory as the table's, before its first change. A file that does not
+// parse is moved aside, so that the next `limit set` does not write over
+// it, and the table starts with the policy alone, as the last load says:
+// not starting would leave a rebooted host with no limits at all. Only a
+// failed move stops the start.
+func (t *table) restoreOverrides() error {
+	o, err := loadOverrides(t.cfg.StateDir)
+	if errors.Is(err, errUnreadable) {
+		path := overridesPath(t.cfg.StateDir)
+		aside := path + ".unreadable"
+		if rerr := os.Rename(path, aside); rerr != nil {
+			return errors.Join(err, fmt.Errorf("setting it aside: %w", rerr))
+		}
+		t.log.Error("run-time limits not read; set aside, and the daemon starts with the policy alone", "err", err, "aside", aside)
+		t.startProblem(fmt.Sprintf("run-time limits not read (%v): set aside as %s", err, aside))
+		o, err = overrides{}, nil
 	}
-	d.log.Error("run-time limits not read; set aside, and the daemon starts with the policy alone", "err", err, "aside", aside)
-	d.startProblem(fmt.Sprintf("run-time limits not read (%v): set aside as %s", err, aside))
-	return nil
+	t.overrides = o
+	return err
 }
 
 // save writes the overrides atomically and durably: a crash leaves the

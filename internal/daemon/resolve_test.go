@@ -114,8 +114,7 @@ func (td *testDaemon) silentDNS(t *testing.T, timeout time.Duration) silentServe
 			}
 		}
 	}()
-	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: timeout, MinTTL: time.Second, MaxTTL: time.Second}
-	td.names = newNames(td.cfg.Resolver, td.cfg.StateDir, td.log)
+	td.useResolver(&dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: timeout, MinTTL: time.Second, MaxTTL: time.Second})
 	return silentServer{asked: ch, fail: func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -138,14 +137,14 @@ func TestLookupOutsideTheLock(t *testing.T) {
 	srv := td.silentDNS(t, time.Minute)
 	done := make(chan error, 1)
 	go func() {
-		done <- td.install(context.Background(), parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n"))
+		done <- td.table.install(context.Background(), parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n"))
 	}()
 	<-srv.asked
-	if !td.mu.TryLock() {
+	if !td.table.mu.TryLock() {
 		t.Fatal("the rule table is locked while a host name is looked up")
 	}
-	td.mu.Unlock()
-	if _, err := td.handleStatus(nil, struct{}{}); err != nil {
+	td.table.mu.Unlock()
+	if _, err := td.api.handleStatus(nil, struct{}{}); err != nil {
 		t.Errorf("status while a lookup waits: %v", err)
 	}
 	srv.fail()
@@ -171,7 +170,7 @@ func TestLookupsAtOnce(t *testing.T) {
 		fmt.Fprintf(&b, "  - {name: r%d, destination: svc%d.test, concurrency: 1}\n", i, i)
 	}
 	done := make(chan error, 1)
-	go func() { done <- td.install(context.Background(), parse(t, b.String())) }()
+	go func() { done <- td.table.install(context.Background(), parse(t, b.String())) }()
 	// An A and an AAAA question a name. A bound for a hang only: one
 	// name at a time would ask the second after the minute.
 	for i := range 2 * names {
@@ -204,7 +203,7 @@ func TestLookupsSurviveAnotherChange(t *testing.T) {
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, concurrency: 1}\n")
 	done := td.reloadAsync(context.Background())
 	<-srv.asked // fast.test is found, slow.test is being asked
-	if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
+	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
 		t.Fatal(err)
 	}
 	srv.fail()
@@ -380,7 +379,7 @@ func TestRestartDuringOutageKeepsEnforced(t *testing.T) {
 				t.Fatalf("after the restart api is %q, want %q", got, tc.want)
 			}
 			// A change of another rule before the name resolves keeps it.
-			if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.1, concurrency: 1}\n").Rules[0]); err != nil {
+			if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.1, concurrency: 1}\n").Rules[0]); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state()["api"]; got != tc.want {
@@ -435,7 +434,7 @@ func TestSetAbandonedWhileLookingUp(t *testing.T) {
 	rule := parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n").Rules[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- td.setRule(ctx, rule) }()
+	go func() { done <- td.table.set(ctx, rule) }()
 	<-srv.asked
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -448,7 +447,7 @@ func TestSetAbandonedWhileLookingUp(t *testing.T) {
 		t.Errorf("saved run-time limits after the abandoned set: %+v, %v", o.Set, err)
 	}
 	writeFile(t, td.hosts, "192.0.2.5 slow.test\n")
-	if err := td.setRule(context.Background(), rule); err != nil {
+	if err := td.table.set(context.Background(), rule); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := td.state()["slow"], "192.0.2.5/32 concurrency 1 (cli)"; got != want {
@@ -489,8 +488,7 @@ func (td *testDaemon) familyDNS(t *testing.T) *familyDNS {
 			}
 		}
 	}()
-	td.cfg.Resolver = &dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: time.Minute, MinTTL: time.Second, MaxTTL: time.Second}
-	td.names = newNames(td.cfg.Resolver, td.cfg.StateDir, td.log)
+	td.useResolver(&dns.Resolver{HostsFile: td.hosts, Servers: []string{pc.LocalAddr().String()}, Timeout: time.Minute, MinTTL: time.Second, MaxTTL: time.Second})
 	return f
 }
 
@@ -562,9 +560,9 @@ func TestOneFamilyUnanswered(t *testing.T) {
 // refreshAll refreshes at now and applies what the lookups it started
 // found, once they are done.
 func (td *testDaemon) refreshAll(ctx context.Context, now time.Time, units bool) {
-	td.refresh(ctx, now, units)
+	td.table.refresh(ctx, now, units)
 	td.names.wait()
-	td.refresh(ctx, now, false)
+	td.table.refresh(ctx, now, false)
 }
 
 // TestSlowNameHoldsBackNoOther: a refresh does not wait for a name whose
@@ -579,7 +577,7 @@ func TestSlowNameHoldsBackNoOther(t *testing.T) {
 	// slow.test's first lookup fails: pending.
 	done := make(chan error, 1)
 	go func() {
-		done <- td.install(ctx, parse(t, "rules:\n  - {name: fast, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, port: 443, concurrency: 3}\n"))
+		done <- td.table.install(ctx, parse(t, "rules:\n  - {name: fast, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, port: 443, concurrency: 3}\n"))
 	}()
 	<-srv.asked
 	srv.fail()
@@ -590,7 +588,7 @@ func TestSlowNameHoldsBackNoOther(t *testing.T) {
 	writeFile(t, td.hosts, "127.0.0.3 fast.test\n")
 	td.clock.Advance(time.Second)
 	refreshed := make(chan struct{})
-	go func() { td.refresh(ctx, td.clock.Now(), false); close(refreshed) }()
+	go func() { td.table.refresh(ctx, td.clock.Now(), false); close(refreshed) }()
 	select {
 	case <-refreshed:
 	case <-time.After(10 * time.Second): // a minute if it waits
@@ -602,7 +600,7 @@ func TestSlowNameHoldsBackNoOther(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	td.refresh(ctx, td.clock.Now(), false)
+	td.table.refresh(ctx, td.clock.Now(), false)
 	want := map[string]string{"fast": "127.0.0.3/32 concurrency 3 (policy)", "slow": "pending: host slow.test has no addresses yet"}
 	if got := td.state(); !equalMaps(got, want) {
 		t.Errorf("table %v, want %v", got, want)

@@ -50,18 +50,15 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	defer signal.Stop(hup)
 	var stack cleanups
 	defer func() { err = errors.Join(err, stack.run()) }()
-	d.started = time.Now()
-	d.overrides, err = loadOverrides(d.cfg.StateDir)
-	if errors.Is(err, errUnreadable) {
-		d.overrides, err = overrides{}, d.setAsideOverrides(err)
-	}
-	if err != nil {
+	took := startTimes{began: time.Now()}
+	d.api.started = took.began
+	if err := d.table.restoreOverrides(); err != nil {
 		return err
 	}
 	d.names.restore()
 	// The socket first: a second daemon started by mistake stops here,
 	// before it touches the datapath of the first.
-	srv, err := controlserver.New(controlserver.Config{Socket: d.cfg.Socket, Group: d.cfg.SocketGroup, Mode: d.cfg.SocketMode, Routes: d.routes(), Logger: d.log})
+	srv, err := controlserver.New(controlserver.Config{Socket: d.cfg.Socket, Group: d.cfg.SocketGroup, Mode: d.cfg.SocketMode, Routes: d.api.routes(), Logger: d.log})
 	if err != nil {
 		return err
 	}
@@ -77,11 +74,13 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return ln.Close()
 	})
 	early := d.openEarly()
-	var took startTimes
 	t := time.Now()
-	pol, text, err := d.loadPolicyFile(true)
+	pol, text, err := d.file.load(true)
 	if errors.Is(err, policy.ErrInvalid) {
-		pol, err = d.loadLastGood(err)
+		var problem string
+		if pol, problem, err = d.file.loadLastGood(err); err == nil {
+			d.table.startProblem(problem)
+		}
 		text = nil // already kept
 	}
 	if err != nil {
@@ -96,7 +95,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := d.installAtStart(ctx, pol); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
-	d.saveLastGood(text)
+	d.file.keep(text)
 	took.install = time.Since(t)
 	metricsLn, err := d.listenMetrics()
 	if err != nil {
@@ -117,8 +116,11 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 // a large policy, reading it and installing its rules are most of a start,
 // and the datapath opens while it is read: datapathWait is the wait for
 // it after the read (a small policy's is the whole open), so that the
-// phases add up to the start.
-type startTimes struct{ read, datapathWait, install time.Duration }
+// phases add up to the start, which began then.
+type startTimes struct {
+	began                       time.Time
+	read, datapathWait, install time.Duration
+}
 
 // earlyOpen is the datapath opened while a large policy is parsed.
 type earlyOpen struct {
@@ -186,7 +188,7 @@ func (e *earlyOpen) undo() error {
 // openWith opens the datapath with tables of the size pol wants for its
 // rules and the run-time ones (a resize is without a gap, but not free).
 func (d *Daemon) openWith(pol *policy.Policy, rules int) (datapath, error) {
-	slots, explicit := d.cfg.ruleSlots(pol, rules+len(d.overrides.Set))
+	slots, explicit := d.table.openingSize(pol, rules)
 	return d.cfg.open(&loader.Config{Cgroup: d.cfg.Cgroup, PinDir: d.cfg.PinDir, MaxRules: slots, GrowOnly: !explicit})
 }
 
@@ -202,7 +204,7 @@ func (d *Daemon) openDatapath(pol *policy.Policy, early *earlyOpen, stack *clean
 	if err != nil {
 		return fmt.Errorf("datapath: %w", err)
 	}
-	d.dp = dp
+	d.useDatapath(dp)
 	d.log.Info("datapath ready", "pins", dp.PinDir(), "adopted", dp.Adopted(), "cgroup", d.cfg.Cgroup)
 	if used, err := dp.StorageUsed(); used {
 		d.log.Warn("a build before this one kept sockets' states in socket storage, which recounts cannot count: they give back slots of freed sockets, never drift; `egressd uninstall` and a new start end this")
@@ -215,7 +217,7 @@ func (d *Daemon) openDatapath(pol *policy.Policy, early *earlyOpen, stack *clean
 		}
 		return dp.Close()
 	})
-	stack.push(func() error { d.endShares(*detach); d.closeRedis(); return nil })
+	stack.push(func() error { d.table.endShares(*detach); d.redis.close(); return nil })
 	return nil
 }
 
@@ -260,8 +262,8 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *controlserver.
 		readers = append(readers, rd.Close)
 		wg.Go(func() { d.followSamples(rd) })
 	}
-	wg.Go(func() { d.watchSaturation(ctx) })
-	wg.Go(func() { d.refreshLoop(ctx) })
+	wg.Go(func() { d.table.watchSaturation(ctx) })
+	wg.Go(func() { d.table.refreshLoop(ctx) })
 	wg.Go(func() { d.recountLoop(ctx) })
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil {
@@ -300,13 +302,11 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *controlserver.
 // on each SIGHUP that hup brings and pinging the watchdog. It reports
 // whether the daemon is to uninstall.
 func (d *Daemon) wait(parent context.Context, hup <-chan os.Signal, took startTimes) (uninstall bool) {
-	d.mu.Lock()
-	rules := len(d.entries)
-	d.mu.Unlock()
+	rules := d.table.size()
 	// Logged before the service manager hears it: whoever waits for the
 	// daemon to be ready finds the line there.
 	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules,
-		"took", ms(time.Since(d.started)), "read", ms(took.read), "datapath_wait", ms(took.datapathWait), "install", ms(took.install))
+		"took", ms(time.Since(took.began)), "read", ms(took.read), "datapath_wait", ms(took.datapathWait), "install", ms(took.install))
 	n := d.cfg.Notify
 	n.Ready()
 	defer n.Stopping()

@@ -24,7 +24,7 @@ import (
 // apply installs a policy's text as the table.
 func (td *testDaemon) apply(t *testing.T, text string) {
 	t.Helper()
-	if err := td.install(context.Background(), parse(t, text)); err != nil {
+	if err := td.table.install(context.Background(), parse(t, text)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -245,7 +245,7 @@ func TestSIGHUPReloadKeepsWatchdog(t *testing.T) {
 func TestRunLogsHowLongItTook(t *testing.T) {
 	td := newTestDaemon(t)
 	rec := &messages{}
-	td.log = slog.New(rec)
+	td.logTo(slog.New(rec))
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n")
 	const opening = 50 * time.Millisecond
 	td.cfg.open = func(cfg *loader.Config) (datapath, error) {
@@ -434,7 +434,7 @@ func TestRunUnreadableOverridesSetAside(t *testing.T) {
 	if b, err := os.ReadFile(overridesPath(td.cfg.StateDir) + ".unreadable"); err != nil || string(b) != garbled {
 		t.Errorf("set aside: %q, %v; want the file as it was", b, err)
 	}
-	if err := td.setRule(context.Background(), parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 1}\n").Rules[0]); err != nil {
+	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 1}\n").Rules[0]); err != nil {
 		t.Fatal(err)
 	}
 	if o, err := loadOverrides(td.cfg.StateDir); err != nil || len(o.Set) != 1 {

@@ -135,14 +135,14 @@ func (t cgroupTree) scopeOf(s policy.Scope, named []string, now scoped) (loader.
 // unit with several cgroups of its name keeps the one its limit is in
 // force in rather than go pending across the restart. Rules are matched
 // to kernel rules by name, and a unit takes the first rule's it finds.
-func (d *Daemon) adoptedScopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
+func (t *table) adoptedScopes(rules ...[]policy.Rule) map[policy.Scope]scoped {
 	out := map[policy.Scope]scoped{}
 	for _, rs := range rules {
 		for _, r := range rs {
 			if _, ok := out[r.Scope]; ok || r.Scope.Unit == "" {
 				continue
 			}
-			if kr, err := d.dp.Rule(r.Name); err == nil && !kr.Scope.HostWide() {
+			if kr, err := t.dp.Rule(r.Name); err == nil && !kr.Scope.HostWide() {
 				out[r.Scope] = scoped{scope: kr.Scope}
 			}
 		}

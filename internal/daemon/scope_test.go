@@ -117,7 +117,7 @@ func TestUnitKeepsEnforcedCgroup(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, "rules:\n  - {name: pay, destination: 10.0.0.1, unit: "+unit+", concurrency: 1}\n")
 	privtest.SubCgroup(t, privtest.SubCgroup(t, base, "b.slice"), unit)
-	td.refresh(context.Background(), td.clock.Now(), true)
+	td.table.refresh(context.Background(), td.clock.Now(), true)
 	r, ok := td.fake.rule("pay")
 	if !ok || r.Scope.CgroupID != id {
 		t.Errorf("rule in the kernel %v, in cgroup %d; want it in %d (%s): %q", ok, r.Scope.CgroupID, id, first, td.state()["pay"])
@@ -138,7 +138,7 @@ func TestChangeAfterUnitRestart(t *testing.T) {
 	if _, err := td.reloadPolicy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	f := td.prepare(ctx)                   // a refresh looks for the unit...
+	f := td.table.prepare(ctx)             // a refresh looks for the unit...
 	if err := os.Remove(svc); err != nil { // ...which restarts...
 		t.Fatal(err)
 	}
@@ -152,8 +152,8 @@ func TestChangeAfterUnitRestart(t *testing.T) {
 	if _, err := td.reloadPolicy(ctx); err != nil { // ...a reload takes the new cgroup...
 		t.Fatal(err)
 	}
-	err = td.change(ctx, f, func(f found) ([]retired, error) { // ...then the refresh applies.
-		return td.applyLocked(td.policy, td.applied, f)
+	err = td.table.change(ctx, f, func(f found) ([]retired, error) { // ...then the refresh applies.
+		return td.table.applyLocked(td.table.policy, td.table.applied, f)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -205,8 +205,8 @@ func TestRuleOutsideAttachedCgroupPending(t *testing.T) {
 	if _, ok := td.fake.rule("inside"); !ok {
 		t.Errorf("the rule scoped inside the attached cgroup is not in the kernel: %q", td.state()["inside"])
 	}
-	if _, ok := td.fake.rule("outside"); ok || !strings.Contains(td.entries["outside"].pending, "is outside") {
-		t.Errorf("the rule scoped outside the attached cgroup: in the kernel %v, pending %q; want pending, outside", ok, td.entries["outside"].pending)
+	if _, ok := td.fake.rule("outside"); ok || !strings.Contains(td.table.entries["outside"].pending, "is outside") {
+		t.Errorf("the rule scoped outside the attached cgroup: in the kernel %v, pending %q; want pending, outside", ok, td.table.entries["outside"].pending)
 	}
 }
 

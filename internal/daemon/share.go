@@ -184,15 +184,15 @@ func (l *shareLoop) sameRedis(o *shareLoop) bool {
 }
 
 // newShare makes the share of a valid shared rule; start runs it.
-func (d *Daemon) newShare(r policy.Rule) (share, error) {
-	client, err := d.redisClient(r.Shared.Redis)
+func (t *table) newShare(r policy.Rule) (share, error) {
+	client, err := t.redis.get(r.Shared.Redis)
 	if err != nil {
 		return nil, err
 	}
-	env := shareEnv{dp: d.dp, write: d.writeShare, log: d.log, now: d.cfg.now}
+	env := shareEnv{dp: t.dp, write: t.writeShare, log: t.log, now: t.cfg.now}
 	switch l := r.Limit.(type) {
 	case policy.Concurrency:
-		return newSlotShare(env, r, client, d.cfg.HostID, int(l))
+		return newSlotShare(env, r, client, t.cfg.HostID, int(l))
 	case policy.PerSecond, policy.PerWindow:
 		return newGrantShare(env, r, client)
 	}
@@ -215,29 +215,40 @@ func batchOf(perSecond float64, most uint64) uint64 {
 	return max(1, min(b, most))
 }
 
-// redisClient returns the daemon's one client for a Redis URL. Calls fail
-// fast and are not retried: the next tick is the retry, and a lost reply
-// may have spent a permit.
-func (d *Daemon) redisClient(url string) (redis.UniversalClient, error) {
-	d.redisMu.Lock()
-	defer d.redisMu.Unlock()
-	if c, ok := d.redis[url]; ok {
-		return c, nil
+// redisClients are the daemon's Redis clients, one per URL, which the
+// shares of the rules naming it use together.
+type redisClients struct {
+	mu    sync.Mutex
+	byURL map[string]redis.UniversalClient
+}
+
+func newRedisClients() *redisClients {
+	return &redisClients{byURL: map[string]redis.UniversalClient{}}
+}
+
+// get returns the client for a Redis URL. Calls fail fast and are not
+// retried: a share's next tick is the retry, and a lost reply may have
+// spent a permit.
+func (c *redisClients) get(url string) (redis.UniversalClient, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rc, ok := c.byURL[url]; ok {
+		return rc, nil
 	}
-	c, err := shared.OpenRedis(url, shared.RedisTimeouts{Dial: shareCallTimeout, Read: shareCallTimeout, Write: shareCallTimeout, PoolSize: 4})
+	rc, err := shared.OpenRedis(url, shared.RedisTimeouts{Dial: shareCallTimeout, Read: shareCallTimeout, Write: shareCallTimeout, PoolSize: 4})
 	if err != nil {
 		return nil, fmt.Errorf("shared.redis: %w", err)
 	}
-	d.redis[url] = c
-	return c, nil
+	c.byURL[url] = rc
+	return rc, nil
 }
 
-func (d *Daemon) closeRedis() {
-	d.redisMu.Lock()
-	defer d.redisMu.Unlock()
-	for url, c := range d.redis {
-		c.Close()
-		delete(d.redis, url)
+func (c *redisClients) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for url, rc := range c.byURL {
+		rc.Close()
+		delete(c.byURL, url)
 	}
 }
 
@@ -245,15 +256,15 @@ func (d *Daemon) closeRedis() {
 // datapath goes too (release); otherwise the kernel keeps enforcing them,
 // so they stay claimed until their leases run out or a restarted daemon
 // takes them.
-func (d *Daemon) endShares(release bool) {
-	d.mu.Lock()
+func (t *table) endShares(release bool) {
+	t.mu.Lock()
 	var shares []share
-	for _, e := range d.entries {
+	for _, e := range t.entries {
 		if e.share != nil {
 			shares = append(shares, e.share)
 		}
 	}
-	d.mu.Unlock()
+	t.mu.Unlock()
 	for _, s := range shares {
 		s.end(release, 0) // with release, the datapath and its connections' counts go too
 	}
@@ -263,10 +274,10 @@ func (d *Daemon) endShares(release bool) {
 // now, if that changes it. It reports whether the kernel enforces the
 // share: false when the rule is not installed (pending, or replaced by
 // another share) or the write failed.
-func (d *Daemon) writeShare(s share) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	e, ok := d.entries[s.name()]
+func (t *table) writeShare(s share) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.entries[s.name()]
 	if !ok || e.share != s || !e.installed() || e.base == nil {
 		return false
 	}
@@ -275,8 +286,8 @@ func (d *Daemon) writeShare(s share) bool {
 	if r.SameLimit(e.kernel) { // shape changes only the limit
 		return true
 	}
-	if err := d.dp.Put(r); err != nil {
-		d.log.Error("write shared rule", "rule", s.name(), "err", err)
+	if err := t.dp.Put(r); err != nil {
+		t.log.Error("write shared rule", "rule", s.name(), "err", err)
 		return false
 	}
 	e.kernel = r

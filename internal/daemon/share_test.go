@@ -20,9 +20,9 @@ func sharedPool(r *redistest.Server, limit int, key string) string {
 // tick runs one tick of a rule's share, as its loop does.
 func (td *testDaemon) tick(t *testing.T, rule string) {
 	t.Helper()
-	td.mu.Lock()
-	e := td.entries[rule]
-	td.mu.Unlock()
+	td.table.mu.Lock()
+	e := td.table.entries[rule]
+	td.table.mu.Unlock()
 	switch s := e.share.(type) {
 	case *slotShare:
 		s.tick(context.Background())
@@ -50,7 +50,7 @@ func TestSlotShareFollowsDemand(t *testing.T) {
 	rds := redistest.Start(t)
 	td := newTestDaemon(t)
 	td.apply(t, sharedPool(rds, 10, t.Name()))
-	e := td.entries["pool"]
+	e := td.table.entries["pool"]
 	// The test ticks the share; its loop may have ticked once before end
 	// stopped it, so the install is read from what it wrote.
 	e.share.end(false, 0)
@@ -109,7 +109,7 @@ func TestShareFollowsRuleChanges(t *testing.T) {
 		return n
 	}
 	td.apply(t, sharedPool(rds, 10, key))
-	first := td.entries["pool"].share
+	first := td.table.entries["pool"].share
 	first.end(false, 0)
 	td.tick(t, "pool")
 	if n, k := slots(), td.kernelLimit(t, "pool"); n != 1 || k != 1 {
@@ -117,7 +117,7 @@ func TestShareFollowsRuleChanges(t *testing.T) {
 	}
 
 	td.apply(t, sharedPool(rds, 12, key))
-	next := td.entries["pool"].share
+	next := td.table.entries["pool"].share
 	if next == first {
 		t.Fatal("a changed rule kept its old share")
 	}
@@ -152,7 +152,7 @@ func TestShareKeepsSlotsOfOpenConnections(t *testing.T) {
 			td := newTestDaemon(t)
 			key := t.Name()
 			td.apply(t, sharedPool(rds, 10, key))
-			td.entries["pool"].share.end(false, 0) // the test ticks
+			td.table.entries["pool"].share.end(false, 0) // the test ticks
 			td.tick(t, "pool")
 			// 5 refused: the share grows to 1 live + 5.
 			for _, refused := range []uint64{5, 10} {
@@ -192,7 +192,7 @@ func TestGrantShareClaimsAndReturns(t *testing.T) {
 	rds := redistest.Start(t)
 	td := newTestDaemon(t)
 	td.apply(t, fmt.Sprintf("rules:\n  - name: rate\n    destination: 127.0.0.8\n    perSecond: {permits: 100}\n    shared: {redis: %q, key: %q}\n", rds.URL(), t.Name()))
-	td.entries["rate"].share.end(false, 0)
+	td.table.entries["rate"].share.end(false, 0)
 	td.tick(t, "rate")
 	r, _ := td.fake.rule("rate")
 	if r.Shape != loader.ShapeGranted || r.Granted != 10 {
@@ -205,7 +205,7 @@ func TestGrantShareClaimsAndReturns(t *testing.T) {
 	td.clock.Advance(shareIdle)
 	td.tick(t, "rate")
 	r, _ = td.fake.rule("rate")
-	if v := td.entries["rate"].share.view(); r.Granted != 4 || v.grants.Returned != 6 {
+	if v := td.table.entries["rate"].share.view(); r.Granted != 4 || v.grants.Returned != 6 {
 		t.Errorf("idle: granted %d, returned %d; want 4 (3 spent and 1 kept) and 6", r.Granted, v.grants.Returned)
 	}
 }
@@ -218,7 +218,7 @@ func TestShareWaitsForFirstAnswer(t *testing.T) {
 	rds.Pause() // the loop's first call hangs until end cancels it
 	td := newTestDaemon(t)
 	td.apply(t, sharedPool(rds, 10, t.Name()))
-	e := td.entries["pool"]
+	e := td.table.entries["pool"]
 	e.share.end(false, 0)
 	if got := e.share.view().control(loader.Stats{}); got.Reachable || !got.Waiting {
 		t.Fatalf("before Redis answered: reachable %v, waiting %v; want false, true", got.Reachable, got.Waiting)
@@ -232,7 +232,7 @@ func TestShareWaitsForFirstAnswer(t *testing.T) {
 	// what it knew of Redis with it: it does not wait again.
 	rds.Pause()
 	td.apply(t, sharedPool(rds, 12, t.Name()))
-	next := td.entries["pool"].share
+	next := td.table.entries["pool"].share
 	next.end(false, 0)
 	rds.Resume()
 	if got := next.view().control(loader.Stats{}); !got.Reachable || got.Waiting {

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,12 +20,55 @@ import (
 	"github.com/egressd/egressd/pkg/shared/redisurl"
 )
 
-// The rule table: the rules in force (the policy file's, with the changes
-// made at run time), each with the kernel rule that enforces it, or why it
-// is not in the kernel yet. Every change is planned whole and written in
-// one Sync, so it applies whole or not at all; what it needs from outside
-// (the cgroups of scopes, the addresses of host names) is found before the
-// table's lock is taken.
+// table is the rule table: the rules in force (the policy file's, with
+// the changes made at run time), each with the kernel rule that enforces
+// it, or why it is not in the kernel yet. Every change is planned whole
+// and written in one Sync, so it applies whole or not at all; what it needs
+// from outside (the cgroups of scopes, the addresses of host names) is
+// found before the table's lock is taken, and no lock is held across a DNS
+// or Redis call.
+type table struct {
+	cfg   *Config
+	log   *slog.Logger
+	dp    datapath // set once the datapath is open, before the first change
+	names *names
+	redis *redisClients
+
+	// mu guards the table and what was applied: the entries in force, the
+	// policy and overrides they came from, the last load.
+	mu     sync.Mutex
+	policy *policy.Policy
+	// overrides are the run-time limits as saved; applied are those in
+	// force, which differ only after a conflict at start.
+	overrides overrides
+	applied   overrides
+	entries   map[string]*entry
+	// order is entries in the order they were applied, where the next
+	// apply looks for each rule first.
+	order []*entry
+	// reload is the last load of the policy file, as status shows it.
+	reload control.Reload
+	// heldBack says the start applied the file without the run-time
+	// limits, which conflicted with it: reload says so until a change
+	// puts them all in force.
+	heldBack bool
+	// What entries were planned with (the cgroups of scopes) and views of
+	// them, so that loops that tick often do not walk or plan again a table
+	// of 100,000 rules: the host names its rules use, and its installed
+	// adaptive rules.
+	scopes map[policy.Scope]scoped
+	// scopesGen counts the times the table took other scopes' cgroups.
+	scopesGen uint64
+	uses      []nameUse
+	adaptive  []*entry
+	// adaptiveAdded has a value once an apply leaves adaptive rules, for
+	// watchSaturation to wait on while there are none.
+	adaptiveAdded chan struct{}
+}
+
+func newTable(cfg *Config, names *names, redis *redisClients, log *slog.Logger) *table {
+	return &table{cfg: cfg, log: log, names: names, redis: redis, entries: map[string]*entry{}, adaptiveAdded: make(chan struct{}, 1)}
+}
 
 // entry is one rule in force.
 type entry struct {
@@ -103,6 +147,93 @@ func (e *entry) limitShown(kernel uint32) uint32 {
 
 var errUnknownRule = errors.New("no such rule")
 
+// match returns the table's order and the places in it of the rules p
+// picks, with how many rules the kernel has. The order is replaced, never
+// written in place, and a rule's name is its spec's, which never changes:
+// the places can be ranked by name outside the lock.
+func (t *table) match(p pick) (order []*entry, places []int, installed int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, e := range t.order {
+		if e.installed() {
+			installed++
+		}
+		if p.matches(viewedLocked(e.spec.Name, e)) {
+			places = append(places, i)
+		}
+	}
+	return t.order, places, installed
+}
+
+// viewsAt is the rules at places in order, a table's order match returned,
+// as the views read them now.
+func (t *table) viewsAt(order []*entry, places []int) []viewed {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rows := make([]viewed, len(places))
+	for i, at := range places {
+		rows[i] = viewedLocked(order[at].spec.Name, order[at])
+	}
+	return rows
+}
+
+// size is how many rules the table has.
+func (t *table) size() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.entries)
+}
+
+// describe fills in what status says of the table: its rules, those
+// pending and shared, the shared ones whose Redis is unreachable or whose
+// growth is frozen, and the last load of the policy file.
+func (t *table) describe(s *control.Status) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s.Rules, s.LastReload = len(t.entries), t.reload
+	for name, e := range t.entries {
+		if !e.installed() {
+			s.Pending++
+		}
+		if e.share != nil {
+			s.Shared++
+			v := e.share.view()
+			if v.outage.Failing() {
+				s.Unreachable = append(s.Unreachable, name)
+			}
+			if v.frozen {
+				s.Frozen = append(s.Frozen, name)
+			}
+		}
+	}
+	slices.Sort(s.Unreachable)
+	slices.Sort(s.Frozen)
+}
+
+// viewOf is the rule named name as the views read it; false if the table
+// has none.
+func (t *table) viewOf(name string) (viewed, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.entries[name]
+	if !ok {
+		return viewed{}, false
+	}
+	return viewedLocked(name, e), true
+}
+
+// shapeOf is the shape of the rule named name as the policy gives it;
+// false if the table has none.
+func (t *table) shapeOf(name string) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.entries[name]
+	if !ok {
+		return "", false
+	}
+	return shapeName(e), true
+}
+
 // found is what a change of the table needs from outside it, found before
 // its lock is taken: the cgroup of each scope, looked for when the table's
 // scopes were at generation gen. (Host names' addresses are d.names',
@@ -117,31 +248,31 @@ type found struct {
 
 // prepare looks up, outside the table's lock, what installing the rules in
 // force and more needs: host names due for a lookup, and scopes' cgroups.
-func (d *Daemon) prepare(ctx context.Context, more ...policy.Rule) found {
-	d.mu.Lock()
+func (t *table) prepare(ctx context.Context, more ...policy.Rule) found {
+	t.mu.Lock()
 	// The policy's and the overrides' rules are replaced, never written
 	// in place, so they are read outside the lock; joining them would
 	// copy 100,000 rules for nothing.
 	var inForce []policy.Rule
-	if d.policy != nil {
-		inForce = d.policy.Rules
+	if t.policy != nil {
+		inForce = t.policy.Rules
 	}
-	rules := [][]policy.Rule{inForce, d.overrides.Set, more}
-	enforced, gen := d.scopes, d.scopesGen // scopes is replaced, never written in place
-	first := d.policy == nil
-	d.mu.Unlock()
-	if first && d.dp.Adopted() {
+	rules := [][]policy.Rule{inForce, t.overrides.Set, more}
+	enforced, gen := t.scopes, t.scopesGen // scopes is replaced, never written in place
+	first := t.policy == nil
+	t.mu.Unlock()
+	if first && t.dp.Adopted() {
 		// No table yet: what is enforced now is what the previous
 		// daemon left in the kernel.
-		enforced = d.adoptedScopes(rules...)
+		enforced = t.adoptedScopes(rules...)
 	}
 	uses := usesOf(rules...)
-	d.names.hold(uses)
-	d.names.resolve(ctx, uses, d.cfg.now())
-	if first && d.dp.Adopted() {
-		d.adoptNames(rules...)
+	t.names.hold(uses)
+	t.names.resolve(ctx, uses, t.cfg.now())
+	if first && t.dp.Adopted() {
+		t.adoptNames(rules...)
 	}
-	return found{scopes: scopes(d.cfg.Cgroup, enforced, rules...), gen: gen, uses: uses, more: more}
+	return found{scopes: scopes(t.cfg.Cgroup, enforced, rules...), gen: gen, uses: uses, more: more}
 }
 
 // retired is a share the table no longer has, to end once its lock is
@@ -159,24 +290,24 @@ type retired struct {
 // ends the shares fn retired. If the table took other scopes' cgroups since f was found (a
 // reload or refresh ran meanwhile), f may hold a restarted unit's old
 // cgroup, so it is found again.
-func (d *Daemon) change(ctx context.Context, f found, fn func(found) ([]retired, error)) error {
-	d.mu.Lock()
-	for f.gen != d.scopesGen {
-		d.names.release(f.uses)
-		d.mu.Unlock()
-		f = d.prepare(ctx, f.more...)
-		d.mu.Lock()
+func (t *table) change(ctx context.Context, f found, fn func(found) ([]retired, error)) error {
+	t.mu.Lock()
+	for f.gen != t.scopesGen {
+		t.names.release(f.uses)
+		t.mu.Unlock()
+		f = t.prepare(ctx, f.more...)
+		t.mu.Lock()
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up (its lookups were cut short and found
 		// nothing): a change it was told failed must not be made.
-		d.names.release(f.uses)
-		d.mu.Unlock()
+		t.names.release(f.uses)
+		t.mu.Unlock()
 		return err
 	}
 	gone, err := fn(f)
-	d.names.release(f.uses)
-	d.mu.Unlock()
+	t.names.release(f.uses)
+	t.mu.Unlock()
 	for _, r := range gone {
 		r.share.end(r.release, r.live)
 	}
@@ -187,12 +318,12 @@ func (d *Daemon) change(ctx context.Context, f found, fn func(found) ([]retired,
 // plans each one's kernel rule with f, writes them all in one Sync, and
 // takes the new table. On any problem nothing changes. Call with d.mu
 // held.
-func (d *Daemon) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
-	c, err := d.planLocked(p, o, f)
+func (t *table) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
+	c, err := t.planLocked(p, o, f)
 	if err != nil {
 		return nil, err
 	}
-	return d.writeLocked(c)
+	return t.writeLocked(c)
 }
 
 // tableChange is a new table, planned and checked, not yet in force.
@@ -217,7 +348,7 @@ type tableChange struct {
 // p's or each other's (removing rules cannot make a clash): checking
 // 100,000 rules costs a tenth of a second. The kernel's rule tables are
 // resized if the rules need it. Call with d.mu held.
-func (d *Daemon) planLocked(p *policy.Policy, o overrides, f found) (*tableChange, error) {
+func (t *table) planLocked(p *policy.Policy, o overrides, f found) (*tableChange, error) {
 	c := &tableChange{p: p, o: o, f: f, rules: p.Rules, merged: effective(p, o)}
 	if len(o.Set) > 0 || len(o.Removed) > 0 {
 		c.rules = specs(c.merged)
@@ -230,20 +361,20 @@ func (d *Daemon) planLocked(p *policy.Policy, o overrides, f found) (*tableChang
 	c.next = make(map[string]*entry, len(c.merged))
 	c.kernel = make([]loader.Rule, 0, len(c.merged))
 	for i, e := range c.merged {
-		old := d.previous(i, e.spec.Name)
-		if err := d.plan(e, old, f); err != nil {
+		old := t.previous(i, e.spec.Name)
+		if err := t.plan(e, old, f); err != nil {
 			return nil, fmt.Errorf("rule %s: %w", e.spec.Name, err)
 		}
 	}
-	c.partial = d.settleClashesLocked(c.merged)
+	c.partial = t.settleClashesLocked(c.merged)
 	for i, e := range c.merged {
 		c.next[e.spec.Name] = e
-		c.changes.count(d.previous(i, e.spec.Name), e)
+		c.changes.count(t.previous(i, e.spec.Name), e)
 		if e.installed() {
 			c.kernel = append(c.kernel, e.kernel)
 		}
 	}
-	if err := d.fitTables(p, c.kernel); err != nil {
+	if err := t.fitTables(p, c.kernel); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -251,11 +382,11 @@ func (d *Daemon) planLocked(p *policy.Policy, o overrides, f found) (*tableChang
 
 // writeLocked writes c to the kernel in one Sync and takes it as the
 // table; if the kernel refuses, nothing changes. Call with d.mu held.
-func (d *Daemon) writeLocked(c *tableChange) ([]retired, error) {
+func (t *table) writeLocked(c *tableChange) ([]retired, error) {
 	// The shares this change retires, with what their kernel rules hold,
 	// read before the Sync removes those rules.
 	var gone []retired
-	for name, old := range d.entries {
+	for name, old := range t.entries {
 		if old.share == nil {
 			continue // most rules: no need to look up the new table
 		}
@@ -263,42 +394,42 @@ func (d *Daemon) writeLocked(c *tableChange) ([]retired, error) {
 			r := retired{share: old.share, release: n == nil || n.share == nil || !old.share.sameBudget(n.share)}
 			if r.release && old.pending == "" && !old.share.rate() {
 				r.live = -1
-				if live, err := d.dp.Live(name); err == nil {
+				if live, err := t.dp.Live(name); err == nil {
 					r.live = int(live)
 				}
 			}
 			gone = append(gone, r)
 		}
 	}
-	if err := d.dp.Sync(c.kernel); err != nil {
+	if err := t.dp.Sync(c.kernel); err != nil {
 		return nil, err
 	}
-	d.logChanges(c.changes, c.merged, d.entries, c.next)
+	t.logChanges(c.changes, c.merged, t.entries, c.next)
 	for _, cl := range c.partial {
-		d.log.Warn("destination left to another rule", "rule", cl.rule, "reason", cl.String())
+		t.log.Warn("destination left to another rule", "rule", cl.rule, "reason", cl.String())
 	}
 	for _, e := range c.next {
 		if e.share != nil {
 			e.share.start()
 		}
 	}
-	if !maps.Equal(d.scopes, c.f.scopes) {
-		d.scopesGen++
+	if !maps.Equal(t.scopes, c.f.scopes) {
+		t.scopesGen++
 	}
-	d.policy, d.applied, d.entries, d.order, d.scopes = c.p, c.o, c.next, c.merged, c.f.scopes
-	d.uses, d.adaptive = usesOf(c.rules), nil
+	t.policy, t.applied, t.entries, t.order, t.scopes = c.p, c.o, c.next, c.merged, c.f.scopes
+	t.uses, t.adaptive = usesOf(c.rules), nil
 	for _, e := range c.merged {
 		if e.ctrl != nil && e.installed() {
-			d.adaptive = append(d.adaptive, e)
+			t.adaptive = append(t.adaptive, e)
 		}
 	}
-	if len(d.adaptive) > 0 {
+	if len(t.adaptive) > 0 {
 		select {
-		case d.adaptiveAdded <- struct{}{}: // wakes watchSaturation
+		case t.adaptiveAdded <- struct{}{}: // wakes watchSaturation
 		default:
 		}
 	}
-	d.names.keep(d.uses)
+	t.names.keep(t.uses)
 	return gone, nil
 }
 
@@ -306,11 +437,11 @@ func (d *Daemon) writeLocked(c *tableChange) ([]retired, error) {
 // first at i in the order the table was applied: a reload of a policy
 // whose rules kept their places walks the old entries in turn, where
 // looking each of 100,000 up in the map took 39 ms.
-func (d *Daemon) previous(i int, name string) *entry {
-	if i < len(d.order) && d.order[i].spec.Name == name {
-		return d.order[i]
+func (t *table) previous(i int, name string) *entry {
+	if i < len(t.order) && t.order[i].spec.Name == name {
+		return t.order[i]
 	}
-	return d.entries[name]
+	return t.entries[name]
 }
 
 func specs(es []*entry) []policy.Rule {
@@ -325,35 +456,35 @@ func specs(es []*entry) []policy.Rule {
 // unit or cgroup does not exist, its host name has no addresses). An
 // unchanged rule keeps old's adaptive loop and share; a new shared rule
 // gets a share, which carries on old's or what the kernel holds.
-func (d *Daemon) plan(e, old *entry, f found) error {
+func (t *table) plan(e, old *entry, f found) error {
 	if old != nil && *old.spec == *e.spec {
 		e.ctrl, e.share = old.ctrl, old.share
 	}
 	if e.spec.IsShared() && e.share == nil {
-		s, err := d.newShare(*e.spec)
+		s, err := t.newShare(*e.spec)
 		if err != nil {
 			return err
 		}
-		d.carryShare(s, old)
+		t.carryShare(s, old)
 		e.share = s
 	}
 	sc, ok := f.scopes[e.spec.Scope]
 	if !ok {
-		sc.scope, sc.pending = scopeOf(d.cfg.Cgroup, e.spec.Scope, d.scopes) // set after prepare looked
+		sc.scope, sc.pending = scopeOf(t.cfg.Cgroup, e.spec.Scope, t.scopes) // set after prepare looked
 	}
 	if e.pending = sc.pending; e.pending != "" {
 		return nil
 	}
 	var addrs []netip.Addr
 	if host, ok := e.spec.Destination.Host(); ok {
-		if addrs = d.names.addrs(host); len(addrs) == 0 {
+		if addrs = t.names.addrs(host); len(addrs) == 0 {
 			e.pending = fmt.Sprintf("host %s has no addresses yet", host)
 			return nil
 		}
 	}
 	e.kernel = e.spec.LoaderRule(sc.scope, addrs)
 	if e.kernel.FlowIdle == 0 && e.kernel.Protocols.Has(loader.ProtoUDP) {
-		e.kernel.FlowIdle = d.cfg.UDPIdle
+		e.kernel.FlowIdle = t.cfg.UDPIdle
 	}
 	if len(e.kernel.Dests) == 0 {
 		e.pending = "host name has no addresses"
@@ -366,7 +497,7 @@ func (d *Daemon) plan(e, old *entry, f found) error {
 	}
 	if a, ok := e.spec.Limit.(policy.Adaptive); ok {
 		if e.ctrl == nil {
-			ctrl, err := d.newController(e.spec.Name, a, d.resumeAt(e.spec.Name, old))
+			ctrl, err := t.newController(e.spec.Name, a, t.resumeAt(e.spec.Name, old))
 			if err != nil {
 				return err
 			}
@@ -380,13 +511,13 @@ func (d *Daemon) plan(e, old *entry, f found) error {
 // carryShare starts a new share where the rule's old one left off, when
 // they spend the same budget; a rule new to this daemon starts from the
 // kernel rule a previous daemon left pinned.
-func (d *Daemon) carryShare(s share, old *entry) {
+func (t *table) carryShare(s share, old *entry) {
 	switch {
 	case old != nil && old.share != nil && old.share.sameBudget(s):
 		s.inherit(old.share)
 	case old == nil:
-		if kr, err := d.dp.Rule(s.name()); err == nil {
-			if st, err := d.dp.Stats(s.name()); err == nil {
+		if kr, err := t.dp.Rule(s.name()); err == nil {
+			if st, err := t.dp.Stats(s.name()); err == nil {
 				s.adopt(kr, st)
 			}
 		}
@@ -416,22 +547,22 @@ func ruleChanged(old, e *entry) bool { return *old.spec != *e.spec || old.pendin
 // table went from old to next, the entries merged: past logChangesEach
 // changes, one line counts them and each goes to Debug, since a policy of
 // 100,000 rules would take seconds to log line by line.
-func (d *Daemon) logChanges(c ruleChanges, merged []*entry, old, next map[string]*entry) {
+func (t *table) logChanges(c ruleChanges, merged []*entry, old, next map[string]*entry) {
 	removed := len(old) - c.changed - c.same
 	ctx, level := context.Background(), slog.LevelInfo
 	if c.added+c.changed+removed > logChangesEach {
-		d.log.Info("rules changed", "added", c.added, "changed", c.changed, "removed", removed)
+		t.log.Info("rules changed", "added", c.added, "changed", c.changed, "removed", removed)
 		level = slog.LevelDebug
 	}
-	if !d.log.Enabled(ctx, level) {
+	if !t.log.Enabled(ctx, level) {
 		return
 	}
 	for _, e := range merged {
 		switch o := old[e.spec.Name]; {
 		case o == nil:
-			d.log.Log(ctx, level, "rule added", "rule", e.spec.Name, "source", e.source, "pending", e.pending)
+			t.log.Log(ctx, level, "rule added", "rule", e.spec.Name, "source", e.source, "pending", e.pending)
 		case ruleChanged(o, e):
-			d.log.Log(ctx, level, "rule changed", "rule", e.spec.Name, "source", e.source, "pending", e.pending)
+			t.log.Log(ctx, level, "rule changed", "rule", e.spec.Name, "source", e.source, "pending", e.pending)
 		}
 	}
 	if removed == 0 {
@@ -439,7 +570,7 @@ func (d *Daemon) logChanges(c ruleChanges, merged []*entry, old, next map[string
 	}
 	for name := range old {
 		if _, ok := next[name]; !ok {
-			d.log.Log(ctx, level, "rule removed", "rule", name)
+			t.log.Log(ctx, level, "rule removed", "rule", name)
 		}
 	}
 }
@@ -450,36 +581,76 @@ const logChangesEach = 100
 // install makes p, a policy policy.Parse returned, with the run-time
 // changes, the rule set: at start and on a reload. On any problem nothing
 // changes.
-func (d *Daemon) install(ctx context.Context, p *policy.Policy) error {
-	return d.change(ctx, d.prepare(ctx, p.Rules...), func(f found) ([]retired, error) {
-		gone, err := d.applyLocked(p, d.overrides, f)
-		if err == nil && d.reload.Time.IsZero() {
-			d.reload = controlReloadOK()
+func (t *table) install(ctx context.Context, p *policy.Policy) error {
+	return t.change(ctx, t.prepare(ctx, p.Rules...), func(f found) ([]retired, error) {
+		gone, err := t.applyLocked(p, t.overrides, f)
+		if err == nil && t.reload.Time.IsZero() {
+			t.reload = control.Reload{Time: time.Now(), OK: true}
 		}
 		if err == nil {
-			d.heldBack = false
+			t.heldBack = false
 		}
 		return gone, err
 	})
 }
 
-// setRule sets a rule at run time and keeps it in the state directory.
-func (d *Daemon) setRule(ctx context.Context, r policy.Rule) error {
-	return d.change(ctx, d.prepare(ctx, r), func(f found) ([]retired, error) {
-		return d.commitLocked(d.overrides.with(r), f)
+// holdBackOverrides makes p alone, less the rules removed at run time,
+// the rule set, when p with the run-time limits could not be (err): at
+// start, so that a daemon whose file changed while it was down starts
+// rather than not at all. The run-time limits stay on disk, and the last
+// load says they were held back until a change puts them in force. It
+// returns err when there are no run-time limits to hold back.
+func (t *table) holdBackOverrides(ctx context.Context, p *policy.Policy, err error) error {
+	if len(t.overrides.Set) == 0 {
+		return err
+	}
+	return t.change(ctx, t.prepare(ctx, p.Rules...), func(f found) ([]retired, error) {
+		gone, ferr := t.applyLocked(p, overrides{Removed: t.overrides.Removed}, f)
+		if ferr != nil {
+			return gone, errors.Join(err, ferr)
+		}
+		t.reload = control.Reload{Time: time.Now(), Error: "run-time limits not applied: " + err.Error()}
+		t.heldBack = true
+		t.log.Error("run-time limits conflict with the policy; running with the policy less the rules removed at run time", "err", err)
+		return gone, nil
 	})
 }
 
-// removeRule removes a rule at run time and keeps that in the state
+// loaded keeps r as the last load of the policy file.
+func (t *table) loaded(r control.Reload) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reload = r
+}
+
+// startProblem adds what the start could not do as it should to the
+// last load, which a reload that succeeds clears.
+func (t *table) startProblem(msg string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.reload.Error != "" {
+		msg = t.reload.Error + "; " + msg
+	}
+	t.reload = control.Reload{Time: time.Now(), Error: msg}
+}
+
+// set sets a rule at run time and keeps it in the state directory.
+func (t *table) set(ctx context.Context, r policy.Rule) error {
+	return t.change(ctx, t.prepare(ctx, r), func(f found) ([]retired, error) {
+		return t.commitLocked(t.overrides.with(r), f)
+	})
+}
+
+// remove removes a rule at run time and keeps that in the state
 // directory.
-func (d *Daemon) removeRule(ctx context.Context, name string) error {
-	return d.change(ctx, d.prepare(ctx), func(f found) ([]retired, error) {
-		_, known := d.entries[name]
-		if !known && !slices.ContainsFunc(d.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
+func (t *table) remove(ctx context.Context, name string) error {
+	return t.change(ctx, t.prepare(ctx), func(f found) ([]retired, error) {
+		_, known := t.entries[name]
+		if !known && !slices.ContainsFunc(t.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
 			return nil, errUnknownRule
 		}
-		inPolicy := slices.ContainsFunc(d.policy.Rules, func(x policy.Rule) bool { return x.Name == name })
-		return d.commitLocked(d.overrides.without(name, inPolicy), f)
+		inPolicy := slices.ContainsFunc(t.policy.Rules, func(x policy.Rule) bool { return x.Name == name })
+		return t.commitLocked(t.overrides.without(name, inPolicy), f)
 	})
 }
 
@@ -491,56 +662,56 @@ func (d *Daemon) removeRule(ctx context.Context, name string) error {
 // by planning the old table again restarted adaptive loops and shares).
 // If the kernel then refuses the change, or the save fails after its
 // rename, the old overrides are saved back.
-func (d *Daemon) commitLocked(o overrides, f found) ([]retired, error) {
-	c, err := d.planLocked(d.policy, o, f)
+func (t *table) commitLocked(o overrides, f found) ([]retired, error) {
+	c, err := t.planLocked(t.policy, o, f)
 	if err != nil {
 		return nil, err
 	}
-	if err := o.save(d.cfg.StateDir); err != nil {
+	if err := o.save(t.cfg.StateDir); err != nil {
 		if errors.Is(err, errUnsynced) {
-			d.saveBack()
+			t.saveBack()
 		}
 		return nil, err
 	}
-	gone, err := d.writeLocked(c)
+	gone, err := t.writeLocked(c)
 	if err != nil {
-		d.saveBack()
+		t.saveBack()
 		return nil, err
 	}
-	d.overrides = o
-	if d.heldBack {
+	t.overrides = o
+	if t.heldBack {
 		// Every run-time limit is in force now, with the file the start
 		// loaded: that load is applied whole at last.
-		d.heldBack = false
-		d.reload = control.Reload{Time: d.reload.Time, OK: true}
-		d.log.Info("run-time limits applied with the policy")
+		t.heldBack = false
+		t.reload = control.Reload{Time: t.reload.Time, OK: true}
+		t.log.Info("run-time limits applied with the policy")
 	}
 	return gone, nil
 }
 
 // saveBack saves the overrides in force over a refused change's.
-func (d *Daemon) saveBack() {
-	if err := d.overrides.save(d.cfg.StateDir); err != nil {
-		d.log.Error("saving back the run-time limits in force", "err", err)
+func (t *table) saveBack() {
+	if err := t.overrides.save(t.cfg.StateDir); err != nil {
+		t.log.Error("saving back the run-time limits in force", "err", err)
 	}
 }
 
 // refreshLoop looks host names up again when their TTLs run out, and
 // units every Refresh (a restarted unit gets a new cgroup); either way the
 // table is planned again.
-func (d *Daemon) refreshLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	defer d.names.wait()
-	last := d.cfg.now()
+func (t *table) refreshLoop(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	defer t.names.wait()
+	last := t.cfg.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			now := d.cfg.now()
-			units := now.Sub(last) >= d.cfg.Refresh
-			d.refresh(ctx, now, units)
+		case <-tick.C:
+			now := t.cfg.now()
+			units := now.Sub(last) >= t.cfg.Refresh
+			t.refresh(ctx, now, units)
 			if units {
 				last = now
 			}
@@ -553,22 +724,22 @@ func (d *Daemon) refreshLoop(ctx context.Context) {
 // name resolved to other addresses since the last refresh or a scope's
 // cgroup moved, it applies the table again. A lookup that has not ended
 // is not waited for: the next refresh applies what it finds.
-func (d *Daemon) refresh(ctx context.Context, now time.Time, units bool) {
-	d.mu.Lock()
-	uses := d.uses
-	d.mu.Unlock()
-	d.names.resolveBackground(ctx, uses, now)
-	moved := d.names.takeMoved()
+func (t *table) refresh(ctx context.Context, now time.Time, units bool) {
+	t.mu.Lock()
+	uses := t.uses
+	t.mu.Unlock()
+	t.names.resolveBackground(ctx, uses, now)
+	moved := t.names.takeMoved()
 	if !moved && !units {
 		return
 	}
-	err := d.change(ctx, d.prepare(ctx), func(f found) ([]retired, error) {
-		if !moved && maps.Equal(f.scopes, d.scopes) {
+	err := t.change(ctx, t.prepare(ctx), func(f found) ([]retired, error) {
+		if !moved && maps.Equal(f.scopes, t.scopes) {
 			return nil, nil
 		}
-		return d.applyLocked(d.policy, d.applied, f)
+		return t.applyLocked(t.policy, t.applied, f)
 	})
 	if err != nil && ctx.Err() == nil {
-		d.log.Error("refresh", "err", err)
+		t.log.Error("refresh", "err", err)
 	}
 }

@@ -90,10 +90,23 @@ func newTestDaemon(t testing.TB) *testDaemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.dp = td.fake
+	d.useDatapath(td.fake)
 	td.Daemon = d
-	t.Cleanup(func() { d.endShares(true); d.closeRedis() })
+	t.Cleanup(func() { d.table.endShares(true); d.redis.close() })
 	return td
+}
+
+// logTo makes l the log of every part.
+func (td *testDaemon) logTo(l *slog.Logger) {
+	td.log, td.file.log, td.table.log, td.metrics.log, td.api.log = l, l, l, l, l
+}
+
+// useResolver makes r the resolver host names are looked up with, from
+// the names the state directory keeps.
+func (td *testDaemon) useResolver(r *dns.Resolver) {
+	td.cfg.Resolver = r
+	td.names = newNames(r, td.cfg.StateDir, td.log)
+	td.table.names = td.names
 }
 
 func writeFile(t testing.TB, path, text string) {
@@ -115,10 +128,10 @@ func parse(t testing.TB, text string) *policy.Policy {
 // state describes the table: each rule, installed with its destinations
 // and limit, or pending with why.
 func (td *testDaemon) state() map[string]string {
-	td.mu.Lock()
-	defer td.mu.Unlock()
+	td.table.mu.Lock()
+	defer td.table.mu.Unlock()
 	out := map[string]string{}
-	for name, e := range td.entries {
+	for name, e := range td.table.entries {
 		if !e.installed() {
 			out[name] = "pending: " + e.pending
 			continue
@@ -167,7 +180,7 @@ func TestAdaptiveResumesPinnedLimit(t *testing.T) {
 				td.fake.adopted = true
 				td.fake.rules["dep"] = *tc.pinned
 			}
-			if err := td.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, "+tc.rule+"}\n")); err != nil {
+			if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, "+tc.rule+"}\n")); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state()["dep"]; got != tc.want {
@@ -175,7 +188,7 @@ func TestAdaptiveResumesPinnedLimit(t *testing.T) {
 			}
 			// Changed while this daemon runs: the new loop starts at
 			// Initial, as documented.
-			if err := td.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 9}}\n")); err != nil {
+			if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 9}}\n")); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state()["dep"]; got != "10.0.0.2/32 concurrency 9 (policy)" {
@@ -232,12 +245,12 @@ func TestInstall(t *testing.T) {
 			td := newTestDaemon(t)
 			writeFile(t, td.hosts, tt.hosts)
 			for _, r := range tt.set {
-				td.overrides = td.overrides.with(parse(t, "rules:\n  - "+r+"\n").Rules[0])
+				td.table.overrides = td.table.overrides.with(parse(t, "rules:\n  - "+r+"\n").Rules[0])
 			}
 			for _, n := range tt.remove {
-				td.overrides = td.overrides.without(n, true)
+				td.table.overrides = td.table.overrides.without(n, true)
 			}
-			if err := td.install(context.Background(), parse(t, tt.policy)); err != nil {
+			if err := td.table.install(context.Background(), parse(t, tt.policy)); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state(); !equalMaps(got, tt.want) {
@@ -264,7 +277,7 @@ func equalMaps(a, b map[string]string) bool {
 func TestInstallWholeOrNothing(t *testing.T) {
 	td := newTestDaemon(t)
 	good := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
-	if err := td.install(context.Background(), parse(t, good)); err != nil {
+	if err := td.table.install(context.Background(), parse(t, good)); err != nil {
 		t.Fatal(err)
 	}
 	before, syncs := td.state(), td.fake.syncs
@@ -272,12 +285,12 @@ func TestInstallWholeOrNothing(t *testing.T) {
 	// A run-time rule on the same traffic as the file's: the policy's
 	// check refuses it.
 	clash := parse(t, "rules:\n  - {name: again, destination: 10.0.0.1, concurrency: 1}\n").Rules[0]
-	if err := td.setRule(context.Background(), clash); !errors.Is(err, policy.ErrInvalid) {
+	if err := td.table.set(context.Background(), clash); !errors.Is(err, policy.ErrInvalid) {
 		t.Errorf("a run-time rule on the file's destination = %v, want a policy error", err)
 	}
 	// The kernel refuses the write.
 	td.fake.fail(errWrite)
-	if err := td.install(context.Background(), parse(t, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 9}\n")); !errors.Is(err, errWrite) {
+	if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 9}\n")); !errors.Is(err, errWrite) {
 		t.Errorf("install the kernel refused = %v, want its error", err)
 	}
 	td.fake.fail(nil)
@@ -293,17 +306,17 @@ func TestRunTimeChanges(t *testing.T) {
 	td := newTestDaemon(t)
 	file := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
 	writeFile(t, td.cfg.PolicyFile, file)
-	if err := td.install(context.Background(), parse(t, file)); err != nil {
+	if err := td.table.install(context.Background(), parse(t, file)); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 3}\n").Rules[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := td.removeRule(ctx, "db"); err != nil {
+	if err := td.table.remove(ctx, "db"); err != nil {
 		t.Fatal(err)
 	}
-	if err := td.removeRule(ctx, "nope"); !errors.Is(err, errUnknownRule) {
+	if err := td.table.remove(ctx, "nope"); !errors.Is(err, errUnknownRule) {
 		t.Errorf("remove of an unknown rule = %v, want errUnknownRule", err)
 	}
 	if _, err := td.reloadPolicy(ctx); err != nil {
@@ -320,7 +333,7 @@ func TestRunTimeChanges(t *testing.T) {
 
 	// The state directory cannot be written: the change is not made.
 	td.cfg.StateDir = filepath.Join(td.cfg.PolicyFile, "state") // below a file
-	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: more, destination: 10.0.0.3, concurrency: 1}\n").Rules[0]); err == nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: more, destination: 10.0.0.3, concurrency: 1}\n").Rules[0]); err == nil {
 		t.Error("a change whose state cannot be saved succeeded")
 	}
 	if _, ok := td.fake.rule("more"); ok {
@@ -396,28 +409,28 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 			td := newTestDaemon(t)
 			td.apply(t, adaptivePolicy+strings.TrimPrefix(sharedPool(rds, 10, t.Name()), "rules:\n"))
 			ctx := context.Background()
-			if err := td.setRule(ctx, parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
+			if err := td.table.set(ctx, parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
 				t.Fatal(err)
 			}
-			td.mu.Lock()
-			dep, pool := td.entries["dep"], td.entries["pool"]
-			td.mu.Unlock()
+			td.table.mu.Lock()
+			dep, pool := td.table.entries["dep"], td.table.entries["pool"]
+			td.table.mu.Unlock()
 			pool.share.end(false, 0) // its loop stopped: the kernel rule stays as it is
 			lowerLimit(t, dep.ctrl)
 			before, syncs, dir := td.state(), td.fake.syncs, td.cfg.StateDir
 
 			tt.refuse(t, td)
 			for _, r := range []string{"{name: dep, destination: 10.0.0.2, port: 80, concurrency: 9}", "{name: pool, destination: 127.0.0.9, concurrency: 3}"} {
-				if err := td.setRule(ctx, parse(t, "rules:\n  - "+r+"\n").Rules[0]); err == nil {
+				if err := td.table.set(ctx, parse(t, "rules:\n  - "+r+"\n").Rules[0]); err == nil {
 					t.Errorf("limit set %s succeeded", r)
 				}
 			}
 			if got := td.state(); !equalMaps(got, before) || td.fake.syncs != syncs {
 				t.Errorf("after refused changes: table %v (was %v), %d syncs (was %d)", got, before, td.fake.syncs, syncs)
 			}
-			td.mu.Lock()
-			kept := td.entries["dep"].ctrl == dep.ctrl && td.entries["pool"].share == pool.share
-			td.mu.Unlock()
+			td.table.mu.Lock()
+			kept := td.table.entries["dep"].ctrl == dep.ctrl && td.table.entries["pool"].share == pool.share
+			td.table.mu.Unlock()
 			if !kept {
 				t.Error("a refused change replaced dep's adaptive loop or pool's share")
 			}
@@ -435,7 +448,7 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 func TestReloadKeepsOldPolicyOnError(t *testing.T) {
 	td := newTestDaemon(t)
 	logged := &messages{}
-	td.log = slog.New(logged)
+	td.logTo(slog.New(logged))
 	good := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
 	writeFile(t, td.cfg.PolicyFile, good)
 	if _, err := td.reloadPolicy(context.Background()); err != nil {
@@ -506,7 +519,7 @@ func TestReloadsApplyInTurn(t *testing.T) {
 // daemon from starting: it runs the policy alone and says so.
 func TestStartWithConflictingRunTimeRule(t *testing.T) {
 	td := newTestDaemon(t)
-	td.overrides = td.overrides.with(parse(t, "rules:\n  - {name: cli, destination: 10.0.0.1, concurrency: 1}\n").Rules[0])
+	td.table.overrides = td.table.overrides.with(parse(t, "rules:\n  - {name: cli, destination: 10.0.0.1, concurrency: 1}\n").Rules[0])
 	p := parse(t, "rules:\n  - {name: file, destination: 10.0.0.1, concurrency: 5}\n")
 	if err := td.installAtStart(context.Background(), p); err != nil {
 		t.Fatal(err)
@@ -515,17 +528,17 @@ func TestStartWithConflictingRunTimeRule(t *testing.T) {
 	if got := td.state(); !equalMaps(got, want) {
 		t.Errorf("table %v, want %v", got, want)
 	}
-	if td.reload.OK || !strings.Contains(td.reload.Error, "run-time limits not applied") {
-		t.Errorf("last load %+v, want it to say the run-time limits were not applied", td.reload)
+	if td.table.reload.OK || !strings.Contains(td.table.reload.Error, "run-time limits not applied") {
+		t.Errorf("last load %+v, want it to say the run-time limits were not applied", td.table.reload)
 	}
 	// Removing the conflicting rule puts the others in force: the load is
 	// whole, and status and egressd_policy_last_load_ok say so without a
 	// reload.
-	if err := td.removeRule(context.Background(), "cli"); err != nil {
+	if err := td.table.remove(context.Background(), "cli"); err != nil {
 		t.Fatal(err)
 	}
-	if !td.reload.OK || td.reload.Error != "" {
-		t.Errorf("after limit rm of the conflicting rule: last load %+v, want ok", td.reload)
+	if !td.table.reload.OK || td.table.reload.Error != "" {
+		t.Errorf("after limit rm of the conflicting rule: last load %+v, want ok", td.table.reload)
 	}
 }
 
@@ -577,7 +590,7 @@ func TestLogChanges(t *testing.T) {
 	for _, n := range []int{3, logChangesEach + 1} {
 		td := newTestDaemon(t)
 		m := &messages{}
-		td.log = slog.New(m)
+		td.logTo(slog.New(m))
 		var b strings.Builder
 		b.WriteString("rules:\n")
 		for i := range n {
@@ -605,7 +618,7 @@ func TestLogChanges(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 1}\n  - {name: c, destination: 10.0.0.3, concurrency: 1}\n")
 	m := &messages{}
-	td.log = slog.New(m)
+	td.logTo(slog.New(m))
 	td.apply(t, "rules:\n  - {name: a, destination: 10.0.0.1, concurrency: 1}\n  - {name: b, destination: 10.0.0.2, concurrency: 2}\n  - {name: d, destination: 10.0.0.4, concurrency: 1}\n")
 	if want := []string{"rule changed", "rule added", "rule removed"}; !slices.Equal(m.got, want) {
 		t.Errorf("logged %q; want %q", m.got, want)
@@ -621,25 +634,25 @@ func TestReloadFindsEachRulesState(t *testing.T) {
 		return fmt.Sprintf("  - {name: %s, destination: 10.0.0.%d, adaptive: {initial: 5}}\n", name, name[0])
 	}
 	td.apply(t, "rules:\n"+rule("a")+rule("b")+rule("c")+rule("d"))
-	td.mu.Lock()
+	td.table.mu.Lock()
 	loops := map[string]*adaptive.Controller{}
-	for name, e := range td.entries {
+	for name, e := range td.table.entries {
 		loops[name] = e.ctrl
 	}
-	td.mu.Unlock()
+	td.table.mu.Unlock()
 	td.apply(t, "rules:\n"+rule("d")+rule("b")+rule("x")+rule("a"))
-	td.mu.Lock()
-	defer td.mu.Unlock()
+	td.table.mu.Lock()
+	defer td.table.mu.Unlock()
 	for _, name := range []string{"a", "b", "d"} {
-		if e := td.entries[name]; e == nil || e.ctrl != loops[name] {
+		if e := td.table.entries[name]; e == nil || e.ctrl != loops[name] {
 			t.Errorf("rule %s lost its adaptive loop", name)
 		}
 	}
-	if x := td.entries["x"]; x == nil || x.ctrl == nil || slices.Contains(slices.Collect(maps.Values(loops)), x.ctrl) {
+	if x := td.table.entries["x"]; x == nil || x.ctrl == nil || slices.Contains(slices.Collect(maps.Values(loops)), x.ctrl) {
 		t.Errorf("the new rule x has no loop of its own")
 	}
-	if _, ok := td.entries["c"]; ok || len(td.entries) != 4 {
-		t.Errorf("table %v after the reload", slices.Collect(maps.Keys(td.entries)))
+	if _, ok := td.table.entries["c"]; ok || len(td.table.entries) != 4 {
+		t.Errorf("table %v after the reload", slices.Collect(maps.Keys(td.table.entries)))
 	}
 }
 
@@ -650,12 +663,12 @@ func TestTableViews(t *testing.T) {
 	td := newTestDaemon(t)
 	writeFile(t, td.hosts, "10.1.1.1 api.test\n")
 	views := func() (names, adaptive []string) {
-		td.mu.Lock()
-		defer td.mu.Unlock()
-		for _, u := range td.uses {
+		td.table.mu.Lock()
+		defer td.table.mu.Unlock()
+		for _, u := range td.table.uses {
 			names = append(names, u.rule+"="+u.host)
 		}
-		for _, e := range td.adaptive {
+		for _, e := range td.table.adaptive {
 			adaptive = append(adaptive, e.spec.Name)
 		}
 		slices.Sort(names)
@@ -670,7 +683,7 @@ func TestTableViews(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	if err := td.install(ctx, parse(t, `rules:
+	if err := td.table.install(ctx, parse(t, `rules:
   - {name: api, destination: api.test, adaptive: {initial: 4}}
   - {name: gone, destination: gone.test, adaptive: {initial: 4}}
   - {name: db, destination: 10.0.0.1, concurrency: 5}
@@ -681,16 +694,16 @@ func TestTableViews(t *testing.T) {
 	// gone.test has no addresses: its rule is pending, and no loop of it runs.
 	check("installed", []string{"api=api.test", "gone=gone.test"}, []string{"api", "dep"})
 
-	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: dep, destination: dep.test, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: dep, destination: dep.test, concurrency: 3}\n").Rules[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := td.removeRule(ctx, "api"); err != nil {
+	if err := td.table.remove(ctx, "api"); err != nil {
 		t.Fatal(err)
 	}
 	check("dep made fixed, api removed", []string{"dep=dep.test", "gone=gone.test"}, nil)
 
 	td.fake.fail(errors.New("kernel says no"))
-	if err := td.setRule(ctx, parse(t, "rules:\n  - {name: more, destination: more.test, adaptive: {initial: 4}}\n").Rules[0]); err == nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: more, destination: more.test, adaptive: {initial: 4}}\n").Rules[0]); err == nil {
 		t.Fatal("a change the kernel refused succeeded")
 	}
 	check("a refused change", []string{"dep=dep.test", "gone=gone.test"}, nil)
@@ -716,7 +729,7 @@ func TestLimitsList(t *testing.T) {
 	var names []string
 	for _, l := range list {
 		names = append(names, l.Name)
-		one, err := td.limitView(l.Name, false)
+		one, err := td.api.limitView(l.Name, false)
 		if err != nil {
 			t.Fatal(err)
 		}
