@@ -9,14 +9,10 @@
 // and [Advance] moves it on by a given amount. A test that talks to a
 // real peer - Redis, a TCP server, the kernel - cannot run in a bubble;
 // it waits for what it expects with [Eventually], never for a fixed time.
-//
-// The daemon's now func() is to follow the same scheme; until it does,
-// [Manual] is its tests' clock, and nothing else should use it.
 package clocktest
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -73,28 +69,4 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(wait)
 	}
-}
-
-// Manual is a clock at a fixed instant until Advance: the daemon's tests
-// pass its Now as the daemon's now func.
-type Manual struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// New returns a clock at a fixed, arbitrary instant.
-func New() *Manual { return &Manual{now: time.Unix(1_750_000_000, 0)} }
-
-// Now returns the clock's instant.
-func (c *Manual) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock on by d.
-func (c *Manual) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
 }

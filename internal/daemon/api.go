@@ -197,7 +197,7 @@ func (a *api) handleSetLimit(r *http.Request, in control.SetLimitRequest) (contr
 	if len(p.Rules) != 1 {
 		return control.Limit{}, control.Errorf(control.CodeInvalid, "want exactly one rule, got %d", len(p.Rules))
 	}
-	if err := a.table.set(r.Context(), p.Rules[0]); err != nil {
+	if err := a.table.set(r.Context(), p.Rules[0], time.Now()); err != nil {
 		return control.Limit{}, applyError(err)
 	}
 	return a.limitView(p.Rules[0].Name, false)
@@ -217,7 +217,7 @@ func indent(rule string) string {
 }
 
 func (a *api) handleRemoveLimit(r *http.Request, in control.NameRequest) (struct{}, error) {
-	err := a.table.remove(r.Context(), in.Name)
+	err := a.table.remove(r.Context(), in.Name, time.Now())
 	if errors.Is(err, errUnknownRule) {
 		return struct{}{}, control.Errorf(control.CodeNotFound, "rule %s: %v", in.Name, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -24,7 +25,7 @@ func BenchmarkInstall100k(b *testing.B) {
 		if i%2 == 1 {
 			p = p1
 		}
-		if err := td.table.install(context.Background(), p); err != nil {
+		if err := td.table.install(context.Background(), p, time.Now()); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -37,7 +38,7 @@ func BenchmarkInstall100k(b *testing.B) {
 func BenchmarkScrape100k(b *testing.B) {
 	td := newTestDaemon(b)
 	td.fake.maxRules = 1 << 20
-	if err := td.table.install(context.Background(), parse(b, manyRules(100_000, 0))); err != nil {
+	if err := td.table.install(context.Background(), parse(b, manyRules(100_000, 0)), time.Now()); err != nil {
 		b.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()

@@ -84,12 +84,13 @@ func TestClashesFollowDNS(t *testing.T) {
 	td := newTestDaemon(t)
 	ctx := context.Background()
 	writeFile(t, td.hosts, "127.0.0.2 a.test\n127.0.0.3 b.test\n127.0.0.9 c.test\n")
-	td.apply(t, "rules:\n  - {name: a, destination: a.test, concurrency: 3}\n  - {name: b, destination: b.test, concurrency: 3}\n  - {name: c, destination: c.test, concurrency: 3}\n")
+	now := time.Now()
+	td.applyAt(t, now, "rules:\n  - {name: a, destination: a.test, concurrency: 3}\n  - {name: b, destination: b.test, concurrency: 3}\n  - {name: c, destination: c.test, concurrency: 3}\n")
 	refresh := func(hosts string) {
 		t.Helper()
 		td.setHosts(t, hosts)
-		td.clock.Advance(time.Second + time.Millisecond)
-		td.refreshAll(ctx, td.clock.Now(), false)
+		now = now.Add(time.Second + time.Millisecond) // past the names' TTL
+		td.refreshAll(ctx, now, false)
 	}
 
 	refresh("127.0.0.2 a.test\n127.0.0.2 b.test\n127.0.0.10 c.test\n")
@@ -98,7 +99,7 @@ func TestClashesFollowDNS(t *testing.T) {
 		"b": "pending: destination 127.0.0.2/32 (any port) is rule a's",
 		"c": "127.0.0.10/32 concurrency 3 (policy)",
 	})
-	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: z, destination: 10.9.9.9, port: 443, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: z, destination: 10.9.9.9, port: 443, concurrency: 3}\n").Rules[0], now); err != nil {
 		t.Errorf("limit set of an unrelated rule: %v", err)
 	}
 

@@ -117,11 +117,9 @@ type Config struct {
 	Notify Notifier
 
 	// open opens the datapath; nil is the kernel's (the tests' fake
-	// otherwise). now is the clock of shares and of host names'
-	// TTLs; nil is time.Now. keepalive is how often a follower of
-	// events that waits is sent an empty line; 0 is followKeepalive.
+	// otherwise). keepalive is how often a follower of events that waits
+	// is sent an empty line; 0 is followKeepalive.
 	open      func(*loader.Config) (datapath, error)
-	now       func() time.Time
 	keepalive time.Duration
 }
 
@@ -180,9 +178,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.open == nil {
 		c.open = openKernel
-	}
-	if c.now == nil {
-		c.now = time.Now
 	}
 	if c.keepalive == 0 {
 		c.keepalive = followKeepalive

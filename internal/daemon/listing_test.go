@@ -7,8 +7,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
 )
@@ -63,7 +65,7 @@ func listPolicy() string {
 func TestLimitsPick(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, listPolicy())
-	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: manual, destination: 10.9.9.9, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: manual, destination: 10.9.9.9, concurrency: 3}\n").Rules[0], time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	td.fake.set("pay-eu", loader.Stats{Live: 2, Admitted: 9, Refused: 1})
@@ -111,21 +113,23 @@ func TestLimitsPick(t *testing.T) {
 // lately come first, then those with the most live connections, then
 // the rest by name.
 func TestLimitsBusy(t *testing.T) {
-	td := newTestDaemon(t)
-	td.apply(t, listPolicy())
-	td.list(t, control.LimitsQuery{Sort: control.SortBusy}) // the first read: no refusals yet
-	td.clock.Advance(10 * time.Second)
-	td.fake.set("hook", loader.Stats{Refused: 500})
-	td.fake.set("idle39", loader.Stats{Refused: 20})
-	td.fake.set("pay-us", loader.Stats{Live: 4})
-	got := listed(td.list(t, control.LimitsQuery{Sort: control.SortBusy, Max: 5}))
-	if want := "hook idle39 pay-us batch idle00"; got != want {
-		t.Errorf("busiest five: %q, want %q", got, want)
-	}
-	got = listed(td.list(t, control.LimitsQuery{Sort: control.SortBusy, Name: "idle*", Max: 2}))
-	if want := "idle39 idle00"; got != want {
-		t.Errorf("busiest two idle*: %q, want %q", got, want)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		td := newTestDaemon(t)
+		td.apply(t, listPolicy())
+		td.list(t, control.LimitsQuery{Sort: control.SortBusy}) // the first read: no refusals yet
+		clocktest.Advance(10 * time.Second)                     // the bubble's clock
+		td.fake.set("hook", loader.Stats{Refused: 500})
+		td.fake.set("idle39", loader.Stats{Refused: 20})
+		td.fake.set("pay-us", loader.Stats{Live: 4})
+		got := listed(td.list(t, control.LimitsQuery{Sort: control.SortBusy, Max: 5}))
+		if want := "hook idle39 pay-us batch idle00"; got != want {
+			t.Errorf("busiest five: %q, want %q", got, want)
+		}
+		got = listed(td.list(t, control.LimitsQuery{Sort: control.SortBusy, Name: "idle*", Max: 2}))
+		if want := "idle39 idle00"; got != want {
+			t.Errorf("busiest two idle*: %q, want %q", got, want)
+		}
+	})
 }
 
 // TestLimitsOverSocket: the list streams over the control socket, and a

@@ -167,7 +167,7 @@ func (m *metrics) read(fn func(t *tracker)) (tableCounts, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.t
-	tc := m.table.census(t, m.cfg.now())
+	tc := m.table.census(t, time.Now())
 	i := 0
 	err := m.dp.Counts(func(r *loader.Rule, s *loader.Stats) {
 		t.count(i, r.Name, s)

@@ -14,12 +14,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/control"
@@ -325,11 +327,12 @@ egressd_recount_remarked_total{rule="web"} 1
 // is in its class's sums, and the daemon says so in the metrics and the
 // log, once.
 func TestPerRuleSeriesBounded(t *testing.T) {
-	td := newTestDaemon(t)
-	var log bytes.Buffer
-	td.logTo(slog.New(slog.NewTextHandler(&log, nil)))
-	td.metrics.maxRules = 2
-	td.apply(t, `metrics: {rules: [keep]}
+	synctest.Test(t, func(t *testing.T) {
+		td := newTestDaemon(t)
+		var log bytes.Buffer
+		td.logTo(slog.New(slog.NewTextHandler(&log, nil)))
+		td.metrics.maxRules = 2
+		td.apply(t, `metrics: {rules: [keep]}
 rules:
   - {name: keep, destination: 10.0.0.1, concurrency: 5}
   - {name: webhook, destination: 10.0.0.2, concurrency: 5}
@@ -337,17 +340,17 @@ rules:
   - {name: b-idle, destination: 10.0.0.4, concurrency: 5}
   - {name: trial, destination: 10.0.0.5, perSecond: {permits: 5}, shadow: true}
 `)
-	td.fake.set("webhook", loader.Stats{Admitted: 10, Refused: 100})
-	td.fake.set("trial", loader.Stats{Admitted: 50, ShadowRefused: 20})
-	// The first read: counts from here; no rule has refused yet, so the
-	// first by name after the named one has series of its own.
-	if n := testutil.CollectAndCount(td.metrics, "egressd_live_connections"); n != 2 {
-		t.Fatalf("%d egressd_live_connections series, want 2", n)
-	}
-	td.clock.Advance(10 * time.Second)
-	td.fake.set("webhook", loader.Stats{Admitted: 12, Refused: 400})
-	td.fake.set("trial", loader.Stats{Admitted: 53, ShadowRefused: 21})
-	want := `
+		td.fake.set("webhook", loader.Stats{Admitted: 10, Refused: 100})
+		td.fake.set("trial", loader.Stats{Admitted: 50, ShadowRefused: 20})
+		// The first read: counts from here; no rule has refused yet, so the
+		// first by name after the named one has series of its own.
+		if n := testutil.CollectAndCount(td.metrics, "egressd_live_connections"); n != 2 {
+			t.Fatalf("%d egressd_live_connections series, want 2", n)
+		}
+		clocktest.Advance(10 * time.Second) // the bubble's clock
+		td.fake.set("webhook", loader.Stats{Admitted: 12, Refused: 400})
+		td.fake.set("trial", loader.Stats{Admitted: 53, ShadowRefused: 21})
+		want := `
 # HELP egressd_class_leases_total Connections and UDP flows the class's rules were asked for, by outcome (as egressd_leases_total), since the daemon started.
 # TYPE egressd_class_leases_total counter
 egressd_class_leases_total{outcome="acquired",scope="host",shadow="false",shape="concurrency",shared="false"} 2
@@ -376,21 +379,22 @@ egressd_per_rule_series_rules{reason="busiest"} 1
 egressd_per_rule_series_rules{reason="named"} 1
 egressd_per_rule_series_rules{reason="trouble"} 0
 `
-	families := []string{"egressd_class_leases_total", "egressd_class_rules", "egressd_live_connections", "egressd_per_rule_series_max_rules", "egressd_per_rule_series_rules"}
-	if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), families...); err != nil {
-		t.Error(err)
-	}
-	if n := strings.Count(log.String(), "more rules than --metrics-rules"); n != 1 {
-		t.Errorf("the log says %d times that rules are left out, want once:\n%s", n, log.String())
-	}
-	// Back under the bound: every rule's series, and the log says so.
-	td.apply(t, "rules:\n  - {name: keep, destination: 10.0.0.1, concurrency: 5}\n")
-	if n := testutil.CollectAndCount(td.metrics, "egressd_live_connections"); n != 1 {
-		t.Errorf("%d egressd_live_connections series for one rule", n)
-	}
-	if !strings.Contains(log.String(), "every rule has series of its own again") {
-		t.Errorf("the log does not say every rule has its series again:\n%s", log.String())
-	}
+		families := []string{"egressd_class_leases_total", "egressd_class_rules", "egressd_live_connections", "egressd_per_rule_series_max_rules", "egressd_per_rule_series_rules"}
+		if err := testutil.CollectAndCompare(td.metrics, strings.NewReader(want), families...); err != nil {
+			t.Error(err)
+		}
+		if n := strings.Count(log.String(), "more rules than --metrics-rules"); n != 1 {
+			t.Errorf("the log says %d times that rules are left out, want once:\n%s", n, log.String())
+		}
+		// Back under the bound: every rule's series, and the log says so.
+		td.apply(t, "rules:\n  - {name: keep, destination: 10.0.0.1, concurrency: 5}\n")
+		if n := testutil.CollectAndCount(td.metrics, "egressd_live_connections"); n != 1 {
+			t.Errorf("%d egressd_live_connections series for one rule", n)
+		}
+		if !strings.Contains(log.String(), "every rule has series of its own again") {
+			t.Errorf("the log does not say every rule has its series again:\n%s", log.String())
+		}
+	})
 }
 
 // TestMetricsGzip: the metrics are gzipped when the scraper takes gzip

@@ -31,7 +31,7 @@ func (d *Daemon) recount() {
 		d.log.Error("recount", "err", err)
 		return
 	}
-	now := d.cfg.now()
+	now := time.Now()
 	for name, r := range rc {
 		if r.Drift() != 0 {
 			d.log.Warn("recount drift", "rule", name, "kernel", r.Live, "sockets", r.Counted, "admitted", r.Admitted, "released", r.Released)

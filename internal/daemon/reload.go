@@ -111,7 +111,7 @@ func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 	}
 	read, t := time.Since(t), time.Now()
 	if err == nil {
-		err = d.table.install(ctx, p)
+		err = d.table.install(ctx, p, t)
 	}
 	install := time.Since(t)
 	r := control.Reload{Time: time.Now(), OK: err == nil}
@@ -135,10 +135,11 @@ func (d *Daemon) reloadPolicy(ctx context.Context) (control.Reload, error) {
 // on disk, and says so in status: the CLI can then remove the conflicting
 // one.
 func (d *Daemon) installAtStart(ctx context.Context, p *policy.Policy) error {
-	err := d.table.install(ctx, p)
+	now := time.Now()
+	err := d.table.install(ctx, p, now)
 	d.metrics.reloaded(err == nil)
 	if err != nil {
-		err = d.table.holdBackOverrides(ctx, p, err)
+		err = d.table.holdBackOverrides(ctx, p, err, now)
 	}
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/pkg/loader"
 	"golang.org/x/net/dns/dnsmessage"
@@ -24,7 +25,8 @@ import (
 func TestHostRuleFollowsTTL(t *testing.T) {
 	td := newTestDaemon(t)
 	writeFile(t, td.hosts, "127.0.0.2 svc.test\n")
-	td.apply(t, "rules:\n  - name: svc\n    destination: svc.test\n    concurrency: 3\n")
+	now := time.Now()
+	td.applyAt(t, now, "rules:\n  - name: svc\n    destination: svc.test\n    concurrency: 3\n")
 	ctx := context.Background()
 	steps := []struct {
 		name    string
@@ -42,8 +44,8 @@ func TestHostRuleFollowsTTL(t *testing.T) {
 	}
 	for _, s := range steps {
 		td.setHosts(t, s.hosts)
-		td.clock.Advance(s.advance)
-		td.refreshAll(ctx, td.clock.Now(), false)
+		now = now.Add(s.advance)
+		td.refreshAll(ctx, now, false)
 		if got := td.state()["svc"]; got != s.want {
 			t.Fatalf("%s: svc is %q, want %q", s.name, got, s.want)
 		}
@@ -137,7 +139,7 @@ func TestLookupOutsideTheLock(t *testing.T) {
 	srv := td.silentDNS(t, time.Minute)
 	done := make(chan error, 1)
 	go func() {
-		done <- td.table.install(context.Background(), parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n"))
+		done <- td.table.install(context.Background(), parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n"), time.Now())
 	}()
 	<-srv.asked
 	if !td.table.mu.TryLock() {
@@ -170,7 +172,7 @@ func TestLookupsAtOnce(t *testing.T) {
 		fmt.Fprintf(&b, "  - {name: r%d, destination: svc%d.test, concurrency: 1}\n", i, i)
 	}
 	done := make(chan error, 1)
-	go func() { done <- td.table.install(context.Background(), parse(t, b.String())) }()
+	go func() { done <- td.table.install(context.Background(), parse(t, b.String()), time.Now()) }()
 	// An A and an AAAA question a name. A bound for a hang only: one
 	// name at a time would ask the second after the minute.
 	for i := range 2 * names {
@@ -203,7 +205,7 @@ func TestLookupsSurviveAnotherChange(t *testing.T) {
 	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: api, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, concurrency: 1}\n")
 	done := td.reloadAsync(context.Background())
 	<-srv.asked // fast.test is found, slow.test is being asked
-	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
+	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0], time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	srv.fail()
@@ -232,7 +234,8 @@ func TestLookupsSurviveAnotherChange(t *testing.T) {
 func TestRefreshPlansOnlyWhatMoved(t *testing.T) {
 	td := newTestDaemon(t)
 	writeFile(t, td.hosts, "127.0.0.2 a.test\n127.0.0.3 a.test\n")
-	td.apply(t, "rules:\n  - {name: a, destination: a.test, concurrency: 3}\n  - {name: svc, destination: 10.0.0.1, unit: egressd-test-absent.service, concurrency: 1}\n")
+	now := time.Now()
+	td.applyAt(t, now, "rules:\n  - {name: a, destination: a.test, concurrency: 3}\n  - {name: svc, destination: 10.0.0.1, unit: egressd-test-absent.service, concurrency: 1}\n")
 	syncs := func() int {
 		td.fake.mu.Lock()
 		defer td.fake.mu.Unlock()
@@ -254,9 +257,9 @@ func TestRefreshPlansOnlyWhatMoved(t *testing.T) {
 	}
 	for _, s := range steps {
 		td.setHosts(t, s.hosts)
-		td.clock.Advance(s.advance)
+		now = now.Add(s.advance)
 		before := syncs()
-		td.refreshAll(ctx, td.clock.Now(), s.units)
+		td.refreshAll(ctx, now, s.units)
 		if planned := syncs() > before; planned != s.planned {
 			t.Errorf("%s: planned again %v, want %v", s.name, planned, s.planned)
 		}
@@ -379,15 +382,14 @@ func TestRestartDuringOutageKeepsEnforced(t *testing.T) {
 				t.Fatalf("after the restart api is %q, want %q", got, tc.want)
 			}
 			// A change of another rule before the name resolves keeps it.
-			if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.1, concurrency: 1}\n").Rules[0]); err != nil {
+			if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: other, destination: 10.0.0.1, concurrency: 1}\n").Rules[0], time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state()["api"]; got != tc.want {
 				t.Fatalf("after another change api is %q, want %q", got, tc.want)
 			}
 			td.setHosts(t, "192.0.2.10 api.test\n")
-			td.clock.Advance(time.Minute)
-			td.refreshAll(context.Background(), td.clock.Now(), false)
+			td.refreshAll(context.Background(), time.Now().Add(time.Minute), false) // past the TTL of every lookup so far
 			if got, want := td.state()["api"], "192.0.2.10/32 concurrency 4 (policy)"; got != want {
 				t.Errorf("once the name resolves api is %q, want %q", got, want)
 			}
@@ -405,14 +407,15 @@ func TestFailedSaveRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, td.hosts, "192.0.2.7 api.test\n")
-	td.apply(t, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n")
+	now := time.Now()
+	td.applyAt(t, now, "rules:\n  - {name: api, destination: api.test, concurrency: 4}\n")
 	if fi, err := os.Stat(path); err != nil || !fi.IsDir() {
 		t.Fatalf("the save that must fail did not: %v, %v", fi, err)
 	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	td.refreshAll(context.Background(), td.clock.Now(), false)
+	td.refreshAll(context.Background(), now, false)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("a refresh after the failed save: %v", err)
@@ -434,7 +437,7 @@ func TestSetAbandonedWhileLookingUp(t *testing.T) {
 	rule := parse(t, "rules:\n  - {name: slow, destination: slow.test, concurrency: 1}\n").Rules[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- td.table.set(ctx, rule) }()
+	go func() { done <- td.table.set(ctx, rule, time.Now()) }()
 	<-srv.asked
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -447,7 +450,7 @@ func TestSetAbandonedWhileLookingUp(t *testing.T) {
 		t.Errorf("saved run-time limits after the abandoned set: %+v, %v", o.Set, err)
 	}
 	writeFile(t, td.hosts, "192.0.2.5 slow.test\n")
-	if err := td.table.set(context.Background(), rule); err != nil {
+	if err := td.table.set(context.Background(), rule, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := td.state()["slow"], "192.0.2.5/32 concurrency 1 (cli)"; got != want {
@@ -543,13 +546,14 @@ func TestOneFamilyUnanswered(t *testing.T) {
 		{"A fails: its last address stays", map[dnsmessage.Type][]netip.Addr{v6: ip("::3")}, "127.0.0.2/32,::3/128 concurrency 3 (policy)"},
 		{"AAAA fails, no A records", map[dnsmessage.Type][]netip.Addr{v4: nil}, "::3/128 concurrency 3 (policy)"},
 	}
+	now := time.Now()
 	for i, s := range steps {
 		srv.set(s.answers)
 		if i == 0 {
-			td.apply(t, "rules:\n  - {name: svc, destination: svc.test, concurrency: 3}\n")
+			td.applyAt(t, now, "rules:\n  - {name: svc, destination: svc.test, concurrency: 3}\n")
 		} else {
-			td.clock.Advance(time.Second)
-			td.refreshAll(context.Background(), td.clock.Now(), false)
+			now = now.Add(time.Second) // the names' TTL
+			td.refreshAll(context.Background(), now, false)
 		}
 		if got := td.state()["svc"]; got != s.want {
 			t.Fatalf("%s: svc is %q, want %q", s.name, got, s.want)
@@ -575,9 +579,10 @@ func TestSlowNameHoldsBackNoOther(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); td.names.wait() })
 	// slow.test's first lookup fails: pending.
+	now := time.Now()
 	done := make(chan error, 1)
 	go func() {
-		done <- td.table.install(ctx, parse(t, "rules:\n  - {name: fast, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, port: 443, concurrency: 3}\n"))
+		done <- td.table.install(ctx, parse(t, "rules:\n  - {name: fast, destination: fast.test, concurrency: 3}\n  - {name: slow, destination: slow.test, port: 443, concurrency: 3}\n"), now)
 	}()
 	<-srv.asked
 	srv.fail()
@@ -586,21 +591,18 @@ func TestSlowNameHoldsBackNoOther(t *testing.T) {
 	}
 	srv.silence()
 	writeFile(t, td.hosts, "127.0.0.3 fast.test\n")
-	td.clock.Advance(time.Second)
+	now = now.Add(time.Second) // the names' TTL
 	refreshed := make(chan struct{})
-	go func() { td.table.refresh(ctx, td.clock.Now(), false); close(refreshed) }()
+	go func() { td.table.refresh(ctx, now, false); close(refreshed) }()
 	select {
 	case <-refreshed:
 	case <-time.After(10 * time.Second): // a minute if it waits
 		t.Fatal("a refresh waits for slow.test's lookup")
 	}
-	for deadline := time.Now().Add(time.Minute); !slices.Equal(td.names.addrs("fast.test"), []netip.Addr{netip.MustParseAddr("127.0.0.3")}); {
-		if time.Now().After(deadline) {
-			t.Fatal("fast.test's lookup took a minute")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	td.table.refresh(ctx, td.clock.Now(), false)
+	clocktest.Eventually(t, "fast.test's lookup in the background", func() bool {
+		return slices.Equal(td.names.addrs("fast.test"), []netip.Addr{netip.MustParseAddr("127.0.0.3")})
+	})
+	td.table.refresh(ctx, now, false)
 	want := map[string]string{"fast": "127.0.0.3/32 concurrency 3 (policy)", "slow": "pending: host slow.test has no addresses yet"}
 	if got := td.state(); !equalMaps(got, want) {
 		t.Errorf("table %v, want %v", got, want)

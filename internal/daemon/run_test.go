@@ -24,7 +24,13 @@ import (
 // apply installs a policy's text as the table.
 func (td *testDaemon) apply(t *testing.T, text string) {
 	t.Helper()
-	if err := td.table.install(context.Background(), parse(t, text)); err != nil {
+	td.applyAt(t, time.Now(), text)
+}
+
+// applyAt installs a policy's text as the table at now.
+func (td *testDaemon) applyAt(t *testing.T, now time.Time, text string) {
+	t.Helper()
+	if err := td.table.install(context.Background(), parse(t, text), now); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -434,7 +440,7 @@ func TestRunUnreadableOverridesSetAside(t *testing.T) {
 	if b, err := os.ReadFile(overridesPath(td.cfg.StateDir) + ".unreadable"); err != nil || string(b) != garbled {
 		t.Errorf("set aside: %q, %v; want the file as it was", b, err)
 	}
-	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 1}\n").Rules[0]); err != nil {
+	if err := td.table.set(context.Background(), parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 1}\n").Rules[0], time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if o, err := loadOverrides(td.cfg.StateDir); err != nil || len(o.Set) != 1 {

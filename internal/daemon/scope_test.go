@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/cgroups"
@@ -117,7 +118,7 @@ func TestUnitKeepsEnforcedCgroup(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, "rules:\n  - {name: pay, destination: 10.0.0.1, unit: "+unit+", concurrency: 1}\n")
 	privtest.SubCgroup(t, privtest.SubCgroup(t, base, "b.slice"), unit)
-	td.table.refresh(context.Background(), td.clock.Now(), true)
+	td.table.refresh(context.Background(), time.Now(), true)
 	r, ok := td.fake.rule("pay")
 	if !ok || r.Scope.CgroupID != id {
 		t.Errorf("rule in the kernel %v, in cgroup %d; want it in %d (%s): %q", ok, r.Scope.CgroupID, id, first, td.state()["pay"])
@@ -138,7 +139,7 @@ func TestChangeAfterUnitRestart(t *testing.T) {
 	if _, err := td.reloadPolicy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	f := td.table.prepare(ctx)             // a refresh looks for the unit...
+	f := td.table.prepare(ctx, time.Now()) // a refresh looks for the unit...
 	if err := os.Remove(svc); err != nil { // ...which restarts...
 		t.Fatal(err)
 	}

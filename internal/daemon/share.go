@@ -85,12 +85,11 @@ type share interface {
 }
 
 // shareEnv is what a share uses of the daemon: the kernel's counts, a
-// write of its rule through the table, the log, the clock.
+// write of its rule through the table, the log.
 type shareEnv struct {
 	dp    datapath
 	write func(s share) bool
 	log   *slog.Logger
-	now   func() time.Time
 }
 
 // shareLoop is what both kinds of share have: the rule, the loop, and the
@@ -115,7 +114,7 @@ type shareLoop struct {
 func (l *shareLoop) name() string { return l.rule }
 
 // run starts tick every shareTick until end, once.
-func (l *shareLoop) run(tick func(ctx context.Context)) {
+func (l *shareLoop) run(tick func(ctx context.Context, now time.Time)) {
 	l.startOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		l.stop, l.done = cancel, make(chan struct{})
@@ -124,7 +123,7 @@ func (l *shareLoop) run(tick func(ctx context.Context)) {
 			t := time.NewTicker(shareTick)
 			defer t.Stop()
 			for {
-				tick(ctx)
+				tick(ctx, time.Now())
 				select {
 				case <-ctx.Done():
 					return
@@ -183,18 +182,18 @@ func (l *shareLoop) sameRedis(o *shareLoop) bool {
 	return l.spec.Shared.Key == o.spec.Shared.Key && l.spec.Shared.Redis == o.spec.Shared.Redis
 }
 
-// newShare makes the share of a valid shared rule; start runs it.
-func (t *table) newShare(r policy.Rule) (share, error) {
+// newShare makes the share of a valid shared rule at now; start runs it.
+func (t *table) newShare(r policy.Rule, now time.Time) (share, error) {
 	client, err := t.redis.get(r.Shared.Redis)
 	if err != nil {
 		return nil, err
 	}
-	env := shareEnv{dp: t.dp, write: t.writeShare, log: t.log, now: t.cfg.now}
+	env := shareEnv{dp: t.dp, write: t.writeShare, log: t.log}
 	switch l := r.Limit.(type) {
 	case policy.Concurrency:
-		return newSlotShare(env, r, client, t.cfg.HostID, int(l))
+		return newSlotShare(env, r, client, t.cfg.HostID, int(l), now)
 	case policy.PerSecond, policy.PerWindow:
-		return newGrantShare(env, r, client)
+		return newGrantShare(env, r, client, now)
 	}
 	return nil, fmt.Errorf("a %T limit cannot be shared", r.Limit)
 }
@@ -208,6 +207,11 @@ func shareMode(m string) decide.Mode {
 	}
 	return decide.KeepShare
 }
+
+// after is the instant a tick that runs at now has reached: now plus the
+// time since began, its own reading of the clock as it started, a call to
+// Redis's included.
+func after(now, began time.Time) time.Time { return now.Add(time.Since(began)) }
 
 // batchOf is shareBatchTime of perSecond, at least 1 and at most most.
 func batchOf(perSecond float64, most uint64) uint64 {

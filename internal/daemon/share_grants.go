@@ -22,7 +22,7 @@ type grantShare struct {
 	kernel decide.GrantsKernel // how the kernel enforces it, as asked for; under mu
 }
 
-func newGrantShare(env shareEnv, spec policy.Rule, client redis.UniversalClient) (*grantShare, error) {
+func newGrantShare(env shareEnv, spec policy.Rule, client redis.UniversalClient, now time.Time) (*grantShare, error) {
 	sh := spec.Shared
 	opts := shared.GrantsOptions{Key: sh.Key, Replicas: sh.Replicas}
 	cfg := decide.GrantsConfig{Margin: shareMargin, Idle: shareIdle, RateWindow: shareRateWindow, Mode: shareMode(sh.FailureMode)}
@@ -46,7 +46,7 @@ func newGrantShare(env shareEnv, spec policy.Rule, client redis.UniversalClient)
 	if err != nil {
 		return nil, err
 	}
-	return &grantShare{shareLoop: shareLoop{env: env, rule: spec.Name, spec: spec}, grants: decide.NewGrants(cfg, env.now()), claims: claims}, nil
+	return &grantShare{shareLoop: shareLoop{env: env, rule: spec.Name, spec: spec}, grants: decide.NewGrants(cfg, now), claims: claims}, nil
 }
 
 func (g *grantShare) rate() bool { return true }
@@ -99,33 +99,36 @@ func (g *grantShare) start() { g.run(g.tick) }
 // goes back but what an idle tick already returned.
 func (g *grantShare) end(bool, int) { g.halt() }
 
-// tick runs one tick: claim a batch ahead of demand and grant what came,
-// or take unspent permits back from the kernel and return them.
-func (g *grantShare) tick(ctx context.Context) {
+// tick runs one tick at now: claim a batch ahead of demand and grant what
+// came, or take unspent permits back from the kernel and return them.
+func (g *grantShare) tick(ctx context.Context, now time.Time) {
+	began := time.Now()
 	kr, st, err := observe(g.env.dp, g.rule)
 	if err != nil {
 		return
 	}
 	g.mu.Lock()
-	p := g.grants.Plan(decide.GrantsObs{Granted: kr.Granted, Spent: st.Spent, Refused: st.Refused, Live: int(st.Live)}, g.env.now())
+	p := g.grants.Plan(decide.GrantsObs{Granted: kr.Granted, Spent: st.Spent, Refused: st.Refused, Live: int(st.Live)}, now)
 	g.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, shareCallTimeout)
 	defer cancel()
 	switch p.Op {
 	case decide.Claim:
-		g.claim(ctx, cctx, p)
+		g.claim(ctx, cctx, p, now, began)
 	case decide.Return:
-		g.giveBack(cctx, p)
+		g.giveBack(cctx, p, now, began)
 	}
 }
 
-func (g *grantShare) claim(ctx, cctx context.Context, p decide.GrantsPlan) {
+// claim and giveBack carry out a tick's plan p; now and began are the
+// tick's (see after).
+func (g *grantShare) claim(ctx, cctx context.Context, p decide.GrantsPlan, now, began time.Time) {
 	c, err := g.claims.Claim(cctx, int(p.N))
 	if ctx.Err() != nil {
 		return
 	}
 	g.mu.Lock()
-	k, ev := g.grants.Claimed(p, c, err, g.env.now())
+	k, ev := g.grants.Claimed(p, c, err, after(now, began))
 	g.count(ev, err)
 	g.kernel = k
 	g.mu.Unlock()
@@ -133,13 +136,13 @@ func (g *grantShare) claim(ctx, cctx context.Context, p decide.GrantsPlan) {
 	g.logEvents(ev, err)
 }
 
-func (g *grantShare) giveBack(ctx context.Context, p decide.GrantsPlan) {
+func (g *grantShare) giveBack(ctx context.Context, p decide.GrantsPlan, now, began time.Time) {
 	taken, granted, err := g.env.dp.Reclaim(g.rule, p.Keep)
 	if err != nil {
 		return // the rule changed under us; next tick
 	}
 	g.mu.Lock()
-	n, since := g.grants.Reclaimed(taken, granted, g.env.now())
+	n, since := g.grants.Reclaimed(taken, granted, after(now, began))
 	g.kernel.Granted = granted
 	g.mu.Unlock()
 	g.env.write(g) // the table's copy of the rule, lowered as the kernel's

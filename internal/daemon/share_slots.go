@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,7 +20,7 @@ type slotShare struct {
 	store *shared.Slots
 }
 
-func newSlotShare(env shareEnv, spec policy.Rule, client redis.UniversalClient, hostID string, budget int) (*slotShare, error) {
+func newSlotShare(env shareEnv, spec policy.Rule, client redis.UniversalClient, hostID string, budget int, now time.Time) (*slotShare, error) {
 	sh := spec.Shared
 	lease := sh.Lease
 	if lease == 0 {
@@ -37,7 +38,7 @@ func newSlotShare(env shareEnv, spec policy.Rule, client redis.UniversalClient, 
 		return nil, err
 	}
 	cfg := decide.SlotsConfig{Budget: budget, Lease: lease, Margin: shareMargin, Idle: shareIdle, Renew: min(lease/4, shareRenew), Mode: shareMode(sh.FailureMode)}
-	return &slotShare{shareLoop: shareLoop{env: env, rule: spec.Name, spec: spec}, slots: decide.NewSlots(cfg, env.now()), store: store}, nil
+	return &slotShare{shareLoop: shareLoop{env: env, rule: spec.Name, spec: spec}, slots: decide.NewSlots(cfg, now), store: store}, nil
 }
 
 func (s *slotShare) rate() bool { return false }
@@ -94,16 +95,17 @@ func (s *slotShare) end(release bool, live int) {
 	}
 }
 
-// tick runs one tick: lower the kernel first when shrinking, read what is
-// live after that, ask Redis, and raise the kernel only to what Redis
-// confirmed.
-func (s *slotShare) tick(ctx context.Context) {
+// tick runs one tick at now: lower the kernel first when shrinking, read
+// what is live after that, ask Redis, and raise the kernel only to what
+// Redis confirmed.
+func (s *slotShare) tick(ctx context.Context, now time.Time) {
+	began := time.Now()
 	kr, st, err := observe(s.env.dp, s.rule)
 	if err != nil {
 		return // not in the kernel (pending, or being replaced)
 	}
 	s.mu.Lock()
-	p := s.slots.Plan(decide.SlotsObs{Limit: int(kr.Limit), Live: int(st.Live), Refused: st.Refused}, s.env.now())
+	p := s.slots.Plan(decide.SlotsObs{Limit: int(kr.Limit), Live: int(st.Live), Refused: st.Refused}, now)
 	s.mu.Unlock()
 	live := int(st.Live)
 	if p.Limit != int(kr.Limit) {
@@ -119,20 +121,19 @@ func (s *slotShare) tick(ctx context.Context) {
 		live = int(n)
 	}
 	s.mu.Lock()
-	req, ask := s.slots.Request(p, live, s.env.now())
+	req, ask := s.slots.Request(p, live, now)
 	s.mu.Unlock()
 	if !ask {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, shareCallTimeout)
-	sent := s.env.now()
 	reply, err := s.store.Resize(cctx, req)
 	cancel()
 	if ctx.Err() != nil {
 		return // stopping: the answer no longer matters
 	}
 	s.mu.Lock()
-	_, ev := s.slots.Reply(p, req, reply, err, sent, s.env.now())
+	_, ev := s.slots.Reply(p, req, reply, err, now, after(now, began))
 	s.count(ev, err)
 	s.mu.Unlock()
 	s.env.write(s) // a no-op when the kernel has it already
@@ -145,7 +146,7 @@ func (s *slotShare) view() shareView {
 	v := s.baseView()
 	v.slots = s.slots.View()
 	v.outage = v.slots.Outage
-	v.frozen = s.env.now().Before(v.slots.FrozenUntil)
+	v.frozen = time.Now().Before(v.slots.FrozenUntil)
 	return v
 }
 

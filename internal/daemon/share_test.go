@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/loader"
@@ -17,17 +18,17 @@ func sharedPool(r *redistest.Server, limit int, key string) string {
 	return fmt.Sprintf("rules:\n  - name: pool\n    destination: 127.0.0.9\n    concurrency: %d\n    shared: {redis: %q, key: %q, durability: persistent}\n", limit, r.URL(), key)
 }
 
-// tick runs one tick of a rule's share, as its loop does.
-func (td *testDaemon) tick(t *testing.T, rule string) {
+// tick runs one tick of a rule's share at now, as its loop does.
+func (td *testDaemon) tick(t *testing.T, rule string, now time.Time) {
 	t.Helper()
 	td.table.mu.Lock()
 	e := td.table.entries[rule]
 	td.table.mu.Unlock()
 	switch s := e.share.(type) {
 	case *slotShare:
-		s.tick(context.Background())
+		s.tick(context.Background(), now)
 	case *grantShare:
-		s.tick(context.Background())
+		s.tick(context.Background(), now)
 	default:
 		t.Fatalf("rule %s has no share", rule)
 	}
@@ -49,6 +50,7 @@ func (td *testDaemon) kernelLimit(t *testing.T, rule string) uint32 {
 func TestSlotShareFollowsDemand(t *testing.T) {
 	rds := redistest.Start(t)
 	td := newTestDaemon(t)
+	installed := time.Now()
 	td.apply(t, sharedPool(rds, 10, t.Name()))
 	e := td.table.entries["pool"]
 	// The test ticks the share; its loop may have ticked once before end
@@ -57,31 +59,34 @@ func TestSlotShareFollowsDemand(t *testing.T) {
 	if r, ok := td.fake.syncedRule("pool"); !ok || r.Limit != 0 {
 		t.Fatalf("a new share was installed with kernel limit %d (installed %v), want 0 until Redis confirms", r.Limit, ok)
 	}
-	td.tick(t, "pool") // no connection yet: one spare slot
+	now := time.Now()
+	td.tick(t, "pool", now) // no connection yet: one spare slot
 	if got := td.kernelLimit(t, "pool"); got != 1 {
 		t.Errorf("after a first tick: kernel limit %d, want the spare, 1", got)
 	}
 	// The kernel holds it until the slots' lease could run out in Redis
-	// (the default lease, less the margin), and then admits nothing new
-	// (failure mode throw) unless a tick renews it.
-	if r, _ := td.fake.rule("pool"); !r.Until.Equal(td.clock.Now().Add(policy.DefaultLease-shareMargin)) || r.LimitAfter != 0 {
-		t.Errorf("after a first tick: kernel limit until %v, then %d; want the lease less the margin from now, then 0", r.Until.Sub(td.clock.Now()), r.LimitAfter)
+	// (the default lease, less the margin, from the tick that last asked
+	// Redis: this one, or the loop's before it), and then admits nothing
+	// new (failure mode throw) unless a tick renews it.
+	lease := policy.DefaultLease - shareMargin
+	if r, _ := td.fake.rule("pool"); r.Until.Before(installed.Add(lease)) || r.Until.After(now.Add(lease)) || r.LimitAfter != 0 {
+		t.Errorf("after a first tick: kernel limit until %v, then %d; want the lease less the margin from the tick, then 0", r.Until.Sub(now), r.LimitAfter)
 	}
 	// 6 refused: Redis hears the demand (its fair share was the demand
 	// of 1), then grants it.
 	td.fake.set("pool", loader.Stats{Live: 1, Refused: 6})
-	td.clock.Advance(shareTick)
-	td.tick(t, "pool")
+	now = now.Add(shareTick)
+	td.tick(t, "pool", now)
 	td.fake.set("pool", loader.Stats{Live: 1, Refused: 12})
-	td.clock.Advance(shareTick)
-	td.tick(t, "pool")
+	now = now.Add(shareTick)
+	td.tick(t, "pool", now)
 	if got := td.kernelLimit(t, "pool"); got != 7 {
 		t.Errorf("after 6 refused a tick: kernel limit %d, want 1 live + 6", got)
 	}
 	// Demand drops: the limit falls to live + 1.
 	td.fake.set("pool", loader.Stats{Live: 2, Refused: 12})
-	td.clock.Advance(shareTick)
-	td.tick(t, "pool")
+	now = now.Add(shareTick)
+	td.tick(t, "pool", now)
 	if got := td.kernelLimit(t, "pool"); got != 3 {
 		t.Errorf("with 2 live and no refusals: kernel limit %d, want 3", got)
 	}
@@ -111,7 +116,7 @@ func TestShareFollowsRuleChanges(t *testing.T) {
 	td.apply(t, sharedPool(rds, 10, key))
 	first := td.table.entries["pool"].share
 	first.end(false, 0)
-	td.tick(t, "pool")
+	td.tick(t, "pool", time.Now())
 	if n, k := slots(), td.kernelLimit(t, "pool"); n != 1 || k != 1 {
 		t.Fatalf("after a tick: %d slots in Redis, kernel limit %d; want the spare, 1 and 1", n, k)
 	}
@@ -153,12 +158,13 @@ func TestShareKeepsSlotsOfOpenConnections(t *testing.T) {
 			key := t.Name()
 			td.apply(t, sharedPool(rds, 10, key))
 			td.table.entries["pool"].share.end(false, 0) // the test ticks
-			td.tick(t, "pool")
+			now := time.Now()
+			td.tick(t, "pool", now)
 			// 5 refused: the share grows to 1 live + 5.
 			for _, refused := range []uint64{5, 10} {
 				td.fake.set("pool", loader.Stats{Live: 1, Refused: refused})
-				td.clock.Advance(shareTick)
-				td.tick(t, "pool")
+				now = now.Add(shareTick)
+				td.tick(t, "pool", now)
 			}
 			if got := td.kernelLimit(t, "pool"); got != 6 {
 				t.Fatalf("kernel limit %d, want 6", got)
@@ -193,17 +199,18 @@ func TestGrantShareClaimsAndReturns(t *testing.T) {
 	td := newTestDaemon(t)
 	td.apply(t, fmt.Sprintf("rules:\n  - name: rate\n    destination: 127.0.0.8\n    perSecond: {permits: 100}\n    shared: {redis: %q, key: %q}\n", rds.URL(), t.Name()))
 	td.table.entries["rate"].share.end(false, 0)
-	td.tick(t, "rate")
+	now := time.Now()
+	td.tick(t, "rate", now)
 	r, _ := td.fake.rule("rate")
 	if r.Shape != loader.ShapeGranted || r.Granted != 10 {
 		t.Fatalf("after a first tick: %v granted %d, want granted 10 (100 ms of 100/s)", r.Shape, r.Granted)
 	}
 	td.fake.set("rate", loader.Stats{Spent: 3})
-	td.clock.Advance(shareTick)
-	td.tick(t, "rate") // 7 unspent: enough
+	now = now.Add(shareTick)
+	td.tick(t, "rate", now) // 7 unspent: enough
 	// Idle for a second: 6 of the 7 go back.
-	td.clock.Advance(shareIdle)
-	td.tick(t, "rate")
+	now = now.Add(shareIdle)
+	td.tick(t, "rate", now)
 	r, _ = td.fake.rule("rate")
 	if v := td.table.entries["rate"].share.view(); r.Granted != 4 || v.grants.Returned != 6 {
 		t.Errorf("idle: granted %d, returned %d; want 4 (3 spent and 1 kept) and 6", r.Granted, v.grants.Returned)
@@ -224,7 +231,7 @@ func TestShareWaitsForFirstAnswer(t *testing.T) {
 		t.Fatalf("before Redis answered: reachable %v, waiting %v; want false, true", got.Reachable, got.Waiting)
 	}
 	rds.Resume()
-	td.tick(t, "pool")
+	td.tick(t, "pool", time.Now())
 	if got := e.share.view().control(loader.Stats{}); !got.Reachable || got.Waiting {
 		t.Fatalf("after Redis answered: reachable %v, waiting %v (%s); want true, false", got.Reachable, got.Waiting, got.Error)
 	}

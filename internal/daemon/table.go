@@ -235,11 +235,12 @@ func (t *table) shapeOf(name string) (string, bool) {
 }
 
 // found is what a change of the table needs from outside it, found before
-// its lock is taken: the cgroup of each scope, looked for when the table's
-// scopes were at generation gen. (Host names' addresses are d.names',
-// which holds those of uses until the change is done.) more is the rules
-// it was found for besides those in force.
+// its lock is taken at now: the cgroup of each scope, looked for when the
+// table's scopes were at generation gen. (Host names' addresses are
+// t.names', which holds those of uses until the change is done.) more is
+// the rules it was found for besides those in force.
 type found struct {
+	now    time.Time
 	scopes map[policy.Scope]scoped
 	gen    uint64
 	uses   []nameUse
@@ -247,8 +248,9 @@ type found struct {
 }
 
 // prepare looks up, outside the table's lock, what installing the rules in
-// force and more needs: host names due for a lookup, and scopes' cgroups.
-func (t *table) prepare(ctx context.Context, more ...policy.Rule) found {
+// force and more needs at now: host names due for a lookup, and scopes'
+// cgroups.
+func (t *table) prepare(ctx context.Context, now time.Time, more ...policy.Rule) found {
 	t.mu.Lock()
 	// The policy's and the overrides' rules are replaced, never written
 	// in place, so they are read outside the lock; joining them would
@@ -268,11 +270,11 @@ func (t *table) prepare(ctx context.Context, more ...policy.Rule) found {
 	}
 	uses := usesOf(rules...)
 	t.names.hold(uses)
-	t.names.resolve(ctx, uses, t.cfg.now())
+	t.names.resolve(ctx, uses, now)
 	if first && t.dp.Adopted() {
 		t.adoptNames(rules...)
 	}
-	return found{scopes: scopes(t.cfg.Cgroup, enforced, rules...), gen: gen, uses: uses, more: more}
+	return found{now: now, scopes: scopes(t.cfg.Cgroup, enforced, rules...), gen: gen, uses: uses, more: more}
 }
 
 // retired is a share the table no longer has, to end once its lock is
@@ -295,7 +297,7 @@ func (t *table) change(ctx context.Context, f found, fn func(found) ([]retired, 
 	for f.gen != t.scopesGen {
 		t.names.release(f.uses)
 		t.mu.Unlock()
-		f = t.prepare(ctx, f.more...)
+		f = t.prepare(ctx, f.now, f.more...)
 		t.mu.Lock()
 	}
 	if err := ctx.Err(); err != nil {
@@ -461,7 +463,7 @@ func (t *table) plan(e, old *entry, f found) error {
 		e.ctrl, e.share = old.ctrl, old.share
 	}
 	if e.spec.IsShared() && e.share == nil {
-		s, err := t.newShare(*e.spec)
+		s, err := t.newShare(*e.spec, f.now)
 		if err != nil {
 			return err
 		}
@@ -579,13 +581,13 @@ func (t *table) logChanges(c ruleChanges, merged []*entry, old, next map[string]
 const logChangesEach = 100
 
 // install makes p, a policy policy.Parse returned, with the run-time
-// changes, the rule set: at start and on a reload. On any problem nothing
-// changes.
-func (t *table) install(ctx context.Context, p *policy.Policy) error {
-	return t.change(ctx, t.prepare(ctx, p.Rules...), func(f found) ([]retired, error) {
+// changes, the rule set at now: at start and on a reload. On any problem
+// nothing changes.
+func (t *table) install(ctx context.Context, p *policy.Policy, now time.Time) error {
+	return t.change(ctx, t.prepare(ctx, now, p.Rules...), func(f found) ([]retired, error) {
 		gone, err := t.applyLocked(p, t.overrides, f)
 		if err == nil && t.reload.Time.IsZero() {
-			t.reload = control.Reload{Time: time.Now(), OK: true}
+			t.reload = control.Reload{Time: now, OK: true}
 		}
 		if err == nil {
 			t.heldBack = false
@@ -600,16 +602,16 @@ func (t *table) install(ctx context.Context, p *policy.Policy) error {
 // rather than not at all. The run-time limits stay on disk, and the last
 // load says they were held back until a change puts them in force. It
 // returns err when there are no run-time limits to hold back.
-func (t *table) holdBackOverrides(ctx context.Context, p *policy.Policy, err error) error {
+func (t *table) holdBackOverrides(ctx context.Context, p *policy.Policy, err error, now time.Time) error {
 	if len(t.overrides.Set) == 0 {
 		return err
 	}
-	return t.change(ctx, t.prepare(ctx, p.Rules...), func(f found) ([]retired, error) {
+	return t.change(ctx, t.prepare(ctx, now, p.Rules...), func(f found) ([]retired, error) {
 		gone, ferr := t.applyLocked(p, overrides{Removed: t.overrides.Removed}, f)
 		if ferr != nil {
 			return gone, errors.Join(err, ferr)
 		}
-		t.reload = control.Reload{Time: time.Now(), Error: "run-time limits not applied: " + err.Error()}
+		t.reload = control.Reload{Time: now, Error: "run-time limits not applied: " + err.Error()}
 		t.heldBack = true
 		t.log.Error("run-time limits conflict with the policy; running with the policy less the rules removed at run time", "err", err)
 		return gone, nil
@@ -634,17 +636,18 @@ func (t *table) startProblem(msg string) {
 	t.reload = control.Reload{Time: time.Now(), Error: msg}
 }
 
-// set sets a rule at run time and keeps it in the state directory.
-func (t *table) set(ctx context.Context, r policy.Rule) error {
-	return t.change(ctx, t.prepare(ctx, r), func(f found) ([]retired, error) {
+// set sets a rule at run time, at now, and keeps it in the state
+// directory.
+func (t *table) set(ctx context.Context, r policy.Rule, now time.Time) error {
+	return t.change(ctx, t.prepare(ctx, now, r), func(f found) ([]retired, error) {
 		return t.commitLocked(t.overrides.with(r), f)
 	})
 }
 
-// remove removes a rule at run time and keeps that in the state
+// remove removes a rule at run time, at now, and keeps that in the state
 // directory.
-func (t *table) remove(ctx context.Context, name string) error {
-	return t.change(ctx, t.prepare(ctx), func(f found) ([]retired, error) {
+func (t *table) remove(ctx context.Context, name string, now time.Time) error {
+	return t.change(ctx, t.prepare(ctx, now), func(f found) ([]retired, error) {
 		_, known := t.entries[name]
 		if !known && !slices.ContainsFunc(t.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
 			return nil, errUnknownRule
@@ -703,13 +706,13 @@ func (t *table) refreshLoop(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	defer t.names.wait()
-	last := t.cfg.now()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			now := t.cfg.now()
+			now := time.Now()
 			units := now.Sub(last) >= t.cfg.Refresh
 			t.refresh(ctx, now, units)
 			if units {
@@ -733,7 +736,7 @@ func (t *table) refresh(ctx context.Context, now time.Time, units bool) {
 	if !moved && !units {
 		return
 	}
-	err := t.change(ctx, t.prepare(ctx), func(f found) ([]retired, error) {
+	err := t.change(ctx, t.prepare(ctx, now), func(f found) ([]retired, error) {
 		if !moved && maps.Equal(f.scopes, t.scopes) {
 			return nil, nil
 		}

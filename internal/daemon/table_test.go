@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/adaptive"
@@ -32,7 +31,6 @@ import (
 type testDaemon struct {
 	*Daemon
 	fake   *fakeDatapath
-	clock  *clocktest.Manual // the shares'
 	dir    string
 	hosts  string
 	notify *testNotifier
@@ -76,7 +74,7 @@ func (td *testDaemon) await(t *testing.T, ch <-chan struct{}, what string) {
 func newTestDaemon(t testing.TB) *testDaemon {
 	t.Helper()
 	dir := t.TempDir()
-	td := &testDaemon{fake: newFake(), clock: clocktest.New(), dir: dir, hosts: filepath.Join(dir, "hosts"), notify: newTestNotifier()}
+	td := &testDaemon{fake: newFake(), dir: dir, hosts: filepath.Join(dir, "hosts"), notify: newTestNotifier()}
 	writeFile(t, td.hosts, "")
 	writeFile(t, filepath.Join(dir, "policy.yaml"), "rules: []\n")
 	d, err := New(Config{
@@ -85,7 +83,6 @@ func newTestDaemon(t testing.TB) *testDaemon {
 		Resolver: &dns.Resolver{HostsFile: td.hosts, Servers: []string{"127.0.0.1:1"}, Timeout: 100 * time.Millisecond, MinTTL: time.Second, MaxTTL: time.Second},
 		Notify:   td.notify,
 		open:     td.fake.open,
-		now:      td.clock.Now,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +177,7 @@ func TestAdaptiveResumesPinnedLimit(t *testing.T) {
 				td.fake.adopted = true
 				td.fake.rules["dep"] = *tc.pinned
 			}
-			if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, "+tc.rule+"}\n")); err != nil {
+			if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, "+tc.rule+"}\n"), time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state()["dep"]; got != tc.want {
@@ -188,7 +185,7 @@ func TestAdaptiveResumesPinnedLimit(t *testing.T) {
 			}
 			// Changed while this daemon runs: the new loop starts at
 			// Initial, as documented.
-			if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 9}}\n")); err != nil {
+			if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: dep, destination: 10.0.0.2, adaptive: {initial: 9}}\n"), time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state()["dep"]; got != "10.0.0.2/32 concurrency 9 (policy)" {
@@ -250,7 +247,7 @@ func TestInstall(t *testing.T) {
 			for _, n := range tt.remove {
 				td.table.overrides = td.table.overrides.without(n, true)
 			}
-			if err := td.table.install(context.Background(), parse(t, tt.policy)); err != nil {
+			if err := td.table.install(context.Background(), parse(t, tt.policy), time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			if got := td.state(); !equalMaps(got, tt.want) {
@@ -277,7 +274,7 @@ func equalMaps(a, b map[string]string) bool {
 func TestInstallWholeOrNothing(t *testing.T) {
 	td := newTestDaemon(t)
 	good := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
-	if err := td.table.install(context.Background(), parse(t, good)); err != nil {
+	if err := td.table.install(context.Background(), parse(t, good), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	before, syncs := td.state(), td.fake.syncs
@@ -285,12 +282,12 @@ func TestInstallWholeOrNothing(t *testing.T) {
 	// A run-time rule on the same traffic as the file's: the policy's
 	// check refuses it.
 	clash := parse(t, "rules:\n  - {name: again, destination: 10.0.0.1, concurrency: 1}\n").Rules[0]
-	if err := td.table.set(context.Background(), clash); !errors.Is(err, policy.ErrInvalid) {
+	if err := td.table.set(context.Background(), clash, time.Now()); !errors.Is(err, policy.ErrInvalid) {
 		t.Errorf("a run-time rule on the file's destination = %v, want a policy error", err)
 	}
 	// The kernel refuses the write.
 	td.fake.fail(errWrite)
-	if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 9}\n")); !errors.Is(err, errWrite) {
+	if err := td.table.install(context.Background(), parse(t, "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 9}\n"), time.Now()); !errors.Is(err, errWrite) {
 		t.Errorf("install the kernel refused = %v, want its error", err)
 	}
 	td.fake.fail(nil)
@@ -306,17 +303,17 @@ func TestRunTimeChanges(t *testing.T) {
 	td := newTestDaemon(t)
 	file := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 5}\n"
 	writeFile(t, td.cfg.PolicyFile, file)
-	if err := td.table.install(context.Background(), parse(t, file)); err != nil {
+	if err := td.table.install(context.Background(), parse(t, file), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: web, destination: 10.0.0.2, concurrency: 3}\n").Rules[0], time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := td.table.remove(ctx, "db"); err != nil {
+	if err := td.table.remove(ctx, "db", time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := td.table.remove(ctx, "nope"); !errors.Is(err, errUnknownRule) {
+	if err := td.table.remove(ctx, "nope", time.Now()); !errors.Is(err, errUnknownRule) {
 		t.Errorf("remove of an unknown rule = %v, want errUnknownRule", err)
 	}
 	if _, err := td.reloadPolicy(ctx); err != nil {
@@ -333,7 +330,7 @@ func TestRunTimeChanges(t *testing.T) {
 
 	// The state directory cannot be written: the change is not made.
 	td.cfg.StateDir = filepath.Join(td.cfg.PolicyFile, "state") // below a file
-	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: more, destination: 10.0.0.3, concurrency: 1}\n").Rules[0]); err == nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: more, destination: 10.0.0.3, concurrency: 1}\n").Rules[0], time.Now()); err == nil {
 		t.Error("a change whose state cannot be saved succeeded")
 	}
 	if _, ok := td.fake.rule("more"); ok {
@@ -409,7 +406,7 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 			td := newTestDaemon(t)
 			td.apply(t, adaptivePolicy+strings.TrimPrefix(sharedPool(rds, 10, t.Name()), "rules:\n"))
 			ctx := context.Background()
-			if err := td.table.set(ctx, parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0]); err != nil {
+			if err := td.table.set(ctx, parse(t, "rules:\n  - {name: other, destination: 10.0.0.7, concurrency: 1}\n").Rules[0], time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			td.table.mu.Lock()
@@ -421,7 +418,7 @@ func TestRefusedRunTimeChangeLeavesAllAsItWas(t *testing.T) {
 
 			tt.refuse(t, td)
 			for _, r := range []string{"{name: dep, destination: 10.0.0.2, port: 80, concurrency: 9}", "{name: pool, destination: 127.0.0.9, concurrency: 3}"} {
-				if err := td.table.set(ctx, parse(t, "rules:\n  - "+r+"\n").Rules[0]); err == nil {
+				if err := td.table.set(ctx, parse(t, "rules:\n  - "+r+"\n").Rules[0], time.Now()); err == nil {
 					t.Errorf("limit set %s succeeded", r)
 				}
 			}
@@ -534,7 +531,7 @@ func TestStartWithConflictingRunTimeRule(t *testing.T) {
 	// Removing the conflicting rule puts the others in force: the load is
 	// whole, and status and egressd_policy_last_load_ok say so without a
 	// reload.
-	if err := td.table.remove(context.Background(), "cli"); err != nil {
+	if err := td.table.remove(context.Background(), "cli", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if !td.table.reload.OK || td.table.reload.Error != "" {
@@ -688,22 +685,22 @@ func TestTableViews(t *testing.T) {
   - {name: gone, destination: gone.test, adaptive: {initial: 4}}
   - {name: db, destination: 10.0.0.1, concurrency: 5}
   - {name: dep, destination: 10.0.0.2, adaptive: {initial: 4}}
-`)); err != nil {
+`), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// gone.test has no addresses: its rule is pending, and no loop of it runs.
 	check("installed", []string{"api=api.test", "gone=gone.test"}, []string{"api", "dep"})
 
-	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: dep, destination: dep.test, concurrency: 3}\n").Rules[0]); err != nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: dep, destination: dep.test, concurrency: 3}\n").Rules[0], time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := td.table.remove(ctx, "api"); err != nil {
+	if err := td.table.remove(ctx, "api", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	check("dep made fixed, api removed", []string{"dep=dep.test", "gone=gone.test"}, nil)
 
 	td.fake.fail(errors.New("kernel says no"))
-	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: more, destination: more.test, adaptive: {initial: 4}}\n").Rules[0]); err == nil {
+	if err := td.table.set(ctx, parse(t, "rules:\n  - {name: more, destination: more.test, adaptive: {initial: 4}}\n").Rules[0], time.Now()); err == nil {
 		t.Fatal("a change the kernel refused succeeded")
 	}
 	check("a refused change", []string{"dep=dep.test", "gone=gone.test"}, nil)
