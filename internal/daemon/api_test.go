@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
@@ -129,13 +130,9 @@ func TestEventsShowReadersTheirOwn(t *testing.T) {
 	td.events.await(t, 2)
 	refuse(7, "theirs-later")
 	refuse(readerPeer.PID, "mine-later") // after theirs-later: once it is seen, so was that
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(reader.String(), "mine-later") || !strings.Contains(writer.String(), "mine-later") {
-		if time.Now().After(deadline) {
-			t.Fatalf("refusals not followed:\nreader: %s\nwriter: %s", reader, writer)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	clocktest.Eventually(t, "the reader and the writer to follow mine-later", func() bool {
+		return strings.Contains(reader.String(), "mine-later") && strings.Contains(writer.String(), "mine-later")
+	})
 	tests := []struct {
 		name string
 		got  string
@@ -231,17 +228,11 @@ func TestAdmitFollower(t *testing.T) {
 // await waits until n clients follow l.
 func (l *eventLog) await(t *testing.T, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	clocktest.Eventually(t, fmt.Sprint(n, " clients following events"), func() bool {
 		l.mu.Lock()
-		got := len(l.followers)
-		l.mu.Unlock()
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d clients follow events, want %d", got, n)
-		}
-	}
+		defer l.mu.Unlock()
+		return len(l.followers) == n
+	})
 }
 
 // TestLimitViewsWhileLimitMoves: the views of a rule (`limit get`, `limit

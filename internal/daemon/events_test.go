@@ -5,14 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
@@ -80,32 +83,44 @@ func TestRefusalAttribution(t *testing.T) {
 // probes), starting at 4, measuring requests (the default).
 const adaptivePolicy = "rules:\n  - {name: dep, destination: 10.0.0.2, port: 80, adaptive: {initial: 4, minimum: 2, probeEvery: 0}}\n"
 
-// TestSaturationWatchedOnceAdaptive: a daemon started without adaptive
-// rules does not watch live counts, but one a reload adds is watched: live
-// connections at its limit hold callers back, and a fast round grows it.
+// TestSaturationWatchedOnceAdaptive: the watcher of a table without
+// adaptive rules reads no live counts and waits, but one a reload adds is
+// watched: live connections at its limit hold callers back, and a fast
+// round grows it. In a bubble, each tick of the watcher comes when the
+// test moves the clock.
 func TestSaturationWatchedOnceAdaptive(t *testing.T) {
-	td := newTestDaemon(t)
-	writeFile(t, td.cfg.PolicyFile, "rules:\n  - {name: other, destination: 10.0.0.3, concurrency: 5}\n")
-	td.start(t)
-	// Long enough for the watcher to find no adaptive rule and wait (on
-	// a machine so loaded that it is not, the test checks less, and
-	// still passes).
-	time.Sleep(4 * saturationTick)
-	writeFile(t, td.cfg.PolicyFile, adaptivePolicy)
-	if _, err := td.reloadPolicy(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for range 10 { // enough calls for a baseline; nothing held them back
-		td.sendRound(t, time.Millisecond)
-	}
-	td.fake.samples.drain(t)
-	if got := td.kernelLimit(t, "dep"); got != 4 {
-		t.Fatalf("after unconstrained fast rounds: kernel limit %d, want 4", got)
-	}
-	td.fake.awaitLive(t, "dep", td.fake.set("dep", loader.Stats{Live: 4}))
-	if got := td.roundLimit(t, time.Millisecond); got != 5 {
-		t.Fatalf("after a fast round with live at the limit: kernel limit %d, want 5", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		td := newTestDaemon(t)
+		td.apply(t, "rules:\n  - {name: other, destination: 10.0.0.3, concurrency: 5}\n")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go td.table.watchSaturation(ctx)
+		clocktest.Advance(4 * saturationTick) // a tick found no adaptive rule; the watcher waits for one
+		if n := len(td.fake.lives); n != 0 {
+			t.Fatalf("%d live counts read without an adaptive rule, want none", n)
+		}
+		td.apply(t, adaptivePolicy)
+		round := func() uint32 { // one round of fast calls, as many as the limit
+			for range td.kernelLimit(t, "dep") {
+				td.table.sample(loader.Sample{Rule: "dep", Kind: loader.SampleRequest, Latency: time.Millisecond})
+			}
+			return td.kernelLimit(t, "dep")
+		}
+		for range 10 { // enough calls for a baseline; nothing held them back
+			round()
+		}
+		if got := td.kernelLimit(t, "dep"); got != 4 {
+			t.Fatalf("after unconstrained fast rounds: kernel limit %d, want 4", got)
+		}
+		set := td.fake.set("dep", loader.Stats{Live: 4})
+		clocktest.Advance(saturationTick)
+		if r := <-td.fake.lives; r.rule != "dep" || r.set < set {
+			t.Fatalf("the tick after the reload read %+v, want dep's live count after set %d", r, set)
+		}
+		if got := round(); got != 5 {
+			t.Fatalf("after a fast round with live at the limit: kernel limit %d, want 5", got)
+		}
+	})
 }
 
 // sendRound sends one round of request samples of latency to rule dep:
@@ -243,13 +258,7 @@ func followers() int {
 // awaitFollowers waits until n events handlers run.
 func awaitFollowers(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for followers() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d events handlers running, want %d", followers(), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	clocktest.Eventually(t, fmt.Sprint(n, " events handlers running"), func() bool { return followers() == n })
 }
 
 // TestEventsFollowerThatLeftEnds: a follower that sends a byte after its

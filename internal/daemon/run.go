@@ -50,8 +50,8 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	defer signal.Stop(hup)
 	var stack cleanups
 	defer func() { err = errors.Join(err, stack.run()) }()
-	took := startTimes{began: time.Now()}
-	d.api.started = took.began
+	began := time.Now()
+	d.api.started = began
 	if err := d.table.restoreOverrides(); err != nil {
 		return err
 	}
@@ -73,37 +73,18 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		return ln.Close()
 	})
-	early := d.openEarly()
-	t := time.Now()
-	pol, text, err := d.file.load(true)
-	if errors.Is(err, policy.ErrInvalid) {
-		var problem string
-		if pol, problem, err = d.file.loadLastGood(err); err == nil {
-			d.table.startProblem(problem)
-		}
-		text = nil // already kept
-	}
-	if err != nil {
-		return errors.Join(err, early.undo())
-	}
-	took.read, t = time.Since(t), time.Now()
 	detach := false
-	if err := d.openDatapath(pol, early, &stack, &detach); err != nil {
+	took, err := d.enforce(ctx, &stack, &detach)
+	if err != nil {
 		return err
 	}
-	took.datapathWait, t = time.Since(t), time.Now()
-	if err := d.installAtStart(ctx, pol); err != nil {
-		return fmt.Errorf("apply policy: %w", err)
-	}
-	d.file.keep(text)
-	took.install = time.Since(t)
 	metricsLn, err := d.listenMetrics()
 	if err != nil {
 		return err
 	}
 	serving = true
 	d.serve(ctx, &stack, srv, ln, metricsLn)
-	uninstall := d.wait(ctx, hup, took)
+	uninstall := d.wait(ctx, hup, began, took)
 	detach = uninstall || d.cfg.DetachOnExit
 	d.log.Info("egressd stopping", "detach", detach)
 	if uninstall {
@@ -116,10 +97,37 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 // a large policy, reading it and installing its rules are most of a start,
 // and the datapath opens while it is read: datapathWait is the wait for
 // it after the read (a small policy's is the whole open), so that the
-// phases add up to the start, which began then.
-type startTimes struct {
-	began                       time.Time
-	read, datapathWait, install time.Duration
+// phases add up to the start.
+type startTimes struct{ read, datapathWait, install time.Duration }
+
+// enforce reads the policy file, opens the datapath (pushing on stack what
+// stops it, as openDatapath does) and installs the policy, and says how
+// long each took.
+func (d *Daemon) enforce(ctx context.Context, stack *cleanups, detach *bool) (took startTimes, err error) {
+	early := d.openEarly()
+	t := time.Now()
+	pol, text, err := d.file.load(true)
+	if errors.Is(err, policy.ErrInvalid) {
+		var problem string
+		if pol, problem, err = d.file.loadLastGood(err); err == nil {
+			d.table.startProblem(problem)
+		}
+		text = nil // already kept
+	}
+	if err != nil {
+		return took, errors.Join(err, early.undo())
+	}
+	took.read, t = time.Since(t), time.Now()
+	if err := d.openDatapath(pol, early, stack, detach); err != nil {
+		return took, err
+	}
+	took.datapathWait, t = time.Since(t), time.Now()
+	if err := d.installAtStart(ctx, pol); err != nil {
+		return took, fmt.Errorf("apply policy: %w", err)
+	}
+	d.file.keep(text)
+	took.install = time.Since(t)
+	return took, nil
 }
 
 // earlyOpen is the datapath opened while a large policy is parsed.
@@ -298,15 +306,15 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *controlserver.
 }
 
 // wait tells the service manager the daemon is ready, saying how long the
-// start took, and runs until ctx ends or an uninstall request, reloading
+// start that began then took, and runs until ctx ends or an uninstall request, reloading
 // on each SIGHUP that hup brings and pinging the watchdog. It reports
 // whether the daemon is to uninstall.
-func (d *Daemon) wait(parent context.Context, hup <-chan os.Signal, took startTimes) (uninstall bool) {
+func (d *Daemon) wait(parent context.Context, hup <-chan os.Signal, began time.Time, took startTimes) (uninstall bool) {
 	rules := d.table.size()
 	// Logged before the service manager hears it: whoever waits for the
 	// daemon to be ready finds the line there.
 	d.log.Info("egressd running", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "rules", rules,
-		"took", ms(time.Since(took.began)), "read", ms(took.read), "datapath_wait", ms(took.datapathWait), "install", ms(took.install))
+		"took", ms(time.Since(began)), "read", ms(took.read), "datapath_wait", ms(took.datapathWait), "install", ms(took.install))
 	n := d.cfg.Notify
 	n.Ready()
 	defer n.Stopping()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/dns"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/adaptive"
@@ -497,18 +499,43 @@ func TestReloadsApplyInTurn(t *testing.T) {
 	newer := "rules:\n  - {name: db, destination: 10.0.0.1, concurrency: 2}\n"
 	writeFile(t, td.cfg.PolicyFile, newer)
 	second := td.reloadAsync(context.Background())
-	// Time for the second reload to apply, were it not waiting (on a
-	// machine so loaded that it takes longer, the test checks less, and
-	// still passes).
-	time.Sleep(200 * time.Millisecond)
+	// The second reload waits for the first, or (were it not made to)
+	// applies the newer file before the first ends.
+	var secondErr error
+	secondDone := false
+	clocktest.Eventually(t, "the second reload to wait for the first, or to end", func() bool {
+		select {
+		case secondErr = <-second:
+			secondDone = true
+			return true
+		default:
+			return reloadWaits()
+		}
+	})
 	srv.fail()
-	if err := errors.Join(<-older, <-second); err != nil {
+	if !secondDone {
+		secondErr = <-second
+	}
+	if err := errors.Join(<-older, secondErr); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"db": "10.0.0.1/32 concurrency 2 (policy)"}
 	if got := td.state(); !equalMaps(got, want) {
 		t.Errorf("after both reloads, with the newer file in place: %v, want %v", got, want)
 	}
+}
+
+// reloadWaits reports whether a reload waits for another to end: a
+// goroutine in reloadPolicy waits for a lock.
+func reloadWaits() bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "(*Daemon).reloadPolicy(") && strings.Contains(g, "sync.(*Mutex).Lock") {
+			return true
+		}
+	}
+	return false
 }
 
 // TestStartWithConflictingRunTimeRule: a run-time rule that conflicts
