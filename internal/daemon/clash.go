@@ -65,7 +65,7 @@ func (c clash) String() string {
 // destination is pending. The key goes to the rule the kernel enforces it
 // for, so that a name moving onto a rule's address never takes it; else
 // to the rule first in es. It returns what the rules still installed go
-// without. Call with d.mu held.
+// without. Call with t.mu held.
 func (t *table) settleClashesLocked(es []*entry) []clash {
 	owner := map[key]int{}
 	var contested []int

@@ -315,9 +315,9 @@ func chosenStatus(dp datapath, names []string, installed int) ([]loader.RuleStat
 	return out, nil
 }
 
-// collectLoops reports the adaptive loops. It runs outside the daemon's
+// collectLoops reports the adaptive loops. It runs outside the table's
 // lock: State takes the loop's, which OnChange holds while it takes the
-// daemon's.
+// table's.
 func (m *metrics) collectLoops(ch chan<- prometheus.Metric, loops map[string]*adaptive.Controller) {
 	for name, c := range loops {
 		st := c.State()

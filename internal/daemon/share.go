@@ -84,7 +84,7 @@ type share interface {
 	view() shareView
 }
 
-// shareEnv is what a share uses of the daemon: the kernel's counts, a
+// shareEnv is what a share uses of the daemon's: the kernel's counts, a
 // write of its rule through the table, the log.
 type shareEnv struct {
 	dp    datapath

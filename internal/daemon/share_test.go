@@ -218,8 +218,8 @@ func TestGrantShareClaimsAndReturns(t *testing.T) {
 }
 
 // TestShareWaitsForFirstAnswer: until a call to Redis comes back, a share
-// is shown neither reachable nor unreachable; before, `limit set` of a
-// shared rule on a Redis that did not answer replied "reachable".
+// is shown neither reachable nor unreachable, so that `limit set` of a
+// shared rule on a Redis that does not answer does not say "reachable".
 func TestShareWaitsForFirstAnswer(t *testing.T) {
 	rds := redistest.Start(t)
 	rds.Pause() // the loop's first call hangs until end cancels it

@@ -288,10 +288,10 @@ type retired struct {
 }
 
 // change runs fn, a change of the table with f, what prepare found, under
-// the table's lock, unless ctx ended, lets go of f's host names, then
-// ends the shares fn retired. If the table took other scopes' cgroups since f was found (a
-// reload or refresh ran meanwhile), f may hold a restarted unit's old
-// cgroup, so it is found again.
+// the table's lock, unless ctx ended, lets go of f's host names, then ends
+// the shares fn retired. If the table took other scopes' cgroups since f
+// was found (a reload or refresh ran meanwhile), f may hold a restarted
+// unit's old cgroup, so it is found again.
 func (t *table) change(ctx context.Context, f found, fn func(found) ([]retired, error)) error {
 	t.mu.Lock()
 	for f.gen != t.scopesGen {
@@ -318,7 +318,7 @@ func (t *table) change(ctx context.Context, f found, fn func(found) ([]retired, 
 
 // applyLocked makes the rules p and o give the table: it checks them,
 // plans each one's kernel rule with f, writes them all in one Sync, and
-// takes the new table. On any problem nothing changes. Call with d.mu
+// takes the new table. On any problem nothing changes. Call with t.mu
 // held.
 func (t *table) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
 	c, err := t.planLocked(p, o, f)
@@ -347,9 +347,9 @@ type tableChange struct {
 // planLocked checks the rules p and o give and plans each one's kernel
 // rule with f. p is a policy policy.Parse returned, which passed the
 // checks, so they run again only when o sets rules, which can clash with
-// p's or each other's (removing rules cannot make a clash): checking
-// 100,000 rules costs a tenth of a second. The kernel's rule tables are
-// resized if the rules need it. Call with d.mu held.
+// p's or each other's (removing rules cannot make a clash): the checks
+// are dear for a large policy. The kernel's rule tables are resized if
+// the rules need it. Call with t.mu held.
 func (t *table) planLocked(p *policy.Policy, o overrides, f found) (*tableChange, error) {
 	c := &tableChange{p: p, o: o, f: f, rules: p.Rules, merged: effective(p, o)}
 	if len(o.Set) > 0 || len(o.Removed) > 0 {
@@ -383,7 +383,7 @@ func (t *table) planLocked(p *policy.Policy, o overrides, f found) (*tableChange
 }
 
 // writeLocked writes c to the kernel in one Sync and takes it as the
-// table; if the kernel refuses, nothing changes. Call with d.mu held.
+// table; if the kernel refuses, nothing changes. Call with t.mu held.
 func (t *table) writeLocked(c *tableChange) ([]retired, error) {
 	// The shares this change retires, with what their kernel rules hold,
 	// read before the Sync removes those rules.
@@ -437,8 +437,8 @@ func (t *table) writeLocked(c *tableChange) ([]retired, error) {
 
 // previous is the table's entry of the rule named name, or nil, looked for
 // first at i in the order the table was applied: a reload of a policy
-// whose rules kept their places walks the old entries in turn, where
-// looking each of 100,000 up in the map took 39 ms.
+// whose rules kept their places walks the old entries in turn rather than
+// looking each one up in the map.
 func (t *table) previous(i int, name string) *entry {
 	if i < len(t.order) && t.order[i].spec.Name == name {
 		return t.order[i]
@@ -661,10 +661,8 @@ func (t *table) remove(ctx context.Context, name string, now time.Time) error {
 // They are saved once the change is planned and checked but before the
 // kernel has it: a state directory that cannot be written, the likely
 // failure, then leaves the kernel and the table untouched, and no unsaved
-// change is ever in force (the other order had to undo one, and undoing
-// by planning the old table again restarted adaptive loops and shares).
-// If the kernel then refuses the change, or the save fails after its
-// rename, the old overrides are saved back.
+// change is ever in force. If the kernel then refuses the change, or the
+// save fails after its rename, the old overrides are saved back.
 func (t *table) commitLocked(o overrides, f found) ([]retired, error) {
 	c, err := t.planLocked(t.policy, o, f)
 	if err != nil {
