@@ -17,7 +17,6 @@ import (
 )
 
 func limitCommand() *cli.Command {
-	set := ruleFlags()
 	return &cli.Command{
 		Name:   "limit",
 		Usage:  "set, show and remove limits at run time",
@@ -27,8 +26,8 @@ func limitCommand() *cli.Command {
 				Name:      "set",
 				Usage:     "create or replace a limit; it survives restarts and wins over the policy file's rule of that name",
 				ArgsUsage: "NAME",
-				Flags:     append(set.cliFlags(), jsonFlag),
-				Action:    func(c *cli.Context) error { return limitSet(c, set) },
+				Flags:     append(ruleFlags(), jsonFlag),
+				Action:    limitSet,
 			},
 			{
 				Name:      "get",
@@ -90,12 +89,12 @@ func oneArg(c *cli.Context, what string) (string, error) {
 // limitSet builds one policy rule from the flags, checks it as a policy
 // file's rule is checked, and sends it; the daemon checks it again against
 // the rules in force.
-func limitSet(c *cli.Context, flags ruleFlagList) error {
+func limitSet(c *cli.Context) error {
 	name, err := oneArg(c, "NAME")
 	if err != nil {
 		return err
 	}
-	r, err := flags.rule(c, name)
+	r, err := rule(c, name)
 	if err != nil {
 		return err
 	}

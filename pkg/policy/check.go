@@ -91,12 +91,16 @@ type pathNode struct {
 
 func newWhere(rule *yaml.Node) *where { return &where{rule: rule} }
 
-// refuse marks path as refused while decoding.
+// refuse marks path as refused while decoding, and with it a mapping
+// whose fields are checked together.
 func (w *where) refuse(path string) {
 	if w.bad == nil {
 		w.bad = map[string]bool{}
 	}
 	w.bad[path] = true
+	if m, _, ok := strings.Cut(path, "."); ok && fieldAt[m] != nil && fieldAt[m].together {
+		w.bad[m] = true
+	}
 }
 
 func (w *where) node(path string) *yaml.Node {

@@ -18,6 +18,10 @@
 // policy written back by [Format] keeps following the defaults; writing it
 // as 0 is a problem, not a way to ask for the default.
 //
+// [Fields] describes a rule's fields once, for the three ways a rule is
+// written: [Parse] reads them from a file, [Format] writes them back, and
+// [FromFlags] reads them from the flags of egressd limit set.
+//
 // A rule that passes here is one the kernel takes ([Rule.LoaderRule]), so a
 // policy is never refused later, half applied, by the datapath. What only
 // the running host can tell (whether a unit or cgroup exists, whether two

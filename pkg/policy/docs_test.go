@@ -26,7 +26,7 @@ func TestDocsListProblems(t *testing.T) {
 		{"rules: []\n---\nrules: []\n", "a policy is one YAML document; this is a second"},
 		{"- a\n", "a policy must be a mapping of rules, maxRules, metrics"},
 		{"rules: 5\n", "rules must be a list"},
-		{"rules: [5]\n", "a rule must be a mapping of name, destination, port, protocols, unit, cgroup, shadow, errno, udpIdle, concurrency, perSecond, perWindow, adaptive, shared"},
+		{"rules: [5]\n", "a rule must be a mapping of name, destination, port, protocols, udpIdle, unit, cgroup, concurrency, perSecond, perWindow, adaptive, shadow, errno, shared"},
 		{rule("concurrency: 1, shared: 5"), "shared must be a mapping of redis, key, failureMode, durability, lease, replicas"},
 		{rule("perSecond: 5"), "perSecond must be a mapping of permits, burst"},
 		{rule("perWindow: 5"), "perWindow must be a mapping of permits, window, segments"},
@@ -47,6 +47,7 @@ func TestDocsListProblems(t *testing.T) {
 		{rule("adaptive: {maxHealthy: -1s}"), "F D must be positive"},
 		{rule("concurrency: 1, unit: ''"), "unit is empty; leave it out for the whole host"},
 		{rule("concurrency: 1, errno: ''"), "errno is empty; leave it out for EPERM"},
+		{rule("concurrency: 1, shared: {redis: '', key: k}"), "shared.redis is empty: give the URL of the Redis server that keeps the budget"},
 		{rule("concurrency: 1, shared: {redis: 'redis://r', key: k, durability: ''}"), "shared.durability is empty; leave it out for ephemeral"},
 		{rule("adaptive: {samples: ''}"), "adaptive.samples is empty; leave it out for request"},
 		{"maxRules: 2000000\n", "maxRules N is outside 1..1048576"},
@@ -86,6 +87,20 @@ func TestDocsListProblems(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("%q: problems %s; want one `%s`", tt.in, dump(e.Problems), tt.doc)
+		}
+	}
+}
+
+// TestDocsMapFlags: docs/policy.md's table of limit set's flags gives
+// each flag's field, as Fields does.
+func TestDocsMapFlags(t *testing.T) {
+	data, err := os.ReadFile("../../docs/policy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range Fields() {
+		if row := "| `--" + f.Flag + "` | `" + f.Path + "` |"; f.Flag != "" && !strings.Contains(string(data), row) {
+			t.Errorf("docs/policy.md lacks the row %s", row)
 		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/big"
 	"os"
 	"slices"
@@ -15,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/kernelrule"
 	"go.yaml.in/yaml/v3"
 )
@@ -100,6 +98,7 @@ type decoder struct {
 	maxRulesAt *yaml.Node
 	// metricsRules are metrics.rules's patterns.
 	metricsRules []string
+	draft        draft
 }
 
 const (
@@ -151,7 +150,12 @@ func (d *decoder) top(root *yaml.Node) ([]Rule, []*where) {
 		switch key {
 		case "maxRules":
 			d.maxRulesAt = v
-			d.maxRules, _ = top.defaulted(key, v)
+			if x, ok := top.integer(key, v, 1, kernelrule.MaxRules); ok {
+				if _, msg := notZero[int]("the default")(key, x); msg != "" {
+					top.problem(v, key, "%s", msg)
+				}
+				d.maxRules = x
+			}
 			return
 		case "metrics":
 			d.metricsRules = top.metrics(v)
@@ -215,12 +219,6 @@ func (d *decoder) syntax(err error) {
 	d.problems = append(d.problems, p)
 }
 
-// limitKeys are the fields that give a rule its limit; a rule has one.
-var limitKeys = []string{"concurrency", "perSecond", "perWindow", "adaptive"}
-
-// ruleKeys are the fields of a rule.
-var ruleKeys = append(append([]string{"name", "destination", "port", "protocols", "unit", "cgroup", "shadow", "errno", "udpIdle"}, limitKeys...), "shared")
-
 func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	w := newWhere(n)
 	var name string
@@ -233,75 +231,16 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 		}
 	}
 	f := fields{d: d, rule: label(name, i), w: w}
-	var r Rule
-	limitKey := ""
-	isMapping := f.mapping(n, "", "a rule", ruleKeys, func(key string, k, v *yaml.Node) {
-		switch key {
-		case "name":
-			r.Name, _ = f.str(key, v)
-		case "destination":
-			if s, ok := f.str(key, v); ok {
-				dest, err := ParseDestination(s)
-				if err != nil {
-					f.problem(v, key, "%v", err)
-				}
-				r.Destination = dest
-			}
-		case "port":
-			if x, ok := f.integer(key, v); ok {
-				if x < 1 || x > math.MaxUint16 {
-					f.problem(v, key, "port %d is outside 1..65535; leave it out for any port", x)
-				} else {
-					r.Port = uint16(x)
-				}
-			}
-		case "protocols":
-			r.Protocols, _ = f.protocols(key, v)
-		case "udpIdle":
-			r.UDPIdle, _ = f.nonZeroDuration(key, v, "the default, "+kernelrule.DefaultFlowIdle.String())
-		case "unit":
-			r.Scope.Unit, _ = f.nonEmpty(key, v, "; leave it out for the whole host")
-		case "cgroup":
-			r.Scope.Cgroup, _ = f.nonEmpty(key, v, "; leave it out for the whole host")
-		case "shadow":
-			r.Shadow, _ = f.boolean(key, v)
-		case "errno":
-			r.Errno, _ = f.nonEmpty(key, v, "; leave it out for EPERM")
-		case "shared":
-			f.mapping(v, "shared.", "shared", []string{"redis", "key", "failureMode", "durability", "lease", "replicas"}, func(k string, _, v *yaml.Node) {
-				switch k {
-				case "redis":
-					r.Shared.Redis, _ = f.nonEmpty("shared.redis", v, "")
-				case "key":
-					r.Shared.Key, _ = f.nonEmpty("shared.key", v, "")
-				case "failureMode":
-					r.Shared.FailureMode, _ = f.nonEmpty("shared.failureMode", v, "; leave it out for throw")
-				case "durability":
-					r.Shared.Durability, _ = f.nonEmpty("shared.durability", v, "; leave it out for ephemeral")
-				case "lease":
-					r.Shared.Lease, _ = f.nonZeroDuration("shared.lease", v, "the default")
-				case "replicas":
-					r.Shared.Replicas, _ = f.integer("shared.replicas", v)
-				}
-			})
-		default:
-			if limitKey != "" {
-				f.problem(k, "", "%s and %s are both given; a rule has one limit", limitKey, key)
-				return
-			}
-			limitKey = key
-			r.Limit = f.limit(key, v)
-		}
-	})
-	if !isMapping {
+	// One draft for every rule the decoder reads: a draft each would be
+	// as many allocations as a policy has rules.
+	d.draft = draft{}
+	if !f.decode(n, "", "a rule", &d.draft) {
 		// Said once; "name is missing" and the rest would only repeat it.
 		for _, path := range []string{"name", "destination", "limit"} {
 			w.refuse(path)
 		}
 	}
-	if slices.ContainsFunc(limitKeys, func(k string) bool { return w.bad[k] }) {
-		w.refuse("limit") // "no limit" would repeat why
-	}
+	r := d.draft.rule(w)
 	// A shared mapping with every field left out or zero would read as no
 	// sharing at all: a fleet's budget, its redis an unset variable of a
 	// template, would silently be each host's own.
@@ -311,114 +250,25 @@ func (d *decoder) rule(n *yaml.Node, i int) (Rule, *where) {
 	return r, w
 }
 
-// protocols decodes a list of protocols, such as [tcp, udp].
-func (f fields) protocols(path string, v *yaml.Node) (kernelrule.Protocols, bool) {
-	if f.alias(v, path) {
-		return 0, false
-	}
-	if v.Kind != yaml.SequenceNode {
-		f.problem(v, path, "%s is a list, such as [tcp, udp]", path)
-		return 0, false
-	}
-	if len(v.Content) == 0 {
-		f.problem(v, path, "%s is empty; name tcp, udp or both, or leave it out for [tcp]", path)
-		return 0, false
-	}
-	var p kernelrule.Protocols
-	ok := true
-	for _, n := range v.Content {
-		name, isStr := f.str(path, n)
-		if !isStr {
-			ok = false
-			continue
-		}
-		q, known := kernelrule.ParseProtocol(name)
-		switch {
-		case !known:
-			f.problem(n, path, "%s: %q is not tcp or udp", path, name)
-			ok = false
-		case p&q != 0:
-			f.problem(n, path, "%s names %s twice", path, name)
-			ok = false
-		}
-		p |= q
-	}
-	return p, ok
-}
-
-// limit decodes the value of one of limitKeys; nil means it was refused.
-func (f fields) limit(key string, v *yaml.Node) Limit {
-	switch key {
-	case "concurrency":
-		if x, ok := f.integer(key, v); ok {
-			return Concurrency(x)
-		}
-	case "perSecond":
-		var l PerSecond
-		if f.mapping(v, key+".", "perSecond", []string{"permits", "burst"}, func(k string, _, v *yaml.Node) {
-			switch k {
-			case "permits":
-				l.Permits, _ = f.integer(key+".permits", v)
-			case "burst":
-				l.Burst, _ = f.defaulted(key+".burst", v)
+// decode reads n, the mapping of the fields whose paths start with prefix
+// ("" for a rule's own), into dr. It reports whether n was a mapping.
+func (f fields) decode(n *yaml.Node, prefix, what string, dr *draft) bool {
+	return f.mapping(n, prefix, what, keysUnder[prefix], func(key string, k, v *yaml.Node) {
+		field := fieldAt[prefix+key]
+		if field.limit != nil {
+			if msg := dr.choose(field.Path); msg != "" {
+				f.problem(k, "", "%s", msg)
+				return
 			}
-		}) {
-			return l
 		}
-	case "perWindow":
-		var l PerWindow
-		if f.mapping(v, key+".", "perWindow", []string{"permits", "window", "segments"}, func(k string, _, v *yaml.Node) {
-			switch k {
-			case "permits":
-				l.Permits, _ = f.integer(key+".permits", v)
-			case "window":
-				l.Window, _ = f.duration(key+".window", v)
-			case "segments":
-				l.Segments, _ = f.defaulted(key+".segments", v)
+		if field.value.decode == nil {
+			if !f.decode(v, field.Path+".", key, dr) && field.limit != nil {
+				dr.unread = true
 			}
-		}) {
-			return l
+			return
 		}
-	case "adaptive":
-		var l Adaptive
-		keys := []string{"minimum", "maximum", "initial", "multiple", "decreaseFactor", "probeEvery", "probeFactor", "maxHealthy", "baseline", "samples"}
-		if f.mapping(v, key+".", "adaptive", keys, func(k string, _, v *yaml.Node) {
-			path := key + "." + k
-			ok := true
-			switch k {
-			case "minimum":
-				l.Minimum, ok = f.defaulted(path, v)
-			case "maximum":
-				l.Maximum, ok = f.defaulted(path, v)
-			case "initial":
-				l.Initial, ok = f.defaulted(path, v)
-			case "multiple":
-				l.Multiple, ok = f.defaultedNumber(path, v)
-			case "decreaseFactor":
-				l.DecreaseFactor, ok = f.defaultedNumber(path, v)
-			case "probeEvery":
-				l.ProbeEvery, ok = f.probeEvery(path, v)
-			case "probeFactor":
-				l.ProbeFactor, ok = f.defaultedNumber(path, v)
-			case "maxHealthy":
-				l.MaxHealthy, ok = f.defaultedDuration(path, v)
-			case "baseline":
-				l.Baseline, ok = f.defaultedDuration(path, v)
-			case "samples":
-				// Judged by the check, as a rule from the CLI is.
-				samples, _ := f.nonEmpty(path, v, "; leave it out for request")
-				l.Samples = Samples(samples)
-			}
-			// The options are checked together; with one refused,
-			// the others would be judged against its default.
-			if !ok {
-				f.w.refuse(key)
-			}
-		}) {
-			return l
-		}
-	}
-	return nil
+		field.value.decode(f, dr, field.Path, v)
+	})
 }
 
 // fields decodes the fields of one rule (or of the top level, with no
@@ -540,6 +390,9 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
+// The readers of a field's node: each reports a node that is not of the
+// field's type.
+
 func (f fields) str(path string, v *yaml.Node) (string, bool) {
 	if v.ShortTag() != strTag {
 		f.problem(v, path, "%s must be a string", path)
@@ -548,18 +401,9 @@ func (f fields) str(path string, v *yaml.Node) (string, bool) {
 	return v.Value, true
 }
 
-// nonEmpty reads an optional string field: written empty, it would read
-// as left out, and so silently mean something else ("whole host").
-func (f fields) nonEmpty(path string, v *yaml.Node, hint string) (string, bool) {
-	s, ok := f.str(path, v)
-	if ok && s == "" {
-		f.problem(v, path, "%s is empty%s", path, hint)
-		return "", false
-	}
-	return s, ok
-}
-
-func (f fields) integer(path string, v *yaml.Node) (int, bool) {
+// integer reads a whole number; lo..hi is the field's range, for a
+// number too large to read.
+func (f fields) integer(path string, v *yaml.Node, lo, hi int) (int, bool) {
 	if v.ShortTag() == intTag {
 		if x, ok := plainDecimal(v.Value); ok {
 			return x, true
@@ -575,29 +419,13 @@ func (f fields) integer(path string, v *yaml.Node) (int, bool) {
 		f.problem(v, path, "%s must be a whole number", path)
 		return 0, false
 	}
-	f.problem(v, path, "%s %s is outside %s", path, v.Value, wholeRange(path))
+	f.problem(v, path, "%s %s is outside %d..%d", path, v.Value, lo, hi)
 	return 0, false
 }
 
-// wholeRange is the range of the whole-number field at path, for a number
-// too large to read.
-func wholeRange(path string) string {
-	switch path {
-	case "maxRules":
-		return fmt.Sprintf("1..%d", kernelrule.MaxRules)
-	case "port":
-		return fmt.Sprintf("1..%d", math.MaxUint16)
-	case "perSecond.permits", "perSecond.burst":
-		return fmt.Sprintf("1..%d", kernelrule.MaxRate)
-	case "perWindow.segments":
-		return fmt.Sprintf("1..%d", kernelrule.MaxSegments)
-	case "adaptive.probeEvery":
-		return fmt.Sprintf("0..%d", math.MaxInt)
-	case "shared.replicas":
-		return fmt.Sprintf("0..%d", MaxReplicas)
-	}
-	// concurrency, perWindow.permits and the adaptive limits
-	return fmt.Sprintf("1..%d", uint32(math.MaxUint32))
+// whole is the reader of a whole number in lo..hi.
+func whole(lo, hi int) func(fields, string, *yaml.Node) (int, bool) {
+	return func(f fields, path string, v *yaml.Node) (int, bool) { return f.integer(path, v, lo, hi) }
 }
 
 // plainDecimal reads a number written as most are, "-"? and digits without
@@ -618,25 +446,10 @@ func plainDecimal(s string) (int, bool) {
 	return x, err == nil
 }
 
-// defaulted reads a number whose zero means "the default" in a Rule, so
-// that a 0 written in the file is refused rather than read as a default.
-func (f fields) defaulted(path string, v *yaml.Node) (int, bool) {
-	x, ok := f.integer(path, v)
-	if ok && x == 0 {
-		f.problem(v, path, "%s 0 is not allowed; leave it out for the default", path)
-		return 0, false
-	}
-	return x, ok
-}
-
-func (f fields) defaultedNumber(path string, v *yaml.Node) (float64, bool) {
+func (f fields) number(path string, v *yaml.Node) (float64, bool) {
 	var x float64
 	if t := v.ShortTag(); t != intTag && t != floatTag || v.Decode(&x) != nil {
 		f.problem(v, path, "%s must be a number", path)
-		return 0, false
-	}
-	if x == 0 {
-		f.problem(v, path, "%s 0 is not allowed; leave it out for the default", path)
 		return 0, false
 	}
 	return x, true
@@ -655,47 +468,6 @@ func (f fields) duration(path string, v *yaml.Node) (time.Duration, bool) {
 	d, err := time.ParseDuration(v.Value)
 	if v.ShortTag() != strTag || err != nil {
 		f.problem(v, path, "%s must be a duration such as 30s or 1m", path)
-		return 0, false
-	}
-	return d, true
-}
-
-// probeEvery reads adaptive.probeEvery, whose 0 is not the default but the
-// reference loop: adaptive.NoProbes.
-func (f fields) probeEvery(path string, v *yaml.Node) (int, bool) {
-	x, ok := f.integer(path, v)
-	switch {
-	case !ok:
-		return 0, false
-	case x < 0:
-		f.problem(v, path, "%s %d must be at least 0 (0: no probes, the reference loop)", path, x)
-		return 0, false
-	case x == 0:
-		return adaptive.NoProbes, true
-	}
-	return x, true
-}
-
-// nonZeroDuration reads a duration whose zero means def in a Rule, so that
-// a 0 written in the file is refused rather than read as def.
-func (f fields) nonZeroDuration(path string, v *yaml.Node, def string) (time.Duration, bool) {
-	d, ok := f.duration(path, v)
-	if ok && d == 0 {
-		f.problem(v, path, "%s 0 is not allowed; leave it out for %s", path, def)
-		return 0, false
-	}
-	return d, ok
-}
-
-// defaultedDuration reads a positive duration whose zero means none in a
-// Rule.
-func (f fields) defaultedDuration(path string, v *yaml.Node) (time.Duration, bool) {
-	d, ok := f.nonZeroDuration(path, v, "none")
-	switch {
-	case !ok:
-		return 0, false
-	case d < 0:
-		f.problem(v, path, "%s %v must be positive", path, d)
 		return 0, false
 	}
 	return d, true

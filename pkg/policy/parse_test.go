@@ -239,7 +239,7 @@ func TestParseBad(t *testing.T) {
 				{Line: 3, Column: 62, Rule: "b", Msg: "shared.redis is missing: the URL of the Redis server that keeps the budget"},
 				{Line: 3, Column: 62, Rule: "b", Msg: "shared.key is missing: the Redis key every host sharing the budget names"},
 				{Line: 4, Column: 62, Rule: "c", Msg: "shared.key is missing: the Redis key every host sharing the budget names"},
-				{Line: 4, Column: 70, Rule: "c", Msg: "shared.redis is empty"},
+				{Line: 4, Column: 70, Rule: "c", Msg: "shared.redis is empty: give the URL of the Redis server that keeps the budget"},
 			},
 		},
 		{
@@ -618,7 +618,7 @@ func TestParseBad(t *testing.T) {
 `,
 			want: []Problem{
 				{Line: 2, Column: 64, Rule: "a", Msg: "port is given twice; the first is at line 2"},
-				{Line: 3, Column: 5, Rule: "#2", Msg: "a rule must be a mapping of name, destination, port, protocols, unit, cgroup, shadow, errno, udpIdle, concurrency, perSecond, perWindow, adaptive, shared"},
+				{Line: 3, Column: 5, Rule: "#2", Msg: "a rule must be a mapping of name, destination, port, protocols, udpIdle, unit, cgroup, concurrency, perSecond, perWindow, adaptive, shadow, errno, shared"},
 				{Line: 4, Column: 49, Rule: "c", Msg: "perSecond must be a mapping of permits, burst"},
 				{Line: 5, Column: 62, Rule: "d", Msg: "shadow must be true or false"},
 				{Line: 6, Column: 54, Rule: "e", Msg: "field names must be strings"},
@@ -749,7 +749,7 @@ func TestLoad(t *testing.T) {
 
 	_, err = Load(bad)
 	want := bad + ":2:51: rule a: concurrency must be at least 1\n" +
-		bad + ":3:5: rule #2: a rule must be a mapping of name, destination, port, protocols, unit, cgroup, shadow, errno, udpIdle, concurrency, perSecond, perWindow, adaptive, shared"
+		bad + ":3:5: rule #2: a rule must be a mapping of name, destination, port, protocols, udpIdle, unit, cgroup, concurrency, perSecond, perWindow, adaptive, shadow, errno, shared"
 	if err == nil || err.Error() != want || !errors.Is(err, ErrInvalid) {
 		t.Errorf("Load(bad) error\n%v\nwant\n%s", err, want)
 	}
