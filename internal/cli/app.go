@@ -66,7 +66,7 @@ func run(app *cli.App, args []string) int {
 	for _, c := range app.Commands {
 		onUsageError(c, app.Flags)
 	}
-	if err := app.Run(nameLast(helpAsFlag(app, args))); err != nil {
+	if err := app.Run(commandLine(app, args)); err != nil {
 		var exit cli.ExitCoder
 		if errors.As(err, &exit) {
 			if msg := err.Error(); msg != "" {
@@ -166,27 +166,15 @@ func output(c *cli.Context, v any, text func(w io.Writer)) error {
 	return w.Flush()
 }
 
-// nameLast lets "limit set NAME --dest …" be written as documented: the
-// flag parser stops at the first argument, so NAME moves behind the flags.
-// A shell completing the words asks with a last --generate-bash-completion,
-// which must stay last.
-func nameLast(args []string) []string {
-	if len(args) > 0 && args[len(args)-1] == "--generate-bash-completion" {
-		return args
-	}
-	for i := 1; i+2 < len(args); i++ {
-		if args[i] == "limit" && args[i+1] == "set" && !strings.HasPrefix(args[i+2], "-") {
-			out := append(slices.Clone(args[:i+2]), args[i+3:]...)
-			return append(out, args[i+2])
-		}
-	}
-	return args
-}
-
-// helpAsFlag makes "help limit set" (or "limit help set") be "limit set
-// --help", as docs/cli.md promises: urfave/cli's help command shows the
-// help of its first word alone, and a command's without its subcommands.
-func helpAsFlag(app *cli.App, args []string) []string {
+// commandLine rewrites args so that urfave/cli v2 reads them as
+// docs/cli.md says. "help CMD [SUB]" (or "CMD help SUB") becomes "CMD SUB
+// --help": urfave/cli's help command shows the help of its first word
+// alone, and a command's without its subcommands. A command's flags move
+// before its arguments, since urfave/cli stops reading flags at the first
+// argument; the flags' definitions say which take the next word as their
+// value. After "--" every word is an argument. A shell completing the
+// words asks with a last --generate-bash-completion, which must stay last.
+func commandLine(app *cli.App, args []string) []string {
 	if len(args) > 0 && args[len(args)-1] == "--generate-bash-completion" {
 		return args
 	}
@@ -195,16 +183,19 @@ func helpAsFlag(app *cli.App, args []string) []string {
 		switch a := args[i]; {
 		case a == "--":
 			return args
-		case strings.HasPrefix(a, "-"):
-			if !strings.Contains(a, "=") && takesValue(flags, strings.TrimLeft(a, "-")) {
+		case isFlag(a):
+			if takesValue(flags, a) {
 				i++
 			}
 		case a == "help" || a == "h":
-			return append(append(slices.Clone(args[:i]), args[i+1:]...), "--help")
+			return commandLine(app, append(append(slices.Clone(args[:i]), args[i+1:]...), "--help"))
 		default:
 			k := slices.IndexFunc(cmds, func(c *cli.Command) bool { return c.HasName(a) })
-			if k < 0 || len(cmds[k].Subcommands) == 0 {
-				return args // an unknown command, or one whose words are arguments
+			switch {
+			case k < 0:
+				return args // an unknown command
+			case len(cmds[k].Subcommands) == 0:
+				return append(slices.Clone(args[:i+1]), flagsFirst(cmds[k].Flags, args[i+1:])...)
 			}
 			flags, cmds = cmds[k].Flags, cmds[k].Subcommands
 		}
@@ -212,11 +203,42 @@ func helpAsFlag(app *cli.App, args []string) []string {
 	return args
 }
 
-// takesValue reports whether the flag called name, among flags, takes
-// the next argument as its value.
-func takesValue(flags []cli.Flag, name string) bool {
+// flagsFirst moves a command's flags before its arguments, each flag's
+// value with it, keeping the order of the flags and of the arguments.
+// --help is the command's help, whatever else is given: urfave/cli would
+// take an argument after it for a help topic, and exit 3.
+func flagsFirst(flags []cli.Flag, words []string) []string {
+	var opts, rest []string
+	for i := 0; i < len(words); i++ {
+		switch w := words[i]; {
+		case w == "--":
+			return slices.Concat(opts, []string{"--"}, rest, words[i+1:])
+		case w == "--help" || w == "-h":
+			return []string{"--help"}
+		case isFlag(w):
+			opts = append(opts, w)
+			if takesValue(flags, w) && i+1 < len(words) {
+				i++
+				opts = append(opts, words[i])
+			}
+		default:
+			rest = append(rest, w)
+		}
+	}
+	return append(opts, rest...)
+}
+
+// isFlag reports whether word is a flag; "-" alone is an argument.
+func isFlag(word string) bool { return len(word) > 1 && word[0] == '-' }
+
+// takesValue reports whether word, a flag among flags written without
+// "=", takes the next word as its value.
+func takesValue(flags []cli.Flag, word string) bool {
+	if strings.Contains(word, "=") {
+		return false
+	}
 	for _, f := range flags {
-		if d, ok := f.(cli.DocGenerationFlag); ok && slices.Contains(f.Names(), name) {
+		if d, ok := f.(cli.DocGenerationFlag); ok && slices.Contains(f.Names(), strings.TrimLeft(word, "-")) {
 			return d.TakesValue()
 		}
 	}

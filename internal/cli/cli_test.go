@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,29 +17,6 @@ import (
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/urfave/cli/v2"
 )
-
-func TestNameLast(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		in   string
-		want string
-	}{
-		{"documented form", "egressd limit set web --dest 10.0.0.1 --concurrency 2", "egressd limit set --dest 10.0.0.1 --concurrency 2 web"},
-		{"after global flags", "egressd --socket /s --json limit set web --dest x", "egressd --socket /s --json limit set --dest x web"},
-		{"already last", "egressd limit set --dest x web", "egressd limit set --dest x web"},
-		{"no flags", "egressd limit set web", "egressd limit set web"},
-		{"other commands", "egressd limit get web", "egressd limit get web"},
-		{"nothing after set", "egressd limit set", "egressd limit set"},
-		{"shell completion", "egressd limit set web --generate-bash-completion", "egressd limit set web --generate-bash-completion"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			got := strings.Join(nameLast(strings.Fields(c.in)), " ")
-			if got != c.want {
-				t.Errorf("nameLast(%q) = %q, want %q", c.in, got, c.want)
-			}
-		})
-	}
-}
 
 // fakeDaemon serves the limits route on a control socket of the test's
 // own: every limit, whatever the query, which it keeps in asked.
@@ -271,8 +249,9 @@ func TestBadFlag(t *testing.T) {
 	}
 }
 
-func TestHelpAsFlag(t *testing.T) {
+func TestCommandLine(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
+		// help as a command is --help.
 		{"egressd help", "egressd --help"},
 		{"egressd help limit", "egressd limit --help"},
 		{"egressd help policy check", "egressd policy check --help"},
@@ -280,14 +259,137 @@ func TestHelpAsFlag(t *testing.T) {
 		{"egressd limit help set", "egressd limit set --help"},
 		{"egressd --socket help --json help limit", "egressd --socket help --json limit --help"},
 		{"egressd --socket=/s help limit", "egressd --socket=/s limit --help"},
-		{"egressd limit set help --dest x", "egressd limit set help --dest x"},
+		{"egressd help limit get web", "egressd limit get --help"},
+		{"egressd limit set web --dest x --help", "egressd limit set --help"},
+		{"egressd limit get -- --help", "egressd limit get -- --help"},
 		{"egressd limit get help", "egressd limit get help"},
 		{"egressd bogus help", "egressd bogus help"},
 		{"egressd -- help", "egressd -- help"},
 		{"egressd help limit --generate-bash-completion", "egressd help limit --generate-bash-completion"},
+		// A command's flags go before its arguments, with their values.
+		{"egressd limit set web --dest 10.0.0.1 --concurrency 2", "egressd limit set --dest 10.0.0.1 --concurrency 2 web"},
+		{"egressd --socket /s --json limit set web --dest x", "egressd --socket /s --json limit set --dest x web"},
+		{"egressd limit set help --dest x", "egressd limit set --dest x help"},
+		{"egressd limit set --dest x web", "egressd limit set --dest x web"},
+		{"egressd limit set web", "egressd limit set web"},
+		{"egressd limit set", "egressd limit set"},
+		{"egressd limit get web --json", "egressd limit get --json web"},
+		{"egressd limit set web --shadow --dest=x --probe-every -1", "egressd limit set --shadow --dest=x --probe-every -1 web"},
+		{"egressd policy check a --json b", "egressd policy check --json a b"},
+		{"egressd limit rm x --socket /s", "egressd limit rm --socket x /s"},
+		{"egressd events -f", "egressd events -f"},
+		{"egressd limit set web --dest", "egressd limit set --dest web"},
+		{"egressd limit rm - x", "egressd limit rm - x"},
+		// "--" ends the flags.
+		{"egressd limit rm a --json -- -b --json", "egressd limit rm --json -- a -b --json"},
+		{"egressd limit rm -- -b", "egressd limit rm -- -b"},
+		{"egressd limit set web --sh --generate-bash-completion", "egressd limit set web --sh --generate-bash-completion"},
 	} {
-		if got := strings.Join(helpAsFlag(App(), strings.Fields(c.in)), " "); got != c.want {
-			t.Errorf("helpAsFlag(%q) = %q, want %q", c.in, got, c.want)
+		if got := strings.Join(commandLine(App(), strings.Fields(c.in)), " "); got != c.want {
+			t.Errorf("commandLine(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestFlagsAnywhere: every command takes each of its flags before its
+// arguments, after them or between them, and takes what follows "--" as
+// arguments, flags or not; the app takes its own flags before the
+// command. The commands are those App defines, each run with its action
+// replaced by one that records what it was given.
+func TestFlagsAnywhere(t *testing.T) {
+	type given struct {
+		args  []string
+		value string // the flag's, as its command read it
+		set   bool
+	}
+	// runAs runs the command at path with args after it, and returns
+	// what its action was given of flag.
+	runAs := func(path []string, before, args []string, flag string) (given, error) {
+		app := App()
+		cmds, c := app.Commands, (*cli.Command)(nil)
+		for _, name := range path {
+			c = cmds[slices.IndexFunc(cmds, func(c *cli.Command) bool { return c.Name == name })]
+			cmds = c.Subcommands
+		}
+		var got given
+		c.Action = func(ctx *cli.Context) error {
+			got = given{ctx.Args().Slice(), fmt.Sprint(ctx.Value(flag)), ctx.IsSet(flag)}
+			return nil
+		}
+		var out, errOut bytes.Buffer
+		app.Writer, app.ErrWriter = &out, &errOut
+		if code := run(app, slices.Concat([]string{"egressd"}, before, path, args)); code != 0 {
+			return got, fmt.Errorf("status %d: %s", code, errOut.String())
+		}
+		return got, nil
+	}
+	// sample is a value of f's type, written and as read.
+	sample := func(f cli.Flag) (value []string, read string) {
+		switch f.(type) {
+		case *cli.BoolFlag:
+			return nil, "true"
+		case *cli.StringFlag:
+			return []string{"v"}, "v"
+		case *cli.IntFlag:
+			return []string{"-7"}, "-7"
+		case *cli.Float64Flag:
+			return []string{"1.5"}, "1.5"
+		case *cli.DurationFlag:
+			return []string{"3s"}, "3s"
+		}
+		t.Fatalf("no sample value for a flag of type %T; add one", f)
+		return nil, ""
+	}
+	leaves := 0
+	var walk func(path []string, cmds []*cli.Command)
+	walk = func(path []string, cmds []*cli.Command) {
+		for _, c := range cmds {
+			p := append(slices.Clone(path), c.Name)
+			if len(c.Subcommands) > 0 {
+				walk(p, c.Subcommands)
+				continue
+			}
+			leaves++
+			var required []string // given before the arguments in every run
+			for _, f := range c.Flags {
+				if value, _ := sample(f); FlagRequired(f) {
+					required = append(append(required, "--"+f.Names()[0]), value...)
+				}
+			}
+			for _, f := range c.Flags {
+				name := f.Names()[0]
+				value, read := sample(f)
+				spelt := append([]string{"--" + name}, value...)
+				for _, args := range [][]string{
+					slices.Concat(spelt, required, []string{"a1", "a2"}),
+					slices.Concat(required, []string{"a1", "a2"}, spelt),
+					slices.Concat(required, []string{"a1"}, spelt, []string{"a2"}),
+				} {
+					got, err := runAs(p, nil, args, name)
+					if err != nil || !slices.Equal(got.args, []string{"a1", "a2"}) || !got.set || got.value != read {
+						t.Errorf("egressd %s %s: %v; given arguments %q, --%s %q (set: %v); want [a1 a2], %q",
+							strings.Join(p, " "), strings.Join(args, " "), err, got.args, name, got.value, got.set, read)
+					}
+				}
+				args := slices.Concat(required, []string{"a1", "--"}, spelt)
+				got, err := runAs(p, nil, args, name)
+				if want := append([]string{"a1"}, spelt...); err != nil || !slices.Equal(got.args, want) || got.set && !FlagRequired(f) {
+					t.Errorf("egressd %s %s: %v; given arguments %q, --%s set: %v; want %q, not set",
+						strings.Join(p, " "), strings.Join(args, " "), err, got.args, name, got.set, want)
+				}
+			}
+		}
+	}
+	walk(nil, App().Commands)
+	if leaves < 10 {
+		t.Fatalf("only %d commands found", leaves)
+	}
+	for _, f := range App().Flags {
+		name := f.Names()[0]
+		value, read := sample(f)
+		before := append([]string{"--" + name}, value...)
+		if got, err := runAs([]string{"version"}, before, []string{"a1"}, name); err != nil || !got.set || got.value != read {
+			t.Errorf("egressd %s version a1: %v; --%s %q (set: %v), want %q", strings.Join(before, " "), err, name, got.value, got.set, read)
 		}
 	}
 }
@@ -306,6 +408,12 @@ func TestHelpCommand(t *testing.T) {
 			}
 			if len(c.Subcommands) > 0 && !strings.Contains(got, "COMMANDS:") {
 				t.Errorf("egressd help %s does not list its commands:\n%s", strings.Join(p, " "), got)
+			}
+			// Help takes no arguments, wherever --help is.
+			for _, args := range [][]string{{"a1", "--help"}, {"--help", "a1"}, {"a1", "-h", "a2"}} {
+				if code, got, _ := runCLI(slices.Concat(p, args)...); len(c.Subcommands) == 0 && (code != 0 || got != want) {
+					t.Errorf("egressd %s %s: status %d, printed:\n%s\nwant what --help prints", strings.Join(p, " "), strings.Join(args, " "), code, got)
+				}
 			}
 			walk(p, c.Subcommands)
 		}

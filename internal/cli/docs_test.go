@@ -94,8 +94,8 @@ func renderCLIDocs(app *cli.App) []byte {
 	fmt.Fprintf(&b, "```\n%s [global options] command [command options] [arguments...]\n```\n\n", app.Name)
 	b.WriteString("Every command also takes `--help` (`-h`), and `" + app.Name + " help command [subcommand]` prints the same text\n")
 	b.WriteString("(`" + app.Name + " help limit set` is `" + app.Name + " limit set --help`);\n")
-	b.WriteString("`" + app.Name + " --version` (`-v`) prints the version. Flags go before a command's arguments,\n")
-	b.WriteString("except that `limit set NAME --flags…` is accepted as written.\n")
+	b.WriteString("`" + app.Name + " --version` (`-v`) prints the version. A command's flags may come before or after its\n")
+	b.WriteString("arguments (`" + app.Name + " limit get web --json`); `--` ends them, so that the words after it are arguments.\n")
 	b.WriteString("Global options go before the command; `--json` may also follow it.\n" +
 		"A command line egressd does not take (an unknown command or flag, a value it cannot parse, a missing argument)\n" +
 		"exits 2 with one line saying why.\n\n")
