@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/limit"
 	"github.com/egressd/egressd/pkg/verdict"
@@ -205,7 +206,7 @@ func (s *arithShape) limitTakes(t *testing.T, r *rand.Rand) []arithTake {
 		var now int64
 		for range arithTakes {
 			tk := s.next(r, takes)
-			time.Sleep(time.Duration(tk.at - now))
+			clocktest.Advance(time.Duration(tk.at - now))
 			now = tk.at
 			lease, err := l.Acquire(t.Context())
 			if err != nil {
