@@ -272,22 +272,28 @@ func TestUDPKilledAndChurned(t *testing.T) {
 	if admitted != flows || refused != 0 {
 		t.Errorf("churn: %d admitted and %d refused of %d, want all admitted", admitted, refused, flows)
 	}
-	if want := uint64(limit + limit/2 + admitted); l.Live != 0 || l.Admitted != want {
-		t.Errorf("live %d admitted %d, want 0 and %d", l.Live, l.Admitted, want)
+	if want := uint64(limit + limit/2 + admitted); l.Admitted != want {
+		t.Errorf("admitted %d, want %d", l.Admitted, want)
 	}
-	if n := udpSockEntries(t, e.pins); n != 0 {
-		t.Errorf("%d UDP sockets' entries left once every socket closed", n)
-	}
+	// On a loaded machine the kernel now and then frees a UDP socket
+	// without running its sock_release program (see docs/design.md):
+	// the recount gives such a slot back within its period, so live and
+	// the table come to zero by then.
+	eventually(t, "no slot and no UDP socket's entry once every socket closed", func() bool {
+		return e.limit(t, "udp").Live == 0 && udpSockEntries(t, e.pins) == 0
+	})
 
 	// Closes without sock_release: the recount finds the sockets freed.
+	freed := map[string]string{"rule": "udp", "cause": "freed_socket"}
+	before, _ := e.scrape(t).value("egressd_recount_released_total", freed)
 	holder = udpAgent(t, e.cg)
 	holder.want(t, fmt.Sprintf("ok %d", limit), "hold %s %d %d", ip, port, limit)
 	detachSockRelease(t, e.pins)
 	holder.cmd.Process.Kill()
 	<-holder.done
 	eventually(t, "the recount giving back the killed holder's slots", func() bool { return e.limit(t, "udp").Live == 0 })
-	if v, _ := e.scrape(t).value("egressd_recount_released_total", map[string]string{"rule": "udp", "cause": "freed_socket"}); v != limit {
-		t.Errorf("egressd_recount_released_total{cause=freed_socket} %v, want %d", v, limit)
+	if v, _ := e.scrape(t).value("egressd_recount_released_total", freed); v-before != limit {
+		t.Errorf("egressd_recount_released_total{cause=freed_socket} grew by %v, want %d", v-before, limit)
 	}
 	if n := udpSockEntries(t, e.pins); n != 0 {
 		t.Errorf("%d UDP sockets' entries left after the recount", n)
