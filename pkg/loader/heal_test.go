@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 )
 
@@ -38,25 +40,19 @@ func withoutSockRelease(t *testing.T, d *Datapath, fn func()) {
 	}
 }
 
-// recountUntil recounts until cond holds of the rule's recount, for up to
-// 5 s, and returns the recounts' sum of slots freed.
-func recountUntil(t *testing.T, d *Datapath, rule string, cond func(freed int64, r Recount) bool) int64 {
+// recountUntil recounts until the recounts have freed at least want of
+// the rule's slots, and returns how many they freed.
+func recountUntil(t *testing.T, d *Datapath, rule string, want int64) int64 {
 	t.Helper()
 	var freed int64
-	var r Recount
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+	clocktest.Eventually(t, fmt.Sprintf("recounts to free %d slots of rule %s", want, rule), func() bool {
 		rc, err := d.Recount()
 		if err != nil {
 			t.Fatal(err)
 		}
-		r = rc[rule]
-		freed += r.Freed
-		if cond(freed, r) {
-			return freed
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("rule %s: %d freed, last recount %+v", rule, freed, r)
+		freed += rc[rule].Freed
+		return freed >= want
+	})
 	return freed
 }
 
@@ -92,7 +88,7 @@ func TestRecountFreesSlotsOfFreedSockets(t *testing.T) {
 	if s := stats(t, d, "r"); s.Live != n {
 		t.Fatalf("live %d after closes that ran no sock_release, want %d", s.Live, n)
 	}
-	freed := recountUntil(t, d, "r", func(freed int64, _ Recount) bool { return freed == n })
+	freed := recountUntil(t, d, "r", n)
 	s := stats(t, d, "r")
 	if s.Live != 0 || s.Released != n || freed != n {
 		t.Errorf("live %d, released %d, freed by the recounts %d; want 0, %d, %d", s.Live, s.Released, freed, n, n)

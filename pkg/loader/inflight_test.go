@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 )
 
@@ -68,7 +70,8 @@ func TestInFlightRequests(t *testing.T) {
 			t.Fatalf("request %d: the server saw nothing in 10s", i)
 		}
 		during := stats(t, d, "http")
-		time.Sleep(work) // the least a request takes
+		// The kernel stamps request and answer on its clock: the least a request takes must pass on it.
+		time.Sleep(work)
 		select {
 		case respond <- struct{}{}:
 		case err := <-done:
@@ -197,7 +200,12 @@ func TestInFlightStaysWithItsRule(t *testing.T) {
 	roundTrip(sc, c, "answer")
 	roundTrip(c, sc, "another request")
 	c.Close()
-	time.Sleep(50 * time.Millisecond)
+	// The client's FIN reaches the server after every program its close
+	// runs has run.
+	sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, sc); err != nil {
+		t.Fatalf("the server waiting for the client's close: %v", err)
+	}
 	if s := stats(t, d, "new"); s.InFlight != 0 || s.Requests != 0 || s.Responses != 0 || s.Aborted != 0 {
 		t.Fatalf("new rule counted the old rule's connection: %+v", s)
 	}
@@ -243,12 +251,10 @@ func TestResponsesCountedApart(t *testing.T) {
 		t.Helper()
 		// The response's count follows its read by the program's run.
 		var s Stats
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		clocktest.Eventually(t, fmt.Sprintf("%s: %d responses", when, want), func() bool {
 			s = stats(t, d, "echo")
-			if s.Responses == want || time.Now().After(deadline) {
-				break
-			}
-		}
+			return s.Responses == want
+		})
 		if s.Requests != want || s.Responses != want || s.InFlight != 0 {
 			t.Fatalf("%s: requests %d, responses %d, in flight %d; want %d, %d, 0", when, s.Requests, s.Responses, s.InFlight, want, want)
 		}

@@ -14,10 +14,10 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/cgroups"
 )
@@ -118,18 +118,16 @@ func counted(t testing.TB, d *Datapath, name string) Stats {
 	return *s
 }
 
-// waitLive polls until the rule's live count is want: releases at TCP_CLOSE
-// happen in softirq context shortly after close() returns.
+// waitLive waits until the rule's live count is want and returns the
+// stats that showed it: releases at TCP_CLOSE happen in softirq context
+// shortly after close() returns.
 func waitLive(t testing.TB, d *Datapath, name string, want int64) Stats {
 	t.Helper()
 	var s Stats
-	for range 200 {
-		if s = stats(t, d, name); s.Live == want {
-			return s
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("rule %s: live %d, want %d (%+v)", name, s.Live, want, s)
+	clocktest.Eventually(t, fmt.Sprintf("rule %s's live count to be %d", name, want), func() bool {
+		s = stats(t, d, name)
+		return s.Live == want
+	})
 	return s
 }
 

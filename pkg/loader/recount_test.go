@@ -8,8 +8,8 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 )
 
@@ -39,6 +39,8 @@ func TestRecountDriftUnderChurn(t *testing.T) {
 	privtest.Join(t, cg)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	stopChurn := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopChurn)
 	for _, srv := range []netip.AddrPort{busy, leaky, busy, leaky} {
 		wg.Go(func() {
 			var open []io.Closer
@@ -66,11 +68,11 @@ func TestRecountDriftUnderChurn(t *testing.T) {
 	churned := false
 	var givenBack int64
 	for i := range 20 {
-		time.Sleep(50 * time.Millisecond)
+		// Each recount after more churn: twenty of busy's connections.
+		from := stats(t, d, "busy").Admitted
+		clocktest.Eventually(t, "more connections of busy", func() bool { return stats(t, d, "busy").Admitted >= from+20 })
 		rc, err := d.Recount()
 		if err != nil {
-			close(stop)
-			wg.Wait()
 			t.Fatal(err)
 		}
 		b, l := rc["busy"], rc["leaky"]
@@ -80,8 +82,7 @@ func TestRecountDriftUnderChurn(t *testing.T) {
 		churned = churned || b.Admitted+b.Released > 0
 		givenBack += l.GivenBack
 	}
-	close(stop)
-	wg.Wait()
+	stopChurn()
 	if !churned {
 		t.Error("no connection of busy opened or closed during any walk: the test checked nothing")
 	}

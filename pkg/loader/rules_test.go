@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -143,31 +144,42 @@ func TestRefusalEventsCount(t *testing.T) {
 	}
 	t.Cleanup(func() { events.Close() })
 
-	const burst = 50
-	for range burst {
-		dialRefused(t, srv, syscall.EPERM)
-	}
-	// After an interval, one more refusal sends what the burst left.
-	time.Sleep(interval)
-	dialRefused(t, srv, syscall.EPERM)
-	var got uint64
-	var n int
-	events.SetDeadline(time.Now().Add(5 * time.Second))
-	for got < burst+1 {
+	// The first refusal's event goes at once; the burst after it, in one
+	// event for all of it once an interval has passed since the first.
+	events.SetDeadline(time.Now().Add(10 * time.Second))
+	read := func() Refusal {
+		t.Helper()
 		e, err := events.Read()
 		if err != nil {
-			t.Fatalf("after %d events counting %d refusals: %v", n, got, err)
+			t.Fatal(err)
 		}
 		if e.Dest != srv {
 			t.Fatalf("event %+v: destination %v, want %v (the rule is for any port)", e, e.Dest, srv)
 		}
-		got += e.Count
+		return e
+	}
+	start := time.Now()
+	dialRefused(t, srv, syscall.EPERM)
+	if e := read(); e.Count != 1 {
+		t.Fatalf("the first refusal's event counts %d, want 1", e.Count)
+	}
+	const burst = 49
+	for range burst {
+		dialRefused(t, srv, syscall.EPERM)
+	}
+	var got uint64
+	var n int
+	for got < burst {
+		got += read().Count
 		n++
 	}
-	if s := stats(t, d, "none"); got != burst+1 || s.Refused != burst+1 {
-		t.Fatalf("events count %d refusals, the rule %d, want %d", got, s.Refused, burst+1)
+	if took := time.Since(start); took < interval {
+		t.Errorf("the burst's events came %v after the first refusal, within the %v interval", took, interval)
 	}
-	t.Logf("%d refusals in %d events", got, n)
+	if s := stats(t, d, "none"); got != burst || s.Refused != burst+1 {
+		t.Fatalf("events after the first count %d refusals, the rule %d in all; want %d and %d", got, s.Refused, burst, burst+1)
+	}
+	t.Logf("%d refusals in %d events after the first", got, n)
 	if n >= burst {
 		t.Fatalf("%d events for %d refusals: not aggregated", n, got)
 	}
@@ -183,7 +195,11 @@ func TestSlotReuseKeepsCountsApart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Uninstall() })
-	srv := listen(t, "tcp4", "127.0.0.1:0")
+	fins := make(chan struct{}, 4) // a client's close, as the server read it
+	srv := serve(t, "tcp4", "127.0.0.1:0", func(c net.Conn) {
+		io.Copy(io.Discard, c)
+		fins <- struct{}{}
+	})
 	privtest.Join(t, cg)
 
 	put(t, d, Rule{Name: "old", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Limit: 5})
@@ -214,7 +230,15 @@ func TestSlotReuseKeepsCountsApart(t *testing.T) {
 	for _, c := range held[1:] {
 		c.Close()
 	}
-	time.Sleep(50 * time.Millisecond)
+	// A client's FIN reaches the server after every program its close
+	// runs has run.
+	for range held {
+		select {
+		case <-fins:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the server saw no close of an old connection in 10s")
+		}
+	}
 	s := stats(t, d, "new")
 	if s.Live != 1 || s.Released != 0 {
 		t.Fatalf("new rule counted the old rule's closes: %+v", s)

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 )
 
@@ -227,14 +228,14 @@ func TestUDPFlowIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	var expired int64
-	for deadline := time.Now().Add(5 * time.Second); expired == 0 && time.Now().Before(deadline); {
+	clocktest.Eventually(t, "a recount to end an idle flow", func() bool {
 		rc, err := d.Recount()
 		if err != nil {
 			t.Fatal(err)
 		}
 		expired += rc["udp"].Expired
-		time.Sleep(100 * time.Millisecond)
-	}
+		return expired > 0
+	})
 	if s := stats(t, d, "udp"); expired != 1 || s.Live != 1 {
 		t.Fatalf("%d flows idled out, live %d; want the one sent to an address, and connect()'s left", expired, s.Live)
 	}
@@ -331,7 +332,7 @@ func TestUDPFlowsOfFreedSockets(t *testing.T) {
 		}
 	}
 	withoutSockRelease(t, d, func() { unix.Close(fd) })
-	freed := recountUntil(t, d, "udp", func(freed int64, _ Recount) bool { return freed == 2 })
+	freed := recountUntil(t, d, "udp", 2)
 	if s := stats(t, d, "udp"); s.Live != 0 || freed != 2 {
 		t.Errorf("live %d, freed %d; want 0, 2", s.Live, freed)
 	}
@@ -551,7 +552,7 @@ func TestUDPSocketsBeyondTheTable(t *testing.T) {
 	noStates()
 	openAll()
 	withoutSockRelease(t, d, closeAll)
-	if freed := recountUntil(t, d, "udp", func(freed int64, _ Recount) bool { return freed == int64(n) }); freed != int64(n) {
+	if freed := recountUntil(t, d, "udp", int64(n)); freed != int64(n) {
 		t.Errorf("%d freed, want %d", freed, n)
 	}
 	waitLive(t, d, "udp", 0)
