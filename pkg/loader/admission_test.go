@@ -129,7 +129,7 @@ func TestConcurrencyUntil(t *testing.T) {
 	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
 	rule := Rule{Name: "share", Dests: local, Port: srv.Port(), Shape: ShapeConcurrency, Limit: 3, LimitAfter: 1}
 
-	rule.Until = time.Now().Add(time.Second)
+	rule.Until = time.Now().Add(time.Hour)
 	put(t, d, rule)
 	var held []io.Closer
 	for range 3 {
@@ -139,8 +139,11 @@ func TestConcurrencyUntil(t *testing.T) {
 	held[0].Close()
 	held[1].Close()
 	waitLive(t, d, "share", 1)
-	time.Sleep(time.Until(rule.Until)) // past it: 1 live is all there may be
-	dialRefused(t, srv, syscall.EPERM)
+	rule.Until = time.Now().Add(100 * time.Millisecond) // renewed, for a short while
+	put(t, d, rule)
+	// The kernel's clock must pass Until (a millisecond: the wall clock's tie to it).
+	time.Sleep(time.Until(rule.Until.Add(time.Millisecond)))
+	dialRefused(t, srv, syscall.EPERM) // past it: 1 live is all there may be
 	if got, err := d.Rule("share"); err != nil || got.LimitAfter != 1 || got.Until.Sub(rule.Until).Abs() > time.Millisecond {
 		t.Errorf("read back: %+v, %v; want until %v, then 1", got, err, rule.Until)
 	}

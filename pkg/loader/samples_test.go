@@ -45,6 +45,7 @@ func TestSamplesReadWhetherOrNotTheyWake(t *testing.T) {
 			}
 			got <- read{n, nil}
 		}()
+		// The reader's polls time out on the real clock: a quiet spell of several.
 		time.Sleep(3 * pollEvery)
 		for range burst {
 			c, err := connect(srv)
