@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/controlserver"
+	"github.com/egressd/egressd/internal/pipenet"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/control"
 )
@@ -245,15 +246,43 @@ func start(t testing.TB, cfg controlserver.Config) *harness {
 	return &harness{srv: srv, sock: cfg.Socket, routes: tr, client: c}
 }
 
-// serve listens and serves with srv until the test ends.
-func serve(t testing.TB, srv *controlserver.Server) {
+// dialer opens a connection to a server.
+type dialer func(ctx context.Context) (net.Conn, error)
+
+// serve listens and serves with srv until the test ends, and returns a
+// dialer of its socket.
+func serve(t testing.TB, srv *controlserver.Server) dialer {
 	t.Helper()
 	ln, err := srv.Listen()
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveUntilEnd(t, srv, func() error { return srv.Serve(ln) })
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", ln.Addr().String())
+	}
+}
+
+// serveInMemory serves with srv on an in-memory network until the test
+// ends, every connection's peer root, and returns a dialer of it: for a
+// test in a synctest bubble, whose clock a goroutine blocked on a unix
+// socket would keep still.
+func serveInMemory(t testing.TB, srv *controlserver.Server) dialer {
+	t.Helper()
+	var n pipenet.Network
+	ln, err := n.Listen("egressd.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveUntilEnd(t, srv, func() error { return controlserver.ServeAs(srv, ln, controlserver.Peer{}) })
+	return func(ctx context.Context) (net.Conn, error) { return n.DialContext(ctx, "unix", "egressd.sock") }
+}
+
+// serveUntilEnd runs serve until the test ends, and then closes srv.
+func serveUntilEnd(t testing.TB, srv *controlserver.Server, serve func() error) {
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() { done <- serve() }()
 	t.Cleanup(func() {
 		srv.Close()
 		if err := <-done; err != nil {

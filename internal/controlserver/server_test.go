@@ -13,8 +13,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 )
@@ -288,31 +290,32 @@ func TestNewServerListsEveryProblem(t *testing.T) {
 // TestBodyNotSentInTime: a request whose body does not come is answered
 // once the body's time is up, and a slow handler, with a body it has read
 // or without one, is not cut by that deadline.
-func TestBodyNotSentInTime(t *testing.T) {
+func TestBodyNotSentInTime(t *testing.T) { synctest.Test(t, testBodyNotSentInTime) }
+
+func testBodyNotSentInTime(t *testing.T) {
+	const body, work = 100 * time.Millisecond, 300 * time.Millisecond
 	tr := &testRoutes{calls: map[string]int{}}
 	routes := tr.table()
 	routes["slowecho"] = controlserver.Route{Method: http.MethodPost, Handler: controlserver.JSON(func(r *http.Request, in echoIn) (echoIn, error) {
-		time.Sleep(300 * time.Millisecond)
-		return in, r.Context().Err()
+		return in, clocktest.Latency(r.Context(), work)
 	})}
 	routes["slowget"] = controlserver.Route{Method: http.MethodGet, Handler: controlserver.JSON(func(r *http.Request, _ struct{}) (struct{}, error) {
-		time.Sleep(300 * time.Millisecond)
-		return struct{}{}, r.Context().Err()
+		return struct{}{}, clocktest.Latency(r.Context(), work)
 	})}
-	sock := filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := controlserver.New(controlserver.Config{Socket: sock, Routes: routes, Logger: quiet})
+	srv, err := controlserver.New(controlserver.Config{Routes: routes, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	controlserver.SetBodyTimeout(srv, 100*time.Millisecond)
-	serve(t, srv)
+	controlserver.SetBodyTimeout(srv, body)
+	dial := serveInMemory(t, srv)
 
-	c, err := net.Dial("unix", sock)
+	c, err := dial(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
 	if _, err := io.WriteString(c, "POST /v1/decode HTTP/1.1\r\nHost: egressd\r\nContent-Length: 1048576\r\n\r\n{"); err != nil {
 		t.Fatal(err)
 	}
@@ -320,18 +323,20 @@ func TestBodyNotSentInTime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no answer to a request whose body does not come: %v", err)
 	}
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("status %d, want 400", resp.StatusCode)
+	if took := time.Since(start); resp.StatusCode != http.StatusBadRequest || took != body {
+		t.Errorf("status %d after %v, want 400 after the body's %v", resp.StatusCode, took, body)
 	}
 
-	client := &control.Client{Socket: sock, Timeout: 5 * time.Second}
+	client := &control.Client{Timeout: 5 * time.Second, Dial: dial}
 	t.Cleanup(client.CloseIdleConnections)
 	var out echoIn
-	if err := client.Do(context.Background(), http.MethodPost, "slowecho", echoIn{Name: "a"}, &out); err != nil || out.Name != "a" {
-		t.Errorf("slow handler after its body: %+v, %v", out, err)
+	start = time.Now()
+	if err := client.Do(context.Background(), http.MethodPost, "slowecho", echoIn{Name: "a"}, &out); err != nil || out.Name != "a" || time.Since(start) != work {
+		t.Errorf("slow handler after its body: %+v, %v after %v; want it after %v", out, err, time.Since(start), work)
 	}
-	if err := client.Get(context.Background(), "slowget", nil); err != nil {
-		t.Errorf("slow handler without a body: %v", err)
+	start = time.Now()
+	if err := client.Get(context.Background(), "slowget", nil); err != nil || time.Since(start) != work {
+		t.Errorf("slow handler without a body: %v after %v; want it after %v", err, time.Since(start), work)
 	}
 }
 
@@ -340,24 +345,21 @@ func TestBodyNotSentInTime(t *testing.T) {
 // would otherwise hold its goroutine, and a stop, for ever.
 func TestStreamWriteTimesOut(t *testing.T) {
 	tr := &testRoutes{calls: map[string]int{}, streamDone: make(chan error, 1)}
-	sock := filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := controlserver.New(controlserver.Config{Socket: sock, Routes: tr.table(), Logger: quiet})
+	srv, err := controlserver.New(controlserver.Config{Socket: filepath.Join(sockDir(t), "egressd.sock"), Routes: tr.table(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	controlserver.SetWriteTimeout(srv, 200*time.Millisecond)
-	serve(t, srv)
-
-	get(t, sock, "/v1/events?follow=1&big=1")
+	get(t, serve(t, srv), "/v1/events?follow=1&big=1")
 	// Never read: the socket's buffers fill and the handler's write blocks.
 	awaitWriteTimeout(t, tr.streamDone)
 }
 
 // get sends a GET of path on a connection of its own, which it returns
 // unread. The test ends with the connection closed.
-func get(t *testing.T, sock, path string) net.Conn {
+func get(t *testing.T, dial dialer, path string) net.Conn {
 	t.Helper()
-	c, err := net.Dial("unix", sock)
+	c, err := dial(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,14 +384,13 @@ func awaitWriteTimeout(t *testing.T, done <-chan error) {
 	}
 }
 
-// bigAnswer serves route "big": a JSON answer of about n bytes, as `limit
-// ls` is for a daemon with many rules. done receives what each call of the
-// handler returned.
-func bigAnswer(t *testing.T, n int, timeout time.Duration) (sock string, srv *controlserver.Server, done chan error) {
+// bigAnswer is a server, not yet serving, of route "big": a JSON answer
+// of about n bytes, as `limit ls` is for a daemon with many rules. done
+// receives what each call of the handler returned.
+func bigAnswer(t *testing.T, n int, timeout time.Duration) (srv *controlserver.Server, done chan error) {
 	t.Helper()
 	done = make(chan error, 1)
-	sock = filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := controlserver.New(controlserver.Config{Socket: sock, Logger: quiet, Routes: map[string]controlserver.Route{
+	srv, err := controlserver.New(controlserver.Config{Socket: filepath.Join(sockDir(t), "egressd.sock"), Logger: quiet, Routes: map[string]controlserver.Route{
 		"big": {Method: http.MethodGet, Handler: func(w http.ResponseWriter, r *http.Request) (err error) {
 			defer func() { done <- err }()
 			return controlserver.WriteJSON(w, http.StatusOK, strings.Repeat("x", n))
@@ -399,8 +400,7 @@ func bigAnswer(t *testing.T, n int, timeout time.Duration) (sock string, srv *co
 		t.Fatal(err)
 	}
 	controlserver.SetWriteTimeout(srv, timeout)
-	serve(t, srv)
-	return sock, srv, done
+	return srv, done
 }
 
 // A peer that asks for a large answer and never reads it fails the
@@ -408,8 +408,8 @@ func bigAnswer(t *testing.T, n int, timeout time.Duration) (sock string, srv *co
 // and the connection is closed, where they would otherwise hold a
 // goroutine, the encoded answer and a stop for ever.
 func TestUnreadAnswerTimesOut(t *testing.T) {
-	sock, srv, done := bigAnswer(t, 8<<20, 200*time.Millisecond)
-	c := get(t, sock, "/v1/big")
+	srv, done := bigAnswer(t, 8<<20, 200*time.Millisecond)
+	c := get(t, serve(t, srv), "/v1/big")
 	// Never read: the socket's buffers fill and the handler's write blocks.
 	awaitWriteTimeout(t, done)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -426,14 +426,13 @@ func TestUnreadAnswerTimesOut(t *testing.T) {
 // A peer that reads a large answer slowly, taking more than twice the
 // write timeout over the whole of it (256 reads, each after a 20 ms
 // pause) but never stalling for as long, gets all of it: the timeout
-// bounds a stall, not the answer's size. The timeout is a hundred pauses:
-// a loaded machine stops the reader longer than its pause (with 200 ms,
-// CI once saw a write time out, and 500 ms failed at a load of 20 on 2
-// CPUs).
-func TestSlowReaderGetsWholeAnswer(t *testing.T) {
+// bounds a stall, not the answer's size.
+func TestSlowReaderGetsWholeAnswer(t *testing.T) { synctest.Test(t, testSlowReaderGetsWholeAnswer) }
+
+func testSlowReaderGetsWholeAnswer(t *testing.T) {
 	const n, timeout = 4 << 20, 2 * time.Second
-	sock, _, done := bigAnswer(t, n, timeout)
-	c := get(t, sock, "/v1/big")
+	srv, done := bigAnswer(t, n, timeout)
+	c := get(t, serveInMemory(t, srv), "/v1/big")
 	start := time.Now()
 	resp, err := http.ReadResponse(bufio.NewReaderSize(&slowReader{r: c, every: 20 * time.Millisecond}, 16<<10), nil)
 	if err != nil {
@@ -451,25 +450,29 @@ func TestSlowReaderGetsWholeAnswer(t *testing.T) {
 	}
 }
 
-// slowReader reads at most 16 KiB at a time, each read after a pause.
+// slowReader reads at most 16 KiB at a time, each read after a pause of
+// the bubble's clock.
 type slowReader struct {
 	r     io.Reader
 	every time.Duration
 }
 
 func (s *slowReader) Read(b []byte) (int, error) {
-	time.Sleep(s.every)
+	clocktest.Advance(s.every)
 	return s.r.Read(b[:min(len(b), 16<<10)])
 }
 
 // A handler that takes longer than the write timeout still has its
 // answer sent, the header alone included, which net/http writes after
 // the handler returns: the timeout bounds a write, not the request.
-func TestSlowHandlerAnswered(t *testing.T) {
-	sock := filepath.Join(sockDir(t), "egressd.sock")
-	srv, err := controlserver.New(controlserver.Config{Socket: sock, Logger: quiet, Routes: map[string]controlserver.Route{
+func TestSlowHandlerAnswered(t *testing.T) { synctest.Test(t, testSlowHandlerAnswered) }
+
+func testSlowHandlerAnswered(t *testing.T) {
+	srv, err := controlserver.New(controlserver.Config{Logger: quiet, Routes: map[string]controlserver.Route{
 		"slow": {Method: http.MethodGet, Handler: func(w http.ResponseWriter, r *http.Request) error {
-			time.Sleep(300 * time.Millisecond)
+			if err := clocktest.Latency(r.Context(), 300*time.Millisecond); err != nil {
+				return err
+			}
 			w.WriteHeader(http.StatusNoContent)
 			return nil
 		}},
@@ -478,8 +481,7 @@ func TestSlowHandlerAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	controlserver.SetWriteTimeout(srv, 100*time.Millisecond)
-	serve(t, srv)
-	resp, err := http.ReadResponse(bufio.NewReader(get(t, sock, "/v1/slow")), nil)
+	resp, err := http.ReadResponse(bufio.NewReader(get(t, serveInMemory(t, srv), "/v1/slow")), nil)
 	if err != nil || resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("answer of a handler slower than the write timeout: %v, %v", resp, err)
 	}
