@@ -15,12 +15,12 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/egressd/egressd/internal/bpffs"
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/pkg/cgroups"
 )
 
@@ -71,11 +71,7 @@ func Cgroup(t testing.TB, name string) string {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatalf("create cgroup: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := removeCgroup(dir); err != nil {
-			t.Errorf("remove cgroup %s: %v", dir, err)
-		}
-	})
+	t.Cleanup(func() { removeCgroup(t, dir) })
 	return dir
 }
 
@@ -86,29 +82,24 @@ func SubCgroup(t testing.TB, parent, name string) string {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatalf("create cgroup: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := removeCgroup(dir); err != nil {
-			t.Errorf("remove cgroup %s: %v", dir, err)
-		}
-	})
+	t.Cleanup(func() { removeCgroup(t, dir) })
 	return dir
 }
 
-func removeCgroup(dir string) error {
+// removeCgroup kills what runs in the cgroup at dir and removes it once
+// the kernel has let the processes go.
+func removeCgroup(t testing.TB, dir string) {
+	t.Helper()
 	// Killing needs cgroup.kill (5.14+); fall back to SIGKILL by pid.
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
 		for _, pid := range procs(dir) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	var err error
-	for range 100 {
-		if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return err
+	clocktest.Eventually(t, "cgroup "+dir+" removed", func() bool {
+		err := os.Remove(dir)
+		return err == nil || errors.Is(err, os.ErrNotExist)
+	})
 }
 
 func procs(dir string) []int {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/testport"
 )
 
@@ -266,24 +267,19 @@ func (s *Server) WaitReplica(t testing.TB, replica *Server) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	clocktest.Eventually(t, fmt.Sprintf("replica %s to catch up with %s", replica.Addr(), s.Addr()), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		pipe := c.Pipeline()
 		pipe.Set(ctx, "redistest:replicated", replica.Addr(), 0)
 		wait := pipe.Do(ctx, "WAIT", 1, 200)
 		_, err := pipe.Exec(ctx)
-		cancel()
-		if n, _ := wait.Int64(); err == nil && n >= 1 {
-			if v, _ := replica.Do("GET", "redistest:replicated"); v == replica.Addr() {
-				return
-			}
+		if n, _ := wait.Int64(); err != nil || n < 1 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %s never caught up with %s: %v", replica.Addr(), s.Addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		v, _ := replica.Do("GET", "redistest:replicated")
+		return v == replica.Addr()
+	})
 }
 
 // Sentinel is a redis-sentinel watching one primary.
@@ -355,18 +351,11 @@ func StartCluster(t testing.TB, n int) []*Server {
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(20 * time.Second)
 	for _, s := range nodes {
-		for {
+		clocktest.Eventually(t, "cluster state ok on "+s.Addr(), func() bool {
 			info, err := s.Do("CLUSTER", "INFO")
-			if err == nil && strings.Contains(info.(string), "cluster_state:ok") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("cluster never reached state ok on %s: %v %v", s.Addr(), info, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return err == nil && strings.Contains(info.(string), "cluster_state:ok")
+		})
 	}
 	return nodes
 }
