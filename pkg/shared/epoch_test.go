@@ -90,7 +90,8 @@ func TestSlotsEpochEphemeral(t *testing.T) {
 		step(t, a, SlotsRequest{Want: 3, Demand: 3, Prior: 2, HadState: true}, 2, true)
 		step(t, b, SlotsRequest{Want: 2, Demand: 4, Prior: 2, HadState: true}, 2, true)
 		step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 0, true)
-		time.Sleep(lease / 8) // real Redis: the holders' renewal period, on the real clock
+		// Real Redis freezes on its own clock: the holders renew every eighth of the lease on the real one.
+		time.Sleep(lease / 8)
 	}
 	awaitThaw(t, c, t.Name())
 	// Thawed: fair shares again. Demands 3, 4 and 1 split the 4 as 1, 1

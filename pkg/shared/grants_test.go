@@ -235,7 +235,8 @@ func TestGrantsSlidingWindowReturnSparesNewerSegments(t *testing.T) {
 // what B's own 5 leave. The waits are for Redis's clock to reach the
 // segments; a machine that stalls for half a window after the last one
 // makes the last claim count once B's segment has left too, which its
-// segment tells: the sequence is then played again, on another key.
+// segment tells: that claim must then get everything, and the sequence is
+// played again, on another key.
 func TestGrantsSlidingWindowReturnKeepsWindow(t *testing.T) {
 	s := startRedis(t)
 	c := s.Client(t)
@@ -257,6 +258,10 @@ func TestGrantsSlidingWindowReturnKeepsWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 		if last.Segment >= cb.Segment+segments {
+			// Nothing claimed is left in the window: all of it is there.
+			if last.Got != 10 {
+				t.Errorf("B's claim of 10 once every claimed segment left the window got %d; want 10", last.Got)
+			}
 			t.Logf("try %d: the last claim ran in segment %d, once B's (%d) had left the window too: again", try, last.Segment, cb.Segment)
 			continue
 		}

@@ -133,7 +133,8 @@ func holdersSlots(b *testing.B, rounds int) {
 			if n, err := c.ZCard(context.Background(), "holders").Result(); err == nil && n-budget > over.Load() {
 				over.Store(n - budget)
 			}
-			time.Sleep(time.Millisecond) // real Redis: the sampler's period, on the real clock
+			// Real Redis cannot be sampled on a fake clock: the sampler's period, on the real one.
+			time.Sleep(time.Millisecond)
 		}
 	})
 	cpu := redisCPU(b, s)

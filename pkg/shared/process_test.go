@@ -145,7 +145,8 @@ func sharedHelper(args []string, in io.Reader, out, errOut io.Writer) int {
 				}
 				t2 := t1
 				if l.conc {
-					time.Sleep(leaseHold) // real Redis, across processes: the work a lease guards
+					// Real Redis, across processes, on the real clock: the work a lease guards.
+					time.Sleep(leaseHold)
 					t2 = time.Now()
 				}
 				lease.Release()
