@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf/link"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/internal/testport"
@@ -34,7 +35,7 @@ func startHTTP10(t *testing.T) int {
 		t.Fatalf("start http.server: %v", err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	eventually(t, "http.server listening", func() bool {
+	clocktest.Eventually(t, "http.server listening", func() bool {
 		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
 			c.Close()
@@ -143,7 +144,7 @@ func TestNestedDaemons(t *testing.T) {
 					// the reset comes in.
 					for e, on := range limited {
 						if on {
-							eventually(t, when+": no live connection after a reset", func() bool { return e.limit(t, "local").Live == 0 })
+							clocktest.Eventually(t, when+": no live connection after a reset", func() bool { return e.limit(t, "local").Live == 0 })
 						}
 					}
 				}
@@ -159,7 +160,7 @@ func TestNestedDaemons(t *testing.T) {
 				<-k.done
 				for e, on := range limited {
 					if on {
-						eventually(t, when+": no live connection after the kill", func() bool { return e.limit(t, "local").Live == 0 })
+						clocktest.Eventually(t, when+": no live connection after the kill", func() bool { return e.limit(t, "local").Live == 0 })
 					}
 				}
 			}
@@ -213,7 +214,7 @@ func serviceRound(t *testing.T, e *env, service string, limit, http10, reset, ho
 	}
 	k.cmd.Process.Kill()
 	<-k.done
-	eventually(t, "no live connection after the round", func() bool { return e.limit(t, "local").Live == 0 })
+	clocktest.Eventually(t, "no live connection after the round", func() bool { return e.limit(t, "local").Live == 0 })
 }
 
 // TestOtherProgramsMarks: another program that clears, sets or turns over
@@ -315,12 +316,7 @@ func TestRecountGivesBackLostSlots(t *testing.T) {
 	if got := a.dial(t, holder); got != "err 1" {
 		t.Fatalf("dial with every slot lost: %s, want EPERM", got)
 	}
-	for e.limit(t, "local").Live != 0 {
-		if time.Since(lostAt) > 5*time.Second {
-			t.Fatalf("live %d %v after the slots were lost, with a recount every second", e.limit(t, "local").Live, time.Since(lostAt))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	clocktest.Eventually(t, "the recounts to give the lost slots back", func() bool { return e.limit(t, "local").Live == 0 })
 	// A recount that starts just after the loss gives the slots back; the
 	// next one starts a period later, at the most.
 	if took := time.Since(lostAt); took > 2*time.Second {
@@ -402,7 +398,7 @@ func TestRecountNeverOverAdmits(t *testing.T) {
 		lossy.d = lossy.start(t)
 		w.busy(w.hosts[1], 12)
 		churnLosingSlots(t, w, lossy, d)
-		eventually(t, "the host that lost slots hands its Redis slots back", func() bool { return lossy.share(t, "pool").Shared.Slots == 0 })
+		clocktest.Eventually(t, "the host that lost slots hands its Redis slots back", func() bool { return lossy.share(t, "pool").Shared.Slots == 0 })
 	})
 }
 
@@ -426,30 +422,21 @@ func churnLosingSlots(t *testing.T, w *world, h *sharingHost, d time.Duration) {
 		// Each admitted connect the peer refuses holds its slot, lost at
 		// its close; under the churn the rule often refuses it first.
 		lost := 0
-		for deadline := time.Now().Add(10 * time.Second); lost < perLoss; {
+		clocktest.Eventually(t, fmt.Sprintf("%d connects admitted to lose slots with", perLoss), func() bool {
 			switch got := a.call(t, "dial %s %d", h.dest, closed); got {
 			case "err 111":
 				lost++
 			case "err 1":
-				if time.Now().After(deadline) {
-					t.Fatalf("no connect admitted in 10 s to lose a slot with")
-				}
-				time.Sleep(5 * time.Millisecond)
 			default:
 				t.Fatalf("dial a closed port: %s", got)
 			}
-		}
+			return lost == perLoss
+		})
 		lostAt := time.Now()
-		for {
+		clocktest.Eventually(t, fmt.Sprintf("the recounts to give back the %d lost slots", perLoss), func() bool {
 			v, _ := h.scrape(t).value("egressd_recount_released_total", map[string]string{"rule": "pool", "cause": "freed_socket"})
-			if v >= perLoss {
-				break
-			}
-			if time.Since(lostAt) > 10*time.Second {
-				t.Fatalf("%d of %d lost slots given back %v after they were lost", int(v), perLoss, time.Since(lostAt))
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return v >= perLoss
+		})
 		heals = append(heals, time.Since(lostAt))
 		losses++
 		h.d.kill(t)

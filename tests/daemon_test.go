@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/internal/testport"
 	"github.com/egressd/egressd/pkg/control"
@@ -145,7 +146,7 @@ func TestDaemonLimitsAnyLanguage(t *testing.T) {
 
 	// The refusal reaches the event stream from the ring buffer shortly.
 	var ev control.Event
-	eventually(t, "the refusal in egressd events --json", func() bool {
+	clocktest.Eventually(t, "the refusal in egressd events --json", func() bool {
 		for _, line := range lines(e.ok(t, "--json", "events")) {
 			var r control.Event
 			if err := json.Unmarshal([]byte(line), &r); err != nil {
@@ -203,7 +204,7 @@ func TestDaemonLimitsAnyLanguage(t *testing.T) {
 	// Closing the connections gives the slots back.
 	py.call(t, "close 0")
 	py.call(t, "close 1")
-	eventually(t, "live back to 0", func() bool { return e.limit(t, "web").Live == 0 })
+	clocktest.Eventually(t, "live back to 0", func() bool { return e.limit(t, "web").Live == 0 })
 
 	// Uninstall: the daemon detaches, removes its pins and exits with
 	// status 3, which keeps systemd (RestartPreventExitStatus=3) from
@@ -320,18 +321,16 @@ func TestDaemonKilledUnderChurn(t *testing.T) {
 		}
 	}
 	churn := e.churn(t, port)
-	time.Sleep(300 * time.Millisecond)
+	clocktest.Eventually(t, "the churn under way: ten connections of it admitted", func() bool { return e.limit(t, "web").Admitted >= limit-1+10 })
 
 	d.kill(t)
-	time.Sleep(100 * time.Millisecond) // churn on with nobody home
+	// The churner's progress cannot be seen with no daemon: it churns on for a while.
+	time.Sleep(100 * time.Millisecond)
 	// Take the last slot; the churner holds it at moments, so try again.
-	deadline := time.Now().Add(5 * time.Second)
-	for held < limit && time.Now().Before(deadline) {
+	clocktest.Eventually(t, "the holder to take the last slot with the daemon dead", func() bool {
 		dial()
-	}
-	if held != limit {
-		t.Fatalf("holder got %d connections with the daemon dead, want %d", held, limit)
-	}
+		return held == limit
+	})
 	if got := dial(); got != "err 1" {
 		t.Fatalf("connect over the limit with the daemon dead: %q, want err 1 (EPERM)", got)
 	}
@@ -349,7 +348,7 @@ func TestDaemonKilledUnderChurn(t *testing.T) {
 	}
 
 	// Every connect() of both clients is in the adopted counts.
-	eventually(t, "live back to what the holder holds", func() bool { return e.limit(t, "web").Live == int64(held) })
+	clocktest.Eventually(t, "live back to what the holder holds", func() bool { return e.limit(t, "web").Live == int64(held) })
 	var ls []control.Limit
 	e.json(t, &ls, "limit", "ls")
 	checkLimits(t, ls, map[string]control.Limit{"web": {
@@ -366,7 +365,7 @@ func TestDaemonKilledUnderChurn(t *testing.T) {
 	for i := range limit {
 		holder.call(t, "close %d", i)
 	}
-	eventually(t, "live back to 0", func() bool { return e.limit(t, "web").Live == 0 })
+	clocktest.Eventually(t, "live back to 0", func() bool { return e.limit(t, "web").Live == 0 })
 }
 
 // TestDaemonRestartKeepsHostRuleWhileDNSFails restarts the daemon while a
@@ -507,7 +506,7 @@ func TestDaemonRefusesBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		var again control.Status
-		eventually(t, "the SIGHUP reload in status", func() bool {
+		clocktest.Eventually(t, "the SIGHUP reload in status", func() bool {
 			e.json(t, &again, "status")
 			return again.LastReload.Time.After(st.LastReload.Time)
 		})
@@ -826,21 +825,17 @@ func (e *env) startWrapped(t *testing.T, wrapper ...string) *daemon {
 	})
 	cl := &control.Client{Socket: e.socket, Timeout: time.Second}
 	defer cl.CloseIdleConnections()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := cl.Status(context.Background())
-		if err == nil {
-			return d
-		}
+	// Its log is the test's once it fails.
+	clocktest.Eventually(t, "egressd run to answer on "+e.socket, func() bool {
 		select {
 		case <-d.done:
-			t.Fatalf("egressd run exited before serving: %v\n%s", d.err, d.log)
-		case <-time.After(20 * time.Millisecond):
+			t.Fatalf("egressd run exited before serving: %v", d.err)
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("egressd run does not answer on %s: %v\n%s", e.socket, err, d.log)
-		}
-	}
+		_, err := cl.Status(context.Background())
+		return err == nil
+	})
+	return d
 }
 
 // wait waits for the daemon to exit by itself and returns how it did.
@@ -946,18 +941,6 @@ func lines(s string) []string {
 		}
 	}
 	return out
-}
-
-// eventually polls cond for up to five seconds.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // metrics is one scrape of /metrics: the samples of each family.

@@ -27,6 +27,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/internal/redistest"
 	"github.com/egressd/egressd/pkg/control"
@@ -307,7 +308,7 @@ func TestQUICConcurrency(t *testing.T) {
 	// One closes: the next connects.
 	held[0].CloseWithError(0, "")
 	var next *quic.Conn
-	eventually(t, "a client after one closed", func() bool {
+	clocktest.Eventually(t, "a client after one closed", func() bool {
 		next, err = holdQUICWith(ctx, w.addr, keptAlive)
 		return err == nil
 	})
@@ -317,7 +318,7 @@ func TestQUICConcurrency(t *testing.T) {
 	// beside it. Its connection is still open, with nothing sent.
 	idle := held[1]
 	var after *quic.Conn
-	eventually(t, "a client after one idled out", func() bool {
+	clocktest.Eventually(t, "a client after one idled out", func() bool {
 		after, err = holdQUICWith(ctx, w.addr, keptAlive)
 		return err == nil
 	})

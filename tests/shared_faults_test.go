@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/internal/redistest"
+	"github.com/egressd/egressd/pkg/control"
 )
 
 // TestSharedFailureModes shows the other two failure modes while Redis is
@@ -29,22 +31,22 @@ func TestSharedFailureModes(t *testing.T) {
 	if !strings.Contains(out, "shared: key egressd-test:modes, reachable") && !strings.Contains(out, "shared: key egressd-test:modes, waiting for Redis's first answer") {
 		t.Errorf("limit set of a shared rule says:\n%s", out)
 	}
-	eventually(t, "the CLI's rule sees Redis", func() bool { return deny.share(t, "pool").Shared.Reachable })
+	clocktest.Eventually(t, "the CLI's rule sees Redis", func() bool { return deny.share(t, "pool").Shared.Reachable })
 	w.thawed()
 	start := privtest.Monotonic()
 	w.busy(allow, 20)
 	w.busy(deny, 20)
-	eventually(t, "both hosts hold slots", func() bool {
+	clocktest.Eventually(t, "both hosts hold slots", func() bool {
 		return allow.share(t, "pool").Shared.Slots > 0 && deny.share(t, "pool").Shared.Slots > 0
 	})
 	time.Sleep(time.Second)
 	before := privtest.Monotonic()
 
 	rds.Stop()
-	eventually(t, "both hosts see Redis unreachable", func() bool {
+	clocktest.Eventually(t, "both hosts see Redis unreachable", func() bool {
 		return !allow.share(t, "pool").Shared.Reachable && !deny.share(t, "pool").Shared.Reachable
 	})
-	time.Sleep(300 * time.Millisecond) // connections deny admitted before drain
+	clocktest.Eventually(t, "the connections the deny host admitted before the outage to drain", func() bool { return deny.share(t, "pool").Live == 0 })
 	denied := deny.share(t, "pool").Admitted
 	outage := privtest.Monotonic()
 	time.Sleep(1500 * time.Millisecond)
@@ -59,12 +61,12 @@ func TestSharedFailureModes(t *testing.T) {
 	settled := privtest.Monotonic()
 
 	rds.Restart()
-	eventually(t, "both hosts reach Redis again", func() bool {
+	clocktest.Eventually(t, "both hosts reach Redis again", func() bool {
 		return allow.share(t, "pool").Shared.Reachable && deny.share(t, "pool").Shared.Reachable
 	})
 	w.thawed() // a persistent budget Redis lost: the hosts that held slots freeze it
 	back := privtest.Monotonic()
-	eventually(t, "the deny host shares again", func() bool { return deny.share(t, "pool").Limit > 0 })
+	clocktest.Eventually(t, "the deny host shares again", func() bool { return deny.share(t, "pool").Limit > 0 })
 	time.Sleep(2 * time.Second) // what allow admitted beyond its share drains
 	drained := privtest.Monotonic()
 	time.Sleep(time.Second)
@@ -132,7 +134,8 @@ func TestSharedRateAcrossHosts(t *testing.T) {
 		t.Errorf("a host got none of the budget: spent %d and %d", la.Shared.Spent, lb.Shared.Spent)
 	}
 	// Idle, each host hands back what it claimed and did not spend, but
-	// one permit.
+	// one permit. A host that has nothing unspent shows no sign of its
+	// idle spell: the daemons' idle time (1 s) must pass on their clock.
 	time.Sleep(1500 * time.Millisecond)
 	for i, h := range []*sharingHost{a, b} {
 		l := h.share(t, "rate")
@@ -151,13 +154,12 @@ func TestSharedRateAcrossHosts(t *testing.T) {
 		t.Errorf("a connection after an idle spell: %s; want the first admitted", line)
 	}
 	one.Wait(t)
-	time.Sleep(1500 * time.Millisecond)
-	if l := a.share(t, "rate"); l.Shared.Granted != l.Shared.Spent+1 || l.Shared.Returned <= la.Shared.Returned {
-		t.Errorf("after one connection and an idle spell: granted %d, spent %d, handed back %d (was %d); want the unspent batch handed back",
-			l.Shared.Granted, l.Shared.Spent, l.Shared.Returned, la.Shared.Returned)
-	} else {
-		t.Logf("after one connection and an idle spell: granted %d, spent %d, handed back %d", l.Shared.Granted, l.Shared.Spent, l.Shared.Returned)
-	}
+	var l control.Limit
+	clocktest.Eventually(t, "host a, idle again, to hand back the unspent batch but one permit", func() bool {
+		l = a.share(t, "rate")
+		return l.Shared.Granted == l.Shared.Spent+1 && l.Shared.Returned > la.Shared.Returned
+	})
+	t.Logf("after one connection and an idle spell: granted %d, spent %d, handed back %d", l.Shared.Granted, l.Shared.Spent, l.Shared.Returned)
 	if la.Shape != "per_second" {
 		t.Errorf("shape %q, want per_second", la.Shape)
 	}
@@ -228,21 +230,21 @@ func TestSharedSentinelFailover(t *testing.T) {
 	primary.Stop()
 	replica.Resume()
 	w.busy(a, 20)
-	eventually(t, "Sentinel promotes the replica", func() bool { return sentinel.Primary(t, "budgets") == replica.Addr() })
+	clocktest.Eventually(t, "Sentinel promotes the replica", func() bool { return sentinel.Primary(t, "budgets") == replica.Addr() })
 	failedOver := privtest.Monotonic()
 	for _, h := range w.hosts {
-		eventually(t, "the hosts reach the new primary", func() bool { return h.share(t, "pool").Shared.Reachable })
+		clocktest.Eventually(t, "the hosts reach the new primary", func() bool { return h.share(t, "pool").Shared.Reachable })
 	}
 	// The new primary has no replica to confirm growth: host a, idle
 	// meanwhile, cannot grow back.
-	eventually(t, "host a's growth left unconfirmed", func() bool { return a.share(t, "pool").Shared.Unconfirmed > 0 })
+	clocktest.Eventually(t, "host a's growth left unconfirmed", func() bool { return a.share(t, "pool").Shared.Unconfirmed > 0 })
 	if l := a.share(t, "pool"); l.Limit != 0 {
 		t.Errorf("with no replica to confirm it, host a's kernel limit is %d; want 0: its growth unused", l.Limit)
 	}
 	// A new replica joins the new primary, and growth is confirmed again.
 	fresh := redistest.StartWith(t, redistest.Config{ReplicaOf: replica})
 	replica.WaitReplica(t, fresh)
-	eventually(t, "host a grows again, confirmed by the new replica", func() bool { return a.share(t, "pool").Limit > 0 })
+	clocktest.Eventually(t, "host a grows again, confirmed by the new replica", func() bool { return a.share(t, "pool").Limit > 0 })
 	time.Sleep(time.Second)
 	slots := w.slots()
 	w.stopAll()
@@ -281,7 +283,7 @@ func TestSharedPersistentRedisRestart(t *testing.T) {
 	rds.Stop()
 	rds.Restart()
 	for _, h := range w.hosts {
-		eventually(t, "the hosts reach Redis again", func() bool { return h.share(t, "pool").Shared.Reachable })
+		clocktest.Eventually(t, "the hosts reach Redis again", func() bool { return h.share(t, "pool").Shared.Reachable })
 		if l := h.share(t, "pool"); !l.Shared.FrozenUntil.IsZero() || l.Shared.Epoch != epoch {
 			t.Errorf("after Redis read its AOF back: %+v; want epoch %d, not frozen", l.Shared, epoch)
 		}
@@ -320,13 +322,12 @@ func TestSharedDaemonKilledOrPaused(t *testing.T) {
 		time.Sleep(time.Duration(rng.IntN(800)) * time.Millisecond)
 		paused.d.resume(t)
 	}
-	time.Sleep(time.Second)
-	slots := w.slots()
+	clocktest.Eventually(t, "the busy hosts to hold most of the 10 slots after the kills and pauses", func() bool {
+		slots := w.slots()
+		return slots[0]+slots[1]+slots[2] >= 8
+	})
 	w.stopAll()
 	w.check("kills and pauses", start, privtest.Monotonic())
-	if sum := slots[0] + slots[1] + slots[2]; sum < 8 {
-		t.Errorf("after the kills and pauses the busy hosts hold %v slots: want most of the 10", slots)
-	}
 }
 
 // TestSharedDaemonGoneLongerThanLease: a daemon killed and not restarted
@@ -343,7 +344,7 @@ func TestSharedDaemonGoneLongerThanLease(t *testing.T) {
 	start := privtest.Monotonic()
 	w.busy(a, 20)
 	w.busy(b, 20)
-	time.Sleep(2 * time.Second) // each near its fair share
+	clocktest.Eventually(t, "each host near its fair share, 5", func() bool { return min(a.share(t, "pool").Shared.Slots, b.share(t, "pool").Shared.Slots) >= 4 })
 	a.d.kill(t)
 	killed := privtest.Monotonic()
 	// a's kernel stops admitting at its last confirmed renewal + the
@@ -351,7 +352,7 @@ func TestSharedDaemonGoneLongerThanLease(t *testing.T) {
 	time.Sleep(7 * time.Second)
 	gone := privtest.Monotonic()
 	a.d = a.start(t)
-	eventually(t, "the restarted host holds slots again", func() bool { return a.share(t, "pool").Shared.Slots > 0 })
+	clocktest.Eventually(t, "the restarted host holds slots again", func() bool { return a.share(t, "pool").Shared.Slots > 0 })
 	time.Sleep(time.Second)
 	w.stopAll()
 	w.check("a daemon gone longer than the lease", start, privtest.Monotonic())
@@ -378,11 +379,12 @@ func TestSharedCluster(t *testing.T) {
 	for _, h := range w.hosts {
 		w.busy(h, 15)
 	}
+	// The load's length, for the check of what the clients held.
 	time.Sleep(2 * time.Second)
-	slots := w.slots()
+	clocktest.Eventually(t, "the busy hosts to share the 6 slots through the cluster", func() bool {
+		slots := w.slots()
+		return slots[0] > 0 && slots[1] > 0 && slots[0]+slots[1] >= 5
+	})
 	w.stopAll()
 	w.check("through the cluster", start, privtest.Monotonic())
-	if slots[0] == 0 || slots[1] == 0 || slots[0]+slots[1] < 5 {
-		t.Errorf("through the cluster the busy hosts hold %v slots of 6; want it shared", slots)
-	}
 }

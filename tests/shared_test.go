@@ -245,17 +245,20 @@ func (w *world) check(phase string, from, to int64) int {
 	return most
 }
 
-// frozenUntil waits until no host reports the budget frozen.
+// thawed waits until no host reports the budget frozen.
 func (w *world) thawed() {
 	w.t.Helper()
-	for _, h := range w.hosts {
-		deadline := time.Now().Add(time.Minute)
-		for l := h.share(w.t, "pool"); !l.Shared.FrozenUntil.IsZero(); l = h.share(w.t, "pool") {
-			if time.Now().After(deadline) {
-				w.t.Fatalf("the budget stays frozen: %+v", l.Shared)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+	for i, h := range w.hosts {
+		clocktest.Eventually(w.t, fmt.Sprintf("host %d to see the budget thawed", i+1), func() bool { return h.share(w.t, "pool").Shared.FrozenUntil.IsZero() })
+	}
+}
+
+// idle waits until every host has handed its whole share back, as a host
+// without connections does.
+func (w *world) idle() {
+	w.t.Helper()
+	for i, h := range w.hosts {
+		clocktest.Eventually(w.t, fmt.Sprintf("host %d to hand its share back", i+1), func() bool { return h.share(w.t, "pool").Shared.Slots == 0 })
 	}
 }
 
@@ -353,6 +356,7 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 	phase := privtest.Monotonic()
 	w.busy(w.hosts[0], 30)
 	most := 0
+	// The load's length, sampled: not a wait for a condition.
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		most = max(most, w.hosts[0].share(t, "pool").Shared.Slots)
 	}
@@ -366,19 +370,13 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 	for _, h := range w.hosts {
 		w.busy(h, 20)
 	}
-	time.Sleep(2 * time.Second)
-	slots := w.slots()
-	for i, n := range slots {
-		if n < 2 {
-			t.Errorf("three hosts busy: host %d holds %d slots (%v); busy hosts split the budget", i+1, n, slots)
-		}
-	}
+	clocktest.Eventually(t, "three busy hosts to split the budget, two slots each at least", func() bool { return slices.Min(w.slots()) >= 2 })
 
 	// Redis goes away: each host keeps the share it held.
 	rds.Stop()
 	held := make([]uint32, len(w.hosts))
 	for i, h := range w.hosts {
-		eventually(t, fmt.Sprintf("host %d sees Redis unreachable", i+1), func() bool { return !h.share(t, "pool").Shared.Reachable })
+		clocktest.Eventually(t, fmt.Sprintf("host %d sees Redis unreachable", i+1), func() bool { return !h.share(t, "pool").Shared.Reachable })
 		held[i] = h.share(t, "pool").Limit
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -415,7 +413,7 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 	// back what its kernel holds; then the hosts share again.
 	rds.Restart()
 	for i, h := range w.hosts {
-		eventually(t, fmt.Sprintf("host %d sees Redis again", i+1), func() bool { return h.share(t, "pool").Shared.Reachable })
+		clocktest.Eventually(t, fmt.Sprintf("host %d sees Redis again", i+1), func() bool { return h.share(t, "pool").Shared.Reachable })
 	}
 	frozen := 0
 	for _, h := range w.hosts {
@@ -424,8 +422,11 @@ func TestSharedConcurrencyAcrossHosts(t *testing.T) {
 		}
 	}
 	w.thawed()
-	time.Sleep(time.Second)
-	slots = w.slots()
+	var slots []int
+	clocktest.Eventually(t, "the hosts to hold most of the 10 slots again", func() bool {
+		slots = w.slots()
+		return slots[0]+slots[1]+slots[2] >= 8
+	})
 	w.stopAll()
 	w.check("the whole run", start, privtest.Monotonic())
 	t.Logf("after Redis came back empty: %d hosts saw the budget frozen; then slots %v", frozen, slots)
@@ -461,7 +462,7 @@ func TestSharedHostsStartBusyTogether(t *testing.T) {
 	w.thawed()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 10 {
-		time.Sleep(1200 * time.Millisecond) // idle: every share handed back
+		w.idle()
 		from := privtest.Monotonic()
 		order := rng.Perm(len(w.hosts))
 		moving := round%2 == 1
@@ -476,7 +477,7 @@ func TestSharedHostsStartBusyTogether(t *testing.T) {
 			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Millisecond)
 			late := w.hosts[order[0]]
 			w.busy(late, 10+rng.IntN(20))
-			eventually(t, "the late host gets a share", func() bool { return late.share(t, "pool").Shared.Slots >= 2 })
+			clocktest.Eventually(t, "the late host gets a share", func() bool { return late.share(t, "pool").Shared.Slots >= 2 })
 			// One of the others leaves: its clients stop.
 			w.loads[0].CloseInput()
 		}

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/control"
 )
@@ -82,13 +83,10 @@ func BenchmarkRefusalStorm(b *testing.B) {
 			}
 			b.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
 			c := &control.Client{Socket: socket, Timeout: time.Second}
-			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-				if _, err := c.Status(context.Background()); err == nil {
-					break
-				} else if time.Now().After(deadline) {
-					b.Fatalf("daemon not ready: %v", err)
-				}
-			}
+			clocktest.Eventually(b, "the daemon to answer", func() bool {
+				_, err := c.Status(context.Background())
+				return err == nil
+			})
 			var agents []*privtest.Child
 			for range tc.clients {
 				agents = append(agents, privtest.Spawn(b, cg, "agent"))

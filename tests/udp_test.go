@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/net/dns/dnsmessage"
 
+	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/privtest"
 	"github.com/egressd/egressd/pkg/control"
 )
@@ -194,7 +195,7 @@ func TestUDPFromPython(t *testing.T) {
 		t.Errorf("admitted %d refused %d, want 7 and 3", l.Admitted, l.Refused)
 	}
 	// The refusals reach the event stream from the ring buffer shortly.
-	eventually(t, "the 3 UDP refusals in egressd events --json", func() bool {
+	clocktest.Eventually(t, "the 3 UDP refusals in egressd events --json", func() bool {
 		refusals := 0
 		for _, line := range lines(e.ok(t, "--json", "events")) {
 			var ev control.Event
@@ -279,7 +280,7 @@ func TestUDPKilledAndChurned(t *testing.T) {
 	// without running its sock_release program (see docs/design.md):
 	// the recount gives such a slot back within its period, so live and
 	// the table come to zero by then.
-	eventually(t, "no slot and no UDP socket's entry once every socket closed", func() bool {
+	clocktest.Eventually(t, "no slot and no UDP socket's entry once every socket closed", func() bool {
 		return e.limit(t, "udp").Live == 0 && udpSockEntries(t, e.pins) == 0
 	})
 
@@ -291,7 +292,7 @@ func TestUDPKilledAndChurned(t *testing.T) {
 	detachSockRelease(t, e.pins)
 	holder.cmd.Process.Kill()
 	<-holder.done
-	eventually(t, "the recount giving back the killed holder's slots", func() bool { return e.limit(t, "udp").Live == 0 })
+	clocktest.Eventually(t, "the recount giving back the killed holder's slots", func() bool { return e.limit(t, "udp").Live == 0 })
 	if v, _ := e.scrape(t).value("egressd_recount_released_total", freed); v-before != limit {
 		t.Errorf("egressd_recount_released_total{cause=freed_socket} grew by %v, want %d", v-before, limit)
 	}
