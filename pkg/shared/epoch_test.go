@@ -84,14 +84,14 @@ func TestSlotsEpochEphemeral(t *testing.T) {
 	if _, err := l.Acquire(context.Background()); !sdk.IsRateLimited(err) {
 		t.Errorf("Acquire while frozen after the loss = %v, want a refusal", err)
 	}
-	// Renewed as a daemon would, while the freeze has a while to run:
-	// nothing grows. Then it ends.
-	for frozenFor(t, c, t.Name()) > lease/4 {
+	// Renewed as a daemon would, every eighth of the lease on Redis's
+	// clock, while the freeze has a while to run: nothing grows. Then it
+	// ends.
+	for at := redisTime(t, c); frozenFor(t, c, t.Name()) > lease/4; awaitRedisTime(t, c, at) {
 		step(t, a, SlotsRequest{Want: 3, Demand: 3, Prior: 2, HadState: true}, 2, true)
 		step(t, b, SlotsRequest{Want: 2, Demand: 4, Prior: 2, HadState: true}, 2, true)
 		step(t, fresh, SlotsRequest{Want: 1, Demand: 1}, 0, true)
-		// Real Redis freezes on its own clock: the holders renew every eighth of the lease on the real one.
-		time.Sleep(lease / 8)
+		at = at.Add(lease / 8)
 	}
 	awaitThaw(t, c, t.Name())
 	// Thawed: fair shares again. Demands 3, 4 and 1 split the 4 as 1, 1

@@ -169,10 +169,12 @@ func TestSlotsExpireUnlessRenewed(t *testing.T) {
 	opts := func(h string) SlotsOptions { return SlotsOptions{Permits: 2, Holder: h, LeaseDuration: lease} }
 	a, b := newSlots(t, c, opts("a")), newSlots(t, c, opts("b"))
 	resize(t, a, 2, 2)
-	// Renewed every sixth of the lease for two leases: still a's.
+	// Renewed every sixth of the lease on Redis's clock, for two leases:
+	// still a's.
+	at := redisTime(t, c)
 	for range 12 {
-		// Real Redis expires leases on its own clock: a renews every sixth of its lease on the real one.
-		time.Sleep(lease / 6)
+		at = at.Add(lease / 6)
+		awaitRedisTime(t, c, at)
 		resize(t, a, 2, 2)
 		resize(t, b, 1, 0)
 	}
