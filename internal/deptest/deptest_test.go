@@ -121,6 +121,9 @@ func TestReachesNone(t *testing.T) {
 		// URLs with redisurl: it opens no Redis client either.
 		{"pkg/policy/...", append([]string{"github.com/redis/go-redis/"}, heavy...)},
 		{"pkg/kernelrule/...", heavy},
+		// The daemon's share decisions are pure: they read package
+		// shared's types (Redis comes with them) and link no kernel.
+		{"internal/daemon/decide/...", heavy},
 		// serve reads criticality and the caller's time from package edge,
 		// which the SDK re-exports: a server, gRPC's included, links
 		// neither the SDK nor the control API. It may link Redis.
