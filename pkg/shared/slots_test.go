@@ -165,7 +165,7 @@ func TestSlotsRestartedHolderKeepsItsSlots(t *testing.T) {
 func TestSlotsExpireUnlessRenewed(t *testing.T) {
 	s := startRedis(t)
 	c := s.Client(t)
-	const lease = 300 * time.Millisecond
+	const lease = time.Second
 	opts := func(h string) SlotsOptions { return SlotsOptions{Permits: 2, Holder: h, LeaseDuration: lease} }
 	a, b := newSlots(t, c, opts("a")), newSlots(t, c, opts("b"))
 	resize(t, a, 2, 2)
