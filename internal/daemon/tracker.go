@@ -136,8 +136,8 @@ type tracker struct {
 	rules map[string]*tracked
 	// list holds the rules for walks; byTable and byKernel hold them as
 	// the last read found them, in the table's order and the kernel's:
-	// a read of the same rules finds each where it was, where looking
-	// each of 100,000 up by name took tens of milliseconds.
+	// a read of the same rules finds each where it was, with no lookup
+	// by name per rule per read.
 	list              []*tracked
 	byTable, byKernel []*tracked
 	// adjust is what each class's sums add to their members' counters:
