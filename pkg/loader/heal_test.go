@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,18 +209,34 @@ func TestRecountRemarks(t *testing.T) {
 // TestSweepFreesNoLiveSocket: while clients open and close connections as
 // fast as they can, one after another (each takes the socket table entry
 // the one before gave back), the recount sweeps the states again and
-// again: it must find no socket freed without giving its slot back, for
-// there is none. A sweep that took a state's owner for the entry's owner
-// before it would give back the slot of a live connection.
+// again: it must give back the slot of no socket but one freed without
+// its sock_release. A sweep that took a state's owner for the entry's
+// owner before it would give back the slot of a live connection. The
+// kernel now and then runs no sock_release for a socket (see
+// docs/design.md): the sock_release program's run count says how many.
 func TestSweepFreesNoLiveSocket(t *testing.T) {
 	// A small table: each sweep reads it in a moment, and looks at more
 	// states in passing.
 	d, cg := openSockTable(t, 16)
 	srv := listen(t, "tcp4", "127.0.0.1:0")
 	put(t, d, Rule{Name: "r", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1 << 20})
+	stats, err := EnableStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stats.Close()
+	releases := func() uint64 {
+		st, err := d.objs.EgressdSockRelease.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RunCount
+	}
 	privtest.Join(t, cg)
+	released := releases()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var sockets atomic.Uint64
 	for range 2 {
 		wg.Go(func() {
 			for {
@@ -228,13 +245,14 @@ func TestSweepFreesNoLiveSocket(t *testing.T) {
 					return
 				default:
 				}
+				sockets.Add(1)
 				if c, err := connect(srv); err == nil {
 					c.Close()
 				}
 			}
 		})
 	}
-	var freed, swept int64
+	var freed, swept uint64
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
 		err := d.sweepStates(func(it *egressdSweepItem) {
 			swept++
@@ -248,12 +266,17 @@ func TestSweepFreesNoLiveSocket(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	if freed != 0 {
-		t.Errorf("the sweeps gave back %d slots of %d states looked at; no socket was freed holding one", freed, swept)
+	ran := releases() - released
+	if ran > sockets.Load() {
+		t.Fatalf("sock_release ran %d times for %d sockets", ran, sockets.Load())
+	}
+	skipped := sockets.Load() - ran
+	if freed > skipped {
+		t.Errorf("the sweeps gave back %d slots of %d states looked at; %d of %d sockets were freed with no sock_release", freed, swept, skipped, sockets.Load())
 	}
 	if swept == 0 {
 		t.Error("the sweeps found no state held: the test checked nothing")
 	}
-	t.Logf("%d states looked at", swept)
+	t.Logf("%d states looked at; %d sockets, %d freed with no sock_release, %d slots given back", swept, sockets.Load(), skipped, freed)
 	waitLive(t, d, "r", 0)
 }
