@@ -241,6 +241,7 @@ func runHelpers(t *testing.T, s *redistest.Server, key, shape string) []helperRe
 		}
 	}
 	reports := make([]helperReport, helperProcs)
+	admittedProcs := 0
 	for i, p := range procs {
 		r := &reports[i]
 		done := false
@@ -278,13 +279,18 @@ func runHelpers(t *testing.T, s *redistest.Server, key, shape string) []helperRe
 		if err := p.cmd.Wait(); err != nil || !done || r.start == 0 {
 			t.Fatalf("helper %d: exit %v, done %v; stderr: %s", i, err, done, p.stderr.String())
 		}
-		if len(r.admitted) == 0 {
-			t.Errorf("helper %d was never admitted in %d attempts", i, r.attempts)
+		if len(r.admitted) > 0 {
+			admittedProcs++
 		}
 		if int64(len(r.admitted))+r.refusals != r.attempts {
 			t.Errorf("helper %d: %d admitted + %d refused != %d attempts", i, len(r.admitted), r.refusals, r.attempts)
 		}
 		t.Logf("helper %d: %d attempts, %d admitted, %d refused", i, r.attempts, len(r.admitted), r.refusals)
+	}
+	// The limiters promise no fairness: a loaded machine may leave one
+	// process refused every time. Two are enough to share the budget.
+	if admittedProcs < 2 {
+		t.Errorf("%d of %d processes admitted: the budget was not shared", admittedProcs, helperProcs)
 	}
 	return reports
 }
