@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -557,4 +559,44 @@ func TestUDPSocketsBeyondTheTable(t *testing.T) {
 	}
 	waitLive(t, d, "udp", 0)
 	noStates()
+}
+
+// TestUDPSweepFreesNoLiveSocket: while threads open a UDP socket, send a
+// datagram and close it as fast as they can, beside sockets that hold
+// their flows a moment (so that states collide in the table and go to
+// the hash), the recount sweeps again and again: it must give back the
+// flow of no socket but one freed without its sock_release, which the
+// sock_release program's run count tells (see TestSweepFreesNoLiveSocket).
+func TestUDPSweepFreesNoLiveSocket(t *testing.T) {
+	d, cg := open(t)
+	srv := udpSink(t)
+	put(t, d, Rule{Name: "udp", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Limit: 1 << 20, Protocols: ProtoUDP})
+	sweepDuringChurn(t, d, cg, "udp", 5*time.Second, func(stop <-chan struct{}, sockets *atomic.Uint64) {
+		// Each worker opens hold sockets with a flow each, then closes them.
+		churn := func(hold int) {
+			for !stopped(stop) {
+				fds := make([]int, 0, hold)
+				for range hold {
+					fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					sockets.Add(1)
+					if err := sendto(fd, srv); err != nil {
+						t.Error(err)
+					}
+					fds = append(fds, fd)
+				}
+				for _, fd := range fds {
+					unix.Close(fd)
+				}
+			}
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { churn(1) })
+		wg.Go(func() { churn(1) })
+		wg.Go(func() { churn(400) })
+		wg.Wait()
+	})
 }
