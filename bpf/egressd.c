@@ -334,6 +334,22 @@ struct sweep_args {
 	__u32 n; /* items in sweep */
 };
 
+/* A rule's counts, the head of its rule_state that user space reads of
+ * every rule (egressd_counts): the state holds a bpf_spin_lock, so it
+ * cannot be mapped into user space's memory, and a lookup of each copies
+ * the sliding window's segments too. */
+struct rule_counts {
+	__s64 live;
+	__u64 spent;
+	__u64 counters[COUNTER_LEN];
+};
+
+/* counts_args is egressd_counts' context. */
+struct counts_args {
+	__u32 first; /* the slot counts[0] is of */
+	__u32 n;     /* slots to copy */
+};
+
 /* One socket the remark walk found. */
 struct iter_rec {
 	__u32 rule;
@@ -359,6 +375,8 @@ const struct sample *unused_sample __attribute__((unused));
 const struct iter_rec *unused_iter_rec __attribute__((unused));
 const struct sweep_item *unused_sweep_item __attribute__((unused));
 const struct sweep_args *unused_sweep_args __attribute__((unused));
+const struct rule_counts *unused_rule_counts __attribute__((unused));
+const struct counts_args *unused_counts_args __attribute__((unused));
 const struct udp_sock *unused_udp_sock __attribute__((unused));
 const struct udp_entry *unused_udp_entry __attribute__((unused));
 const enum proto *unused_proto __attribute__((unused));
@@ -585,6 +603,18 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sweep_item);
 } sweep SEC(".maps");
+
+/* The counts of COUNTS_LEN rules from counts_args.first on, as
+ * egressd_counts copied them, mapped into user space's memory. One
+ * loader's own, never pinned. */
+#define COUNTS_LEN 4096
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, COUNTS_LEN);
+	__type(key, __u32);
+	__type(value, struct rule_counts);
+} counts SEC(".maps");
 
 /* Per CPU by index, mapped into user space's memory (user space reads
  * them without system calls): refusal_runs[cpu], and run seq of a CPU in
@@ -2150,6 +2180,35 @@ int egressd_sweep(struct sweep_args *a)
 	__u32 n = a->n;
 
 	bpf_loop(n < SWEEP_LEN ? n : SWEEP_LEN, sweep_one, 0, 0);
+	return 0;
+}
+
+static long counts_one(__u64 i, void *ctx)
+{
+	const struct counts_args *a = ctx;
+	__u32 slot = a->first + (__u32)i, at = (__u32)i;
+	struct rule_state *st = bpf_map_lookup_elem(&rule_states, &slot);
+	struct rule_counts *c = bpf_map_lookup_elem(&counts, &at);
+
+	if (!st || !c)
+		return 1; /* past the table's end */
+	c->live = st->live;
+	c->spent = st->spent;
+	for (int k = 0; k < COUNTER_LEN; k++)
+		c->counters[k] = st->counters[k];
+	return 0;
+}
+
+/* Run by the loader (BPF_PROG_TEST_RUN) to read every rule's counts: copies
+ * those of n slots from first on into counts, which user space reads from
+ * mapped memory. One call and a copy in the kernel per 4,096 rules instead
+ * of a copy out of each rule's whole state. */
+SEC("syscall")
+int egressd_counts(struct counts_args *a)
+{
+	struct counts_args args = *a;
+
+	bpf_loop(args.n < COUNTS_LEN ? args.n : COUNTS_LEN, counts_one, &args, 0);
 	return 0;
 }
 

@@ -29,6 +29,12 @@ const (
 	egressdCounterCOUNTER_LEN            egressdCounter = 10
 )
 
+type egressdCountsArgs struct {
+	_     structs.HostLayout
+	First uint32
+	N     uint32
+}
+
 type egressdDatapathConfig struct {
 	_           structs.HostLayout
 	Classes     uint32
@@ -138,6 +144,13 @@ type egressdRule struct {
 	UntilNs     uint64
 	LimitAfter  uint32
 	Pad         uint32
+}
+
+type egressdRuleCounts struct {
+	_        structs.HostLayout
+	Live     int64
+	Spent    uint64
+	Counters [10]uint64
 }
 
 type egressdRuleKey struct {
@@ -265,6 +278,7 @@ type egressdUdpSock struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	egressdMapConfig              = "config"
+	egressdMapCounts              = "counts"
 	egressdMapGlobalCounters      = "global_counters"
 	egressdMapLatency             = "latency"
 	egressdMapPorts               = "ports"
@@ -289,6 +303,7 @@ const (
 	egressdMapWoken               = "woken"
 	egressdProgEgressdConnect4    = "egressd_connect4"
 	egressdProgEgressdConnect6    = "egressd_connect6"
+	egressdProgEgressdCounts      = "egressd_counts"
 	egressdProgEgressdEgress      = "egressd_egress"
 	egressdProgEgressdIngress     = "egressd_ingress"
 	egressdProgEgressdMerge       = "egressd_merge"
@@ -306,6 +321,7 @@ const (
 	egressdVarSockTableMask       = "sock_table_mask"
 	egressdVarSockWarmMask        = "sock_warm_mask"
 	egressdVarUnusedCounter       = "unused_counter"
+	egressdVarUnusedCountsArgs    = "unused_counts_args"
 	egressdVarUnusedGlobalCounter = "unused_global_counter"
 	egressdVarUnusedIterRec       = "unused_iter_rec"
 	egressdVarUnusedMergeArgs     = "unused_merge_args"
@@ -313,6 +329,7 @@ const (
 	egressdVarUnusedRecWhat       = "unused_rec_what"
 	egressdVarUnusedRefusalNote   = "unused_refusal_note"
 	egressdVarUnusedResponseCount = "unused_response_count"
+	egressdVarUnusedRuleCounts    = "unused_rule_counts"
 	egressdVarUnusedRuleKey       = "unused_rule_key"
 	egressdVarUnusedRuleMeta      = "unused_rule_meta"
 	egressdVarUnusedSample        = "unused_sample"
@@ -369,6 +386,7 @@ type egressdSpecs struct {
 type egressdProgramSpecs struct {
 	EgressdConnect4    *ebpf.ProgramSpec `ebpf:"egressd_connect4"`
 	EgressdConnect6    *ebpf.ProgramSpec `ebpf:"egressd_connect6"`
+	EgressdCounts      *ebpf.ProgramSpec `ebpf:"egressd_counts"`
 	EgressdEgress      *ebpf.ProgramSpec `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.ProgramSpec `ebpf:"egressd_ingress"`
 	EgressdMerge       *ebpf.ProgramSpec `ebpf:"egressd_merge"`
@@ -387,6 +405,7 @@ type egressdProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressdMapSpecs struct {
 	Config         *ebpf.MapSpec `ebpf:"config"`
+	Counts         *ebpf.MapSpec `ebpf:"counts"`
 	GlobalCounters *ebpf.MapSpec `ebpf:"global_counters"`
 	Latency        *ebpf.MapSpec `ebpf:"latency"`
 	Ports          *ebpf.MapSpec `ebpf:"ports"`
@@ -421,6 +440,7 @@ type egressdVariableSpecs struct {
 	SockTableMask       *ebpf.VariableSpec `ebpf:"sock_table_mask"`
 	SockWarmMask        *ebpf.VariableSpec `ebpf:"sock_warm_mask"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
+	UnusedCountsArgs    *ebpf.VariableSpec `ebpf:"unused_counts_args"`
 	UnusedGlobalCounter *ebpf.VariableSpec `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.VariableSpec `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.VariableSpec `ebpf:"unused_merge_args"`
@@ -428,6 +448,7 @@ type egressdVariableSpecs struct {
 	UnusedRecWhat       *ebpf.VariableSpec `ebpf:"unused_rec_what"`
 	UnusedRefusalNote   *ebpf.VariableSpec `ebpf:"unused_refusal_note"`
 	UnusedResponseCount *ebpf.VariableSpec `ebpf:"unused_response_count"`
+	UnusedRuleCounts    *ebpf.VariableSpec `ebpf:"unused_rule_counts"`
 	UnusedRuleKey       *ebpf.VariableSpec `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.VariableSpec `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.VariableSpec `ebpf:"unused_sample"`
@@ -461,6 +482,7 @@ func (o *egressdObjects) Close() error {
 // It can be passed to loadEgressdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressdMaps struct {
 	Config         *ebpf.Map `ebpf:"config"`
+	Counts         *ebpf.Map `ebpf:"counts"`
 	GlobalCounters *ebpf.Map `ebpf:"global_counters"`
 	Latency        *ebpf.Map `ebpf:"latency"`
 	Ports          *ebpf.Map `ebpf:"ports"`
@@ -488,6 +510,7 @@ type egressdMaps struct {
 func (m *egressdMaps) Close() error {
 	return _EgressdClose(
 		m.Config,
+		m.Counts,
 		m.GlobalCounters,
 		m.Latency,
 		m.Ports,
@@ -523,6 +546,7 @@ type egressdVariables struct {
 	SockTableMask       *ebpf.Variable `ebpf:"sock_table_mask"`
 	SockWarmMask        *ebpf.Variable `ebpf:"sock_warm_mask"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
+	UnusedCountsArgs    *ebpf.Variable `ebpf:"unused_counts_args"`
 	UnusedGlobalCounter *ebpf.Variable `ebpf:"unused_global_counter"`
 	UnusedIterRec       *ebpf.Variable `ebpf:"unused_iter_rec"`
 	UnusedMergeArgs     *ebpf.Variable `ebpf:"unused_merge_args"`
@@ -530,6 +554,7 @@ type egressdVariables struct {
 	UnusedRecWhat       *ebpf.Variable `ebpf:"unused_rec_what"`
 	UnusedRefusalNote   *ebpf.Variable `ebpf:"unused_refusal_note"`
 	UnusedResponseCount *ebpf.Variable `ebpf:"unused_response_count"`
+	UnusedRuleCounts    *ebpf.Variable `ebpf:"unused_rule_counts"`
 	UnusedRuleKey       *ebpf.Variable `ebpf:"unused_rule_key"`
 	UnusedRuleMeta      *ebpf.Variable `ebpf:"unused_rule_meta"`
 	UnusedSample        *ebpf.Variable `ebpf:"unused_sample"`
@@ -548,6 +573,7 @@ type egressdVariables struct {
 type egressdPrograms struct {
 	EgressdConnect4    *ebpf.Program `ebpf:"egressd_connect4"`
 	EgressdConnect6    *ebpf.Program `ebpf:"egressd_connect6"`
+	EgressdCounts      *ebpf.Program `ebpf:"egressd_counts"`
 	EgressdEgress      *ebpf.Program `ebpf:"egressd_egress"`
 	EgressdIngress     *ebpf.Program `ebpf:"egressd_ingress"`
 	EgressdMerge       *ebpf.Program `ebpf:"egressd_merge"`
@@ -565,6 +591,7 @@ func (p *egressdPrograms) Close() error {
 	return _EgressdClose(
 		p.EgressdConnect4,
 		p.EgressdConnect6,
+		p.EgressdCounts,
 		p.EgressdEgress,
 		p.EgressdIngress,
 		p.EgressdMerge,

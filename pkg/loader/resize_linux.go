@@ -114,6 +114,9 @@ func (d *Datapath) resize(n int) error {
 	// The maps not resized stay the same objects, which readers hold.
 	d.keepUnresized(&objs)
 	d.closePrograms(&d.objs)
+	// The programs' copy of the counts came with them; only d.mu's
+	// holders read it.
+	d.objs.Counts.Close()
 	for _, name := range resizedMaps {
 		d.namedMaps()[name].Close()
 	}

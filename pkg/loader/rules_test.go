@@ -686,3 +686,74 @@ func TestEmptyTableIsReadBack(t *testing.T) {
 		t.Fatalf("read back %+v, want the empty table", read)
 	}
 }
+
+// Counts and Status read a table of more slots than egressd_counts copies
+// at once (statsChunk) in parts: the rules either side of a part's edge
+// and in the last slot read what a lookup of each reads, before and after
+// a resize loads the programs and their counts map again.
+func TestCountsReadInParts(t *testing.T) {
+	privtest.RequireRoot(t)
+	cg := privtest.Cgroup(t, "parts")
+	const n = 2*statsChunk + 100
+	d, err := Open(&Config{Cgroup: cg, PinDir: privtest.PinDir(t), MaxRules: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	privtest.Join(t, cg)
+	busy := []int{0, statsChunk - 1, statsChunk, n - 1}
+	rules := make([]Rule, n)
+	for i := range rules {
+		rules[i] = Rule{Name: fmt.Sprintf("idle%d", i), Dests: prefixes(fmt.Sprintf("10.%d.%d.%d/32", i>>16&255, i>>8&255, i&255)), Limit: 5}
+	}
+	servers := make([]netip.AddrPort, len(busy))
+	for i, at := range busy {
+		servers[i] = listen(t, "tcp4", "127.0.0.1:0")
+		rules[at] = Rule{Name: fmt.Sprintf("busy%d", i), Dests: []netip.Prefix{netip.PrefixFrom(servers[i].Addr(), 32)}, Port: servers[i].Port(), Limit: 5}
+	}
+	if err := d.PutMany(rules); err != nil {
+		t.Fatal(err)
+	}
+	for i, srv := range servers {
+		for range i + 1 {
+			dial(t, srv)
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		counted := map[string]Stats{}
+		if err := d.Counts(func(r *Rule, s *Stats) { counted[r.Name] = *s }); err != nil {
+			t.Fatal(err)
+		}
+		status, err := d.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(counted) != n || len(status) != n {
+			t.Fatalf("%s: Counts has %d rules and Status %d, want %d", when, len(counted), len(status), n)
+		}
+		for _, s := range status {
+			noLatency := s.Stats
+			noLatency.ConnectLatency, noLatency.RequestLatency = Histogram{}, Histogram{}
+			if c := counted[s.Name]; c != noLatency {
+				t.Errorf("%s: Counts of %s %+v, Status %+v", when, s.Name, c, s.Stats)
+			}
+		}
+		for i, at := range busy {
+			name := fmt.Sprintf("busy%d", i)
+			if d.t.byName[name] != uint32(at) {
+				t.Fatalf("%s: %s in slot %d, want %d", when, name, d.t.byName[name], at)
+			}
+			one := stats(t, d, name)
+			if c := counted[name]; c.Admitted != uint64(i+1) || c.Live != int64(i+1) || c.Admitted != one.Admitted || c.Live != one.Live {
+				t.Errorf("%s: Counts of %s (slot %d) %+v, a lookup %+v; want %d admitted and live", when, name, at, c, one, i+1)
+			}
+		}
+	}
+	check("dense")
+	if err := d.Resize(n + statsChunk); err != nil {
+		t.Fatal(err)
+	}
+	check("resized")
+}
+

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -149,12 +150,19 @@ func (d *Datapath) readSlot(idx uint32, reads slotReads) (egressdRuleState, []eg
 
 // statsChunk is how many slots eachActive reads with one batch of system
 // calls: a table of 100,000 rules costs 25 batches, not 300,000 lookups.
+// It is the length of the counts map egressd_counts copies into.
 const statsChunk = 4096
+
+// countsSize is the size of a rule's counts in the counts map.
+var countsSize = int(unsafe.Sizeof(egressdRuleCounts{}))
 
 // eachActive calls fn with the state of each active slot, in slot order,
 // with what reads asks (the histograms nil without readHists). Dense
-// tables are read in batches of statsChunk slots; a table whose few rules
-// sit among many free slots, one lookup at a time. Call with d.mu held.
+// tables are read statsChunk slots at a time: of the states only their
+// counts (the rest of the state left zero), which egressd_counts copies
+// into mapped memory, and the rest in batches. A table whose few rules
+// sit among many free slots is read one lookup at a time. Call with d.mu
+// held.
 func (d *Datapath) eachActive(reads slotReads, fn func(idx uint32, state *egressdRuleState, hists []egressdHist)) error {
 	top, active := 0, 0
 	for i, s := range d.t.slots {
@@ -176,7 +184,12 @@ func (d *Datapath) eachActive(reads slotReads, fn func(idx uint32, state *egress
 		}
 		return nil
 	}
-	states := newBatches[egressdRuleState](d.objs.RuleStates, min(top, statsChunk))
+	mem, err := d.objs.Counts.Memory()
+	if err != nil {
+		return fmt.Errorf("map counts: %w", err)
+	}
+	counts := make([]egressdRuleCounts, min(top, statsChunk))
+	st := make([]egressdRuleState, len(counts))
 	var responses *batches[egressdResponseCount]
 	if reads&readResponses != 0 {
 		responses = newBatches[egressdResponseCount](d.objs.RuleResponses, min(top, statsChunk))
@@ -187,16 +200,18 @@ func (d *Datapath) eachActive(reads slotReads, fn func(idx uint32, state *egress
 	}
 	for base := 0; base < top; base += statsChunk {
 		n := min(statsChunk, top-base)
-		st, err := states.next(n)
-		if err != nil {
-			return fmt.Errorf("read rule states: %w", err)
+		if err := d.readCounts(mem, base, counts[:n]); err != nil {
+			return err
+		}
+		for i := range n {
+			st[i].Live, st[i].Spent, st[i].Counters = counts[i].Live, counts[i].Spent, counts[i].Counters
 		}
 		if responses != nil {
 			rs, err := responses.next(n)
 			if err != nil {
 				return fmt.Errorf("read responses: %w", err)
 			}
-			for i := range st {
+			for i := range n {
 				addResponses(&st[i], &rs[i])
 			}
 		}
@@ -216,6 +231,21 @@ func (d *Datapath) eachActive(reads slotReads, fn func(idx uint32, state *egress
 			}
 			fn(uint32(base+i), &st[i], h)
 		}
+	}
+	return nil
+}
+
+// readCounts fills out with the counts of the slots from first on: the
+// kernel copies them into the counts map, read from mapped memory.
+func (d *Datapath) readCounts(mem *ebpf.Memory, first int, out []egressdRuleCounts) error {
+	args := egressdCountsArgs{First: uint32(first), N: uint32(len(out))}
+	ctx := unsafe.Slice((*byte)(unsafe.Pointer(&args)), unsafe.Sizeof(args))
+	if _, err := d.objs.EgressdCounts.Run(&ebpf.RunOptions{Context: ctx}); err != nil {
+		return fmt.Errorf("copy counts: %w", err)
+	}
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), len(out)*countsSize)
+	if _, err := mem.ReadAt(buf, 0); err != nil {
+		return fmt.Errorf("read counts: %w", err)
 	}
 	return nil
 }
