@@ -48,9 +48,10 @@
 // record counting up); another starts when another process or destination
 // is refused, the finished one going into the CPU's log of the last
 // LOG_SLOTS. User space maps both into memory and reads them, without a
-// system call: to tell a caller whether an EPERM was ours, and every tenth
-// of a second for the events it shows. A refusal storm costs no wakeups
-// and no ring buffer.
+// system call: to tell a caller whether an EPERM was ours, and for the
+// events it shows, every tenth of a second while refusals come and up to
+// a second apart when none did. A refusal storm costs no wakeups and no
+// ring buffer.
 //
 // Latency samples go to user space on a ring buffer. A record wakes the
 // reader only if none did for wake_every_ns (or wake_bytes are waiting);

@@ -28,6 +28,11 @@ var ErrDeadline = os.ErrDeadlineExceeded
 // no wakeup each.
 const pollEvery = 100 * time.Millisecond
 
+// quietPollEvery is how seldom a refusal reader reads the runs once none
+// came for an event interval: its reads were nearly all an idle daemon's
+// CPU (the runtime's wakeups for each).
+const quietPollEvery = time.Second
+
 // ringReader reads records from a ring buffer, polling between wakeups
 // while records come. The kernel wakes it for a record unless another
 // woke it less than wakeEvery before; those are found by the next poll.
@@ -87,7 +92,9 @@ func (r *ringReader) next(size int) ([]byte, error) {
 // RefusalReader reads refusal events. The kernel notes refusals per CPU,
 // each record a run of one process's refusals to one destination: the run
 // in progress, then a log of the last logSlots. The reader reads them every
-// pollEvery (a tenth of that while they come fast) and sends an event per
+// pollEvery (a tenth of that while they come fast); once no process has
+// been refused for an event interval, the reads come twice as far apart
+// each time up to quietPollEvery, until one finds a refusal. It sends an event per
 // process and rule at most once per Config.EventInterval: the latest
 // refusal, with Count the refusals since the last event, to whatever
 // destination of the rule. A pair's last counts go out once the interval
@@ -101,9 +108,10 @@ type RefusalReader struct {
 
 	seen    []logPos // per CPU, the newest run read and its count
 	pairs   map[refusalPair]*pairState
-	pending []Refusal // read, not yet returned
-	read    time.Time // when the runs were last read
-	busy    bool      // the last read found many runs: read again soon
+	pending []Refusal     // read, not yet returned
+	read    time.Time     // when the runs were last read
+	every   time.Duration // from one read to the next
+	busy    bool          // the last read found many runs: read again soon
 	log     []egressdRefusalNote
 }
 
@@ -134,15 +142,16 @@ func (d *Datapath) Refusals() (*RefusalReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("refusal reader: %w", err)
 	}
-	r := &RefusalReader{d: d, closed: make(chan struct{}), pairs: map[refusalPair]*pairState{}, seen: make([]logPos, len(runs))}
+	r := &RefusalReader{d: d, closed: make(chan struct{}), pairs: map[refusalPair]*pairState{}, seen: make([]logPos, len(runs)),
+		read: time.Now(), every: pollEvery}
 	for cpu, run := range runs {
 		r.seen[cpu] = logPos{seq: run.Cur.Seq, count: run.Cur.Count}
 	}
 	return r, nil
 }
 
-// SetDeadline makes Read return ErrDeadline once t has passed; the zero
-// time blocks.
+// SetDeadline makes Read return ErrDeadline once t has passed and a read of
+// the runs then found no event; the zero time blocks.
 func (r *RefusalReader) SetDeadline(t time.Time) { r.deadline = t }
 
 // Close unblocks a pending Read.
@@ -154,19 +163,12 @@ func (r *RefusalReader) Close() error {
 // Read blocks for the next refusal event.
 func (r *RefusalReader) Read() (Refusal, error) {
 	for len(r.pending) == 0 {
-		every := pollEvery
-		if r.busy {
-			every = pollEvery / 10
+		due := r.read.Add(r.every)
+		last := !r.deadline.IsZero() && r.deadline.Before(due)
+		if last {
+			due = r.deadline
 		}
-		wait := time.Until(r.read.Add(every))
-		if !r.deadline.IsZero() {
-			if left := time.Until(r.deadline); left <= 0 {
-				return Refusal{}, ErrDeadline
-			} else if left < wait {
-				wait = left
-			}
-		}
-		if wait > 0 {
+		if wait := time.Until(due); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
 			case <-r.closed:
@@ -174,10 +176,12 @@ func (r *RefusalReader) Read() (Refusal, error) {
 				return Refusal{}, ErrClosed
 			case <-t.C:
 			}
-			continue
 		}
 		if err := r.scan(); err != nil {
 			return Refusal{}, err
+		}
+		if last && len(r.pending) == 0 {
+			return Refusal{}, ErrDeadline
 		}
 	}
 	e := r.pending[0]
@@ -242,6 +246,14 @@ func (r *RefusalReader) scan() error {
 		}
 		r.emit(&p.latest, p.unsent)
 		p.sent, p.unsent = r.read, 0
+	}
+	switch {
+	case r.busy:
+		r.every = pollEvery / 10
+	case len(r.pairs) > 0:
+		r.every = pollEvery
+	default:
+		r.every = min(2*r.every, quietPollEvery)
 	}
 	return nil
 }

@@ -757,3 +757,41 @@ func TestCountsReadInParts(t *testing.T) {
 	check("resized")
 }
 
+// A refusal reader that finds nothing reads ever less often, up to
+// quietPollEvery; a read at its deadline still finds a refusal, and a
+// refusal brings it back to pollEvery.
+func TestRefusalReaderQuiet(t *testing.T) {
+	d, cg := open(t)
+	srv := listen(t, "tcp4", "127.0.0.1:0")
+	privtest.Join(t, cg)
+	put(t, d, Rule{Name: "one", Dests: []netip.Prefix{netip.PrefixFrom(srv.Addr(), 32)}, Port: srv.Port(), Limit: 1})
+	events, err := d.Refusals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { events.Close() })
+	// Each Read ends with a read of the runs at its deadline.
+	var periods []time.Duration
+	for events.every < quietPollEvery {
+		if len(periods) == 10 {
+			t.Fatalf("periods %v: never %v", periods, quietPollEvery)
+		}
+		events.SetDeadline(time.Now().Add(10 * time.Millisecond))
+		if e, err := events.Read(); !errors.Is(err, ErrDeadline) {
+			t.Fatalf("a quiet read: %+v, %v", e, err)
+		}
+		periods = append(periods, events.every)
+	}
+	if want := []time.Duration{2 * pollEvery, 4 * pollEvery, 8 * pollEvery, quietPollEvery}; !slices.Equal(periods, want) {
+		t.Errorf("periods %v, want %v", periods, want)
+	}
+	dial(t, srv)
+	dialRefused(t, srv, syscall.EPERM)
+	events.SetDeadline(time.Now().Add(10 * time.Millisecond))
+	if e, err := events.Read(); err != nil || e.Rule != "one" || e.Count != 1 {
+		t.Fatalf("the refusal read at the deadline: %+v, %v", e, err)
+	}
+	if events.every != pollEvery {
+		t.Errorf("after a refusal the reader reads every %v, want %v", events.every, pollEvery)
+	}
+}
