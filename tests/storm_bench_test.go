@@ -39,8 +39,8 @@ import (
 // median over the rounds of the larger over the smaller), and
 // udp/tcp-over-spread the UDP ratio beyond it, which is above 1 only if
 // UDP cost more than this run can tell from its own scatter.
-// The last storm runs again with the client on one CPU and the daemon on
-// another: the kernel here counts no interrupt time apart
+// Each storm runs again with the clients on one CPU and the daemon on
+// another (-apart): the kernel here counts no interrupt time apart
 // (CONFIG_IRQ_TIME_ACCOUNTING), so what a client's sockets cost in softirq
 // (a UDP socket binds a port and is freed after an RCU grace period) is
 // counted to whatever thread it interrupts, the daemon's among them. It
@@ -56,6 +56,8 @@ func BenchmarkRefusalStorm(b *testing.B) {
 		{"1-client", 1, 1, false},
 		{"16-clients", 16, 1, false},
 		{"1-client-65535-ports", 1, 65535, false},
+		{"1-client-apart", 1, 1, true},
+		{"16-clients-apart", 16, 1, true},
 		{"1-client-65535-ports-apart", 1, 65535, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
