@@ -49,9 +49,9 @@
 // is refused, the finished one going into the CPU's log of the last
 // LOG_SLOTS. User space maps both into memory and reads them, without a
 // system call: to tell a caller whether an EPERM was ours, and for the
-// events it shows, every tenth of a second while refusals come and up to
-// a second apart when none did. A refusal storm costs no wakeups and no
-// ring buffer.
+// events it shows, every tenth of a second while refusals come. Once none
+// came for a while the reader sleeps, and the next refusal rings its bell
+// (refusal_bell): a refusal storm costs one wakeup.
 //
 // Latency samples go to user space on a ring buffer. A record wakes the
 // reader only if none did for wake_every_ns (or wake_bytes are waiting);
@@ -639,6 +639,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } refusal_log SEC(".maps");
 
+/* The refusal reader's bell: once nothing was refused for a while, the
+ * reader sets bell_armed[0] to 1 and waits on refusal_bell, and the next
+ * refusal sets it back to 0 and rings (a record that wakes the reader). A
+ * storm rings once; an idle daemon sleeps. One loader's own, never
+ * pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} bell_armed SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} refusal_bell SEC(".maps");
+
 /* when a sample last woke the reader */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -1011,6 +1029,16 @@ static __always_inline int same_addr(const __u8 *a, const __u8 *b)
 	return x[0] == y[0] && x[1] == y[1];
 }
 
+/* ring_bell wakes the refusal reader if it asked to be woken. */
+static __always_inline void ring_bell(void)
+{
+	__u32 zero = 0;
+	__u32 *armed = bpf_map_lookup_elem(&bell_armed, &zero);
+
+	if (armed && *armed && __sync_val_compare_and_swap(armed, 1, 0) == 1)
+		bpf_ringbuf_output(&refusal_bell, &zero, sizeof(zero), BPF_RB_FORCE_WAKEUP);
+}
+
 /* note_refusal folds a refusal into its CPU's run in progress when that is
  * the same process, destination and rule, and else moves the run into the
  * log and starts another. The CPU's own data, written without atomics:
@@ -1032,6 +1060,7 @@ static __always_inline void note_refusal(const struct rule_key *key, __u16 port,
 		n->time_ns = now;
 		n->retry_after_ns = wait;
 		n->count++;
+		ring_bell();
 		return;
 	}
 	if (n->seq) {
@@ -1068,6 +1097,7 @@ static __always_inline void note_refusal(const struct rule_key *key, __u16 port,
 	n->shadow = shadow;
 	__builtin_memcpy(n->addr, key->addr, sizeof(n->addr));
 	__sync_lock_test_and_set(&n->seq, seq);
+	ring_bell();
 }
 
 /* take_entry holds the table entry idx for the socket if no live socket

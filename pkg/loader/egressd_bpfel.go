@@ -277,11 +277,13 @@ type egressdUdpSock struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	egressdMapBellArmed           = "bell_armed"
 	egressdMapConfig              = "config"
 	egressdMapCounts              = "counts"
 	egressdMapGlobalCounters      = "global_counters"
 	egressdMapLatency             = "latency"
 	egressdMapPorts               = "ports"
+	egressdMapRefusalBell         = "refusal_bell"
 	egressdMapRefusalLog          = "refusal_log"
 	egressdMapRefusalRuns         = "refusal_runs"
 	egressdMapRuleExact           = "rule_exact"
@@ -404,11 +406,13 @@ type egressdProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressdMapSpecs struct {
+	BellArmed      *ebpf.MapSpec `ebpf:"bell_armed"`
 	Config         *ebpf.MapSpec `ebpf:"config"`
 	Counts         *ebpf.MapSpec `ebpf:"counts"`
 	GlobalCounters *ebpf.MapSpec `ebpf:"global_counters"`
 	Latency        *ebpf.MapSpec `ebpf:"latency"`
 	Ports          *ebpf.MapSpec `ebpf:"ports"`
+	RefusalBell    *ebpf.MapSpec `ebpf:"refusal_bell"`
 	RefusalLog     *ebpf.MapSpec `ebpf:"refusal_log"`
 	RefusalRuns    *ebpf.MapSpec `ebpf:"refusal_runs"`
 	RuleExact      *ebpf.MapSpec `ebpf:"rule_exact"`
@@ -481,11 +485,13 @@ func (o *egressdObjects) Close() error {
 //
 // It can be passed to loadEgressdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressdMaps struct {
+	BellArmed      *ebpf.Map `ebpf:"bell_armed"`
 	Config         *ebpf.Map `ebpf:"config"`
 	Counts         *ebpf.Map `ebpf:"counts"`
 	GlobalCounters *ebpf.Map `ebpf:"global_counters"`
 	Latency        *ebpf.Map `ebpf:"latency"`
 	Ports          *ebpf.Map `ebpf:"ports"`
+	RefusalBell    *ebpf.Map `ebpf:"refusal_bell"`
 	RefusalLog     *ebpf.Map `ebpf:"refusal_log"`
 	RefusalRuns    *ebpf.Map `ebpf:"refusal_runs"`
 	RuleExact      *ebpf.Map `ebpf:"rule_exact"`
@@ -509,11 +515,13 @@ type egressdMaps struct {
 
 func (m *egressdMaps) Close() error {
 	return _EgressdClose(
+		m.BellArmed,
 		m.Config,
 		m.Counts,
 		m.GlobalCounters,
 		m.Latency,
 		m.Ports,
+		m.RefusalBell,
 		m.RefusalLog,
 		m.RefusalRuns,
 		m.RuleExact,

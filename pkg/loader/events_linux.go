@@ -29,8 +29,8 @@ var ErrDeadline = os.ErrDeadlineExceeded
 const pollEvery = 100 * time.Millisecond
 
 // quietPollEvery is how seldom a refusal reader reads the runs once none
-// came for an event interval: its reads were nearly all an idle daemon's
-// CPU (the runtime's wakeups for each).
+// came for an event interval, between the rings of its bell: its reads
+// were nearly all an idle daemon's CPU (the runtime's wakeups for each).
 const quietPollEvery = time.Second
 
 // ringReader reads records from a ring buffer, polling between wakeups
@@ -94,7 +94,8 @@ func (r *ringReader) next(size int) ([]byte, error) {
 // in progress, then a log of the last logSlots. The reader reads them every
 // pollEvery (a tenth of that while they come fast); once no process has
 // been refused for an event interval, the reads come twice as far apart
-// each time up to quietPollEvery, until one finds a refusal. It sends an event per
+// each time up to quietPollEvery, and between them the reader sleeps
+// until the kernel rings its bell at the next refusal. It sends an event per
 // process and rule at most once per Config.EventInterval: the latest
 // refusal, with Count the refusals since the last event, to whatever
 // destination of the rule. A pair's last counts go out once the interval
@@ -112,6 +113,10 @@ type RefusalReader struct {
 	read    time.Time     // when the runs were last read
 	every   time.Duration // from one read to the next
 	busy    bool          // the last read found many runs: read again soon
+	asleep  bool          // the bell is armed: wait on it
+	bell    *ringbuf.Reader
+	rang    ringbuf.Record
+	armed   *ebpf.Memory // bell_armed
 	log     []egressdRefusalNote
 }
 
@@ -142,8 +147,17 @@ func (d *Datapath) Refusals() (*RefusalReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("refusal reader: %w", err)
 	}
+	m := d.maps()
+	armed, err := m.BellArmed.Memory()
+	if err != nil {
+		return nil, fmt.Errorf("refusal reader: map bell: %w", err)
+	}
+	bell, err := ringbuf.NewReader(m.RefusalBell)
+	if err != nil {
+		return nil, fmt.Errorf("refusal reader: bell: %w", err)
+	}
 	r := &RefusalReader{d: d, closed: make(chan struct{}), pairs: map[refusalPair]*pairState{}, seen: make([]logPos, len(runs)),
-		read: time.Now(), every: pollEvery}
+		read: time.Now(), every: pollEvery, bell: bell, armed: armed}
 	for cpu, run := range runs {
 		r.seen[cpu] = logPos{seq: run.Cur.Seq, count: run.Cur.Count}
 	}
@@ -156,7 +170,10 @@ func (r *RefusalReader) SetDeadline(t time.Time) { r.deadline = t }
 
 // Close unblocks a pending Read.
 func (r *RefusalReader) Close() error {
-	r.once.Do(func() { close(r.closed) })
+	r.once.Do(func() {
+		close(r.closed)
+		r.bell.Close()
+	})
 	return nil
 }
 
@@ -168,7 +185,16 @@ func (r *RefusalReader) Read() (Refusal, error) {
 		if last {
 			due = r.deadline
 		}
-		if wait := time.Until(due); wait > 0 {
+		if wait := time.Until(due); wait > 0 && r.asleep {
+			r.bell.SetDeadline(due)
+			switch err := r.bell.ReadInto(&r.rang); {
+			case err == nil, errors.Is(err, os.ErrDeadlineExceeded):
+			case errors.Is(err, ringbuf.ErrClosed), errors.Is(err, os.ErrClosed):
+				return Refusal{}, ErrClosed
+			default:
+				return Refusal{}, fmt.Errorf("refusal bell: %w", err)
+			}
+		} else if wait > 0 {
 			t := time.NewTimer(wait)
 			select {
 			case <-r.closed:
@@ -248,13 +274,42 @@ func (r *RefusalReader) scan() error {
 		p.sent, p.unsent = r.read, 0
 	}
 	switch {
-	case r.busy:
+	case r.busy, r.asleep && len(r.pairs) > 0:
+		// Many runs, or the first refusals after a sleep: read again
+		// soon, before a storm's runs can fill the log.
 		r.every = pollEvery / 10
 	case len(r.pairs) > 0:
 		r.every = pollEvery
 	default:
 		r.every = min(2*r.every, quietPollEvery)
 	}
+	r.asleep = false
+	if r.every > pollEvery {
+		return r.arm(runs)
+	}
+	return nil
+}
+
+// arm asks the kernel to ring the bell at the next refusal, and then puts
+// the reader to sleep unless a refusal came since runs were read (it rang
+// no bell).
+func (r *RefusalReader) arm(runs []egressdRefusalRun) error {
+	var one [4]byte
+	*(*uint32)(unsafe.Pointer(&one[0])) = 1
+	if _, err := r.armed.WriteAt(one[:], 0); err != nil {
+		return fmt.Errorf("arm the refusal bell: %w", err)
+	}
+	now, err := r.d.refusalRuns()
+	if err != nil {
+		return err
+	}
+	for cpu := range now {
+		if now[cpu].Cur != runs[cpu].Cur {
+			r.every = pollEvery
+			return nil
+		}
+	}
+	r.asleep = true
 	return nil
 }
 

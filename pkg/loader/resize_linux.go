@@ -482,7 +482,7 @@ func (d *Datapath) namedMaps() map[string]*ebpf.Map {
 		"rules": o.Rules, "rule_metas": o.RuleMetas, "rule_states": o.RuleStates,
 		"latency": o.Latency, "rule_responses": o.RuleResponses, "global_counters": o.GlobalCounters, "sock_table": o.SockTable,
 		"sock_overflow": o.SockOverflow, "sock_states": o.SockStates, "refusal_runs": o.RefusalRuns, "refusal_log": o.RefusalLog,
-		"woken": o.Woken, "samples": o.Samples,
+		"woken": o.Woken, "samples": o.Samples, "bell_armed": o.BellArmed, "refusal_bell": o.RefusalBell,
 	}
 }
 
@@ -501,6 +501,7 @@ func (d *Datapath) keepUnresized(objs *egressdObjects) {
 	o.Config, o.Ports, o.GlobalCounters, o.SockTable, o.SockStates = mine["config"], mine["ports"], mine["global_counters"], mine["sock_table"], mine["sock_states"]
 	o.SockOverflow, o.UdpPorts, o.UdpDests, o.UdpSocks, o.UdpTable = mine["sock_overflow"], mine["udp_ports"], mine["udp_dests"], mine["udp_socks"], mine["udp_table"]
 	o.RefusalRuns, o.RefusalLog, o.Woken, o.Samples = mine["refusal_runs"], mine["refusal_log"], mine["woken"], mine["samples"]
+	o.BellArmed, o.RefusalBell = mine["bell_armed"], mine["refusal_bell"]
 }
 
 // maps returns the maps in use, for callers that do not hold d.mu: a

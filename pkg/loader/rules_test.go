@@ -758,8 +758,9 @@ func TestCountsReadInParts(t *testing.T) {
 }
 
 // A refusal reader that finds nothing reads ever less often, up to
-// quietPollEvery; a read at its deadline still finds a refusal, and a
-// refusal brings it back to pollEvery.
+// quietPollEvery, and sleeps between its reads until the kernel rings its
+// bell; a read at its deadline still finds a refusal, and a refusal
+// brings it back to pollEvery (a tenth of it for the first read after).
 func TestRefusalReaderQuiet(t *testing.T) {
 	d, cg := open(t)
 	srv := listen(t, "tcp4", "127.0.0.1:0")
@@ -791,7 +792,45 @@ func TestRefusalReaderQuiet(t *testing.T) {
 	if e, err := events.Read(); err != nil || e.Rule != "one" || e.Count != 1 {
 		t.Fatalf("the refusal read at the deadline: %+v, %v", e, err)
 	}
+	// Woken, it reads again soon to see how fast refusals come, then
+	// every pollEvery while the process's pair lasts.
+	if events.every != pollEvery/10 {
+		t.Errorf("after the first refusal the reader reads every %v, want %v", events.every, pollEvery/10)
+	}
+	events.SetDeadline(time.Now().Add(pollEvery / 10))
+	if e, err := events.Read(); !errors.Is(err, ErrDeadline) {
+		t.Fatalf("a read with no more refusals: %+v, %v", e, err)
+	}
 	if events.every != pollEvery {
-		t.Errorf("after a refusal the reader reads every %v, want %v", events.every, pollEvery)
+		t.Errorf("after a read with no more refusals the reader reads every %v, want %v", events.every, pollEvery)
+	}
+
+	// Asleep with its next read an hour away, the reader is woken by a
+	// refusal long before the deadline of its Read: the kernel rang the
+	// bell (and disarmed it), as nothing else wakes it before the hour.
+	for i := 0; len(events.pairs) > 0 || !events.asleep; i++ {
+		// The pair of the refusal above is forgotten an event interval
+		// after its event, at a read of the runs.
+		if i == 20 {
+			t.Fatalf("the reader never went to sleep: every %v, %d pairs", events.every, len(events.pairs))
+		}
+		events.SetDeadline(time.Now().Add(d.cfg.EventInterval / 2))
+		if e, err := events.Read(); !errors.Is(err, ErrDeadline) {
+			t.Fatalf("a quiet read: %+v, %v", e, err)
+		}
+	}
+	events.every = time.Hour
+	dialRefused(t, srv, syscall.EPERM)
+	start := time.Now()
+	events.SetDeadline(start.Add(time.Minute))
+	if e, err := events.Read(); err != nil || e.Rule != "one" {
+		t.Fatalf("the refusal that rang: %+v, %v", e, err)
+	}
+	if waited := time.Since(start); waited > 30*time.Second {
+		t.Errorf("the reader woke %v after the refusal, at its deadline: the bell did not ring", waited)
+	}
+	var armed [4]byte
+	if _, err := events.armed.ReadAt(armed[:], 0); err != nil || armed != [4]byte{} {
+		t.Errorf("bell armed %v after it rang (%v), want 0", armed, err)
 	}
 }
