@@ -4,6 +4,7 @@ package loader
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -295,7 +296,7 @@ func (r *RefusalReader) scan() error {
 // no bell).
 func (r *RefusalReader) arm(runs []egressdRefusalRun) error {
 	var one [4]byte
-	*(*uint32)(unsafe.Pointer(&one[0])) = 1
+	binary.NativeEndian.PutUint32(one[:], 1)
 	if _, err := r.armed.WriteAt(one[:], 0); err != nil {
 		return fmt.Errorf("arm the refusal bell: %w", err)
 	}
