@@ -260,19 +260,22 @@ func (a *api) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		who = follower{reader: true, uid: peer.UID}
 	}
 	var live <-chan event
+	var kept []event
 	if follow {
-		ch, cancel, err := a.events.follow(who)
+		k, ch, cancel, err := a.events.follow(who)
 		if err != nil {
 			return control.Errorf(control.CodeUnavailable, "%v", err)
 		}
 		defer cancel()
-		live = ch
+		kept, live = k, ch
+	} else {
+		kept = a.events.recent()
 	}
 	sw, err := controlserver.NewStreamWriter(w)
 	if err != nil {
 		return err
 	}
-	for _, e := range a.events.recent() {
+	for _, e := range kept {
 		if !shown(e) {
 			continue
 		}

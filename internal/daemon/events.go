@@ -91,6 +91,10 @@ func (l *eventLog) add(r event) {
 func (l *eventLog) recent() []event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.recentLocked()
+}
+
+func (l *eventLog) recentLocked() []event {
 	if !l.full {
 		return append([]event(nil), l.ring[:l.next]...)
 	}
@@ -98,8 +102,10 @@ func (l *eventLog) recent() []event {
 }
 
 // follow subscribes who to new events until cancel is called, or says
-// why it may not (admitFollower).
-func (l *eventLog) follow(who follower) (_ <-chan event, cancel func(), err error) {
+// why it may not (admitFollower). It returns the kept events too, taken
+// with the subscription, so that an event added meanwhile is in one of
+// the two, never in both or neither.
+func (l *eventLog) follow(who follower) (kept []event, _ <-chan event, cancel func(), err error) {
 	ch := make(chan event, 256)
 	l.mu.Lock()
 	if l.closed {
@@ -107,12 +113,13 @@ func (l *eventLog) follow(who follower) (_ <-chan event, cancel func(), err erro
 	} else {
 		if err := admitFollower(slices.Collect(maps.Values(l.followers)), who); err != nil {
 			l.mu.Unlock()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		l.followers[ch] = who
 	}
+	kept = l.recentLocked()
 	l.mu.Unlock()
-	return ch, func() {
+	return kept, ch, func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if _, ok := l.followers[ch]; ok {
