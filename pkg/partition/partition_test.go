@@ -350,7 +350,9 @@ func TestAcquireAllocations(t *testing.T) {
 // second holder past its bound of one. It runs on the real clock, which
 // moves while the goroutines race, with an IdleTimeout so short that a
 // partition looks idle the moment nothing is inside it; a bubble's clock
-// would stand still while they spin.
+// would stand still while they spin. The workers run until the sweeper has
+// evicted a hundred times: on a loaded machine they could otherwise end
+// before it had run at all.
 func TestNeverEvictsABusyPartition(t *testing.T) {
 	p := newPartitioned(t, partition.Options{
 		Local:       &limit.Options{Concurrency: 1},
@@ -364,7 +366,11 @@ func TestNeverEvictsABusyPartition(t *testing.T) {
 	stop := make(chan struct{})
 	for range 8 {
 		workers.Go(func() {
-			for admitted := 0; admitted < 2500; {
+			// Each worker goes on past its 2,500 admissions until the
+			// sweeper has evicted something, so that the race is run
+			// however the goroutines were scheduled, up to a bound that
+			// fails the test below if eviction never comes.
+			for admitted := 0; admitted < 2500 || evicted.Load() < 100 && admitted < 1_000_000; {
 				k := rand.IntN(len(keys))
 				lease, err := p.Acquire(ctx, keys[k])
 				if err != nil {
