@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -30,6 +31,8 @@ type Server struct {
 	Token string
 	// CA is the certificate it serves with (self-signed).
 	CA *x509.CertPool
+	// Kubeconfig is a file kubectl reaches it with, as the admin.
+	Kubeconfig string
 }
 
 // Start starts etcd and kube-apiserver and stops them in t.Cleanup. The
@@ -68,14 +71,26 @@ func Start(t testing.TB) *Server {
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey)
 
+	var pem []byte
 	clocktest.Eventually(t, "kube-apiserver's certificate", func() bool {
-		pem, err := os.ReadFile(filepath.Join(certs, "apiserver.crt"))
-		if err != nil {
+		var err error
+		if pem, err = os.ReadFile(filepath.Join(certs, "apiserver.crt")); err != nil {
 			return false
 		}
 		s.CA = x509.NewCertPool()
 		return s.CA.AppendCertsFromPEM(pem)
 	})
+	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	kubeconfig := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: %q, certificate-authority-data: %q}}]
+users: [{name: admin, user: {token: %q}}]
+contexts: [{name: test, context: {cluster: test, user: admin}}]
+current-context: test
+`, s.URL, base64.StdEncoding.EncodeToString(pem), s.Token)
+	if err := os.WriteFile(s.Kubeconfig, []byte(kubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	clocktest.Eventually(t, "kube-apiserver ready", func() bool {
 		resp, err := s.Get("/readyz")
 		if err != nil {
@@ -85,6 +100,14 @@ func Start(t testing.TB) *Server {
 		return resp.StatusCode == http.StatusOK
 	})
 	return s
+}
+
+// Kubectl runs kubectl against the server as the admin, and returns
+// what it wrote.
+func (s *Server) Kubectl(args ...string) (string, error) {
+	cmd := exec.Command("kubectl", append([]string{"--kubeconfig", s.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // Get asks the server for path as the admin.
