@@ -24,7 +24,8 @@ import (
 // Validate reports every problem with p at once, as an [*Error] whose
 // problems have no line numbers. It is for policies built in code — a rule
 // from the CLI merged into the running set — and applies the same checks as
-// [Parse].
+// [Parse], but for names beginning [KubePrefix], which the daemon gives
+// the rules it makes.
 func (p *Policy) Validate() error {
 	problems := append(check(p.Rules, nil), checkCapacity(len(p.Rules), p.MaxRules, nil)...)
 	for _, name := range p.MetricsRules {
@@ -153,7 +154,7 @@ func check(rules []Rule, wheres []*where) []Problem {
 		return wheres[i]
 	}
 	checkerOf := func(i int) checker {
-		return checker{w: locate(i), rule: label(rules[i].Name, i), problems: &problems}
+		return checker{w: locate(i), rule: label(rules[i].Name, i), problems: &problems, written: wheres != nil}
 	}
 	ruleAt := func(i int) string {
 		if w := locate(i); w.rule != nil {
@@ -202,7 +203,7 @@ func clean(rules []Rule) bool {
 			var problems []Problem
 			nowhere := &where{}
 			for i := part * len(rules) / parts; i < (part+1)*len(rules)/parts && !bad.Load(); i++ {
-				checker{w: nowhere, rule: label(rules[i].Name, i), problems: &problems}.check(rules[i])
+				checker{w: nowhere, rule: label(rules[i].Name, i), problems: &problems, written: true}.check(rules[i])
 				if len(problems) > 0 {
 					bad.Store(true)
 				}
@@ -298,6 +299,10 @@ type checker struct {
 	w        *where
 	rule     string
 	problems *[]Problem
+	// written is a rule a person wrote, in a file or as flags, whose name
+	// may not take the prefix of the rules the daemon makes for
+	// Kubernetes.
+	written bool
 }
 
 // add records a problem with the field at path, unless decoding already
@@ -334,6 +339,8 @@ func (c checker) check(r Rule) {
 		c.add("name", "name is longer than %d bytes", kernelrule.MaxNameLen)
 	case strings.ContainsFunc(r.Name, func(ch rune) bool { return ch == ' ' || !unicode.IsPrint(ch) }):
 		c.add("name", "name has whitespace or unprintable characters")
+	case c.written && strings.HasPrefix(r.Name, KubePrefix):
+		c.add("name", "names beginning %s are the rules egressd makes for Kubernetes EgressLimits", KubePrefix)
 	}
 	if r.Destination == (Destination{}) {
 		c.add("destination", "destination is missing")

@@ -575,6 +575,8 @@ func TestParseBad(t *testing.T) {
   - {name: 7, destination: 10.0.0.5, concurrency: 1}
   - {name: "tab\there", destination: 10.0.0.6, concurrency: 1}
   - {name: "", destination: 10.0.0.7, concurrency: 1}
+  - {name: "k8s:shop/db", destination: 10.0.0.8, concurrency: 1}
+  - {name: "k8s-shop", destination: 10.0.0.9, concurrency: 1}
 `,
 			want: []Problem{
 				{Line: 2, Column: 12, Rule: strings.Repeat("n", 64), Msg: "name is longer than 63 bytes"},
@@ -584,6 +586,7 @@ func TestParseBad(t *testing.T) {
 				{Line: 6, Column: 12, Rule: "#5", Msg: "name must be a string"},
 				{Line: 7, Column: 12, Rule: "tab\there", Msg: "name has whitespace or unprintable characters"},
 				{Line: 8, Column: 12, Rule: "#7", Msg: "name is missing"},
+				{Line: 9, Column: 12, Rule: "k8s:shop/db", Msg: "names beginning k8s: are the rules egressd makes for Kubernetes EgressLimits"},
 			},
 		},
 		{

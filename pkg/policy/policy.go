@@ -26,6 +26,11 @@ type Policy struct {
 	MetricsRules []string
 }
 
+// KubePrefix begins the name of every rule the daemon makes for a
+// Kubernetes EgressLimit, and no other: a policy file or the CLI cannot
+// take or change such a rule.
+const KubePrefix = "k8s:"
+
 // Rule is one limit on the connections a scope opens to a destination.
 // Rules are comparable with ==, which is how a reload tells a changed rule
 // from an unchanged one whose counts it must keep.

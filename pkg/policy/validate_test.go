@@ -97,6 +97,23 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// Names beginning KubePrefix are the daemon's to give: Validate, which
+// checks the rules it makes with the rest, takes them; a file and flags,
+// which a person writes, cannot.
+func TestKubePrefix(t *testing.T) {
+	r := Rule{Name: KubePrefix + "shop/db/web-1", Destination: mustDest(t, "10.0.0.1"), Limit: Concurrency(1)}
+	if err := (&Policy{Rules: []Rule{r}}).Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if clean([]Rule{r}) {
+		t.Error("clean, the parse of a large file, takes a name beginning " + KubePrefix)
+	}
+	_, err := FromFlags(r.Name, map[string]any{"dest": "10.0.0.1", "concurrency": 1})
+	if want := "rule k8s:shop/db/web-1: names beginning k8s: are the rules egressd makes for Kubernetes EgressLimits"; err == nil || err.Error() != want {
+		t.Errorf("FromFlags: %v, want %s", err, want)
+	}
+}
+
 func TestParseDestination(t *testing.T) {
 	tests := []struct {
 		in         string
