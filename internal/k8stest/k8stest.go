@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +34,11 @@ type Server struct {
 	CA *x509.CertPool
 	// Kubeconfig is a file kubectl reaches it with, as the admin.
 	Kubeconfig string
+
+	t        testing.TB // Start's, which outlives the subtests using s
+	dir, bin string
+	args     []string
+	api      *proc
 }
 
 // Start starts etcd and kube-apiserver and stops them in t.Cleanup. The
@@ -47,11 +53,11 @@ func Start(t testing.TB) *Server {
 	dir := t.TempDir()
 	client, peer := testport.Free(t), testport.Free(t)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(client)
-	start(t, dir, "etcd", "etcd", "--data-dir", filepath.Join(dir, "etcd"),
+	start(t, dir, "etcd.log", "etcd", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(peer))
 
-	s := &Server{Token: "egressd-test-admin"}
+	s := &Server{Token: "egressd-test-admin", t: t, dir: dir, bin: bin}
 	tokens := filepath.Join(dir, "tokens.csv")
 	if err := os.WriteFile(tokens, []byte(s.Token+",admin,admin,system:masters\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -65,11 +71,12 @@ func Start(t testing.TB) *Server {
 	certs := filepath.Join(dir, "certs")
 	// Its address stays on loopback: the endpoint reconciler refuses a
 	// loopback address, and without one would take the host's.
-	start(t, dir, "kube-apiserver", bin, "--etcd-servers", etcdURL,
+	s.args = []string{"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none", "--secure-port", strconv.Itoa(port),
 		"--cert-dir", certs, "--token-auth-file", tokens, "--authorization-mode", "RBAC",
 		"--service-account-issuer", "https://kubernetes.default.svc",
-		"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey)
+		"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey}
+	s.api = start(t, dir, "kube-apiserver.log", bin, s.args...)
 
 	var pem []byte
 	clocktest.Eventually(t, "kube-apiserver's certificate", func() bool {
@@ -91,6 +98,12 @@ current-context: test
 	if err := os.WriteFile(s.Kubeconfig, []byte(kubeconfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	s.waitReady(t)
+	return s
+}
+
+func (s *Server) waitReady(t testing.TB) {
+	t.Helper()
 	clocktest.Eventually(t, "kube-apiserver ready", func() bool {
 		resp, err := s.Get("/readyz")
 		if err != nil {
@@ -99,7 +112,19 @@ current-context: test
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	return s
+}
+
+// StopAPI kills kube-apiserver, as a control plane that goes away does;
+// etcd keeps what it stored.
+func (s *Server) StopAPI() { s.api.stop() }
+
+// StartAPI starts kube-apiserver again, on the same address and with the
+// same certificate, and waits until it is ready. Its log goes on where
+// the last one ended; it is stopped when Start's test ends.
+func (s *Server) StartAPI(t testing.TB) {
+	t.Helper()
+	s.api = start(s.t, s.dir, "kube-apiserver.log", s.bin, s.args...)
+	s.waitReady(t)
 }
 
 // Kubectl runs kubectl against the server as the admin, and returns
@@ -121,29 +146,44 @@ func (s *Server) Get(path string) (*http.Response, error) {
 	return c.Do(req)
 }
 
-// start runs a server process with its output in dir/name.log, and stops
-// it when the test ends.
-func start(t testing.TB, dir, name, bin string, args ...string) {
+// proc is a server process a test started.
+type proc struct {
+	cmd  *exec.Cmd
+	log  *os.File
+	once sync.Once
+}
+
+// stop kills it and waits for it, once.
+func (p *proc) stop() {
+	p.once.Do(func() {
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+		p.log.Close()
+	})
+}
+
+// start runs a server process with its output appended to dir/log, and
+// stops it when the test ends.
+func start(t testing.TB, dir, log, bin string, args ...string) *proc {
 	t.Helper()
-	log, err := os.Create(filepath.Join(dir, name+".log"))
+	f, err := os.OpenFile(filepath.Join(dir, log), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
+	p := &proc{cmd: exec.Command(bin, args...), log: f}
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
 	}
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		log.Close()
+		p.stop()
 		if t.Failed() {
-			if out, err := os.ReadFile(log.Name()); err == nil && len(out) > 0 {
-				t.Logf("%s's log, its end:\n%s", name, tail(out, 4000))
+			if out, err := os.ReadFile(f.Name()); err == nil && len(out) > 0 {
+				t.Logf("%s, its end:\n%s", log, tail(out, 4000))
 			}
 		}
 	})
+	return p
 }
 
 func tail(b []byte, n int) []byte {

@@ -75,6 +75,22 @@ func Cgroup(t testing.TB, name string) string {
 	return dir
 }
 
+// Slice is Cgroup named as systemd names a slice of the root,
+// egressd_test_NAME_SUFFIX.slice, for a layout of slices below it.
+func Slice(t testing.TB, name string) string {
+	t.Helper()
+	root, err := cgroups.Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "egressd_test_"+name+"_"+suffix()+".slice")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("create cgroup: %v", err)
+	}
+	t.Cleanup(func() { removeCgroup(t, dir) })
+	return dir
+}
+
 // SubCgroup creates a child of a cgroup made by Cgroup; it goes first.
 func SubCgroup(t testing.TB, parent, name string) string {
 	t.Helper()
