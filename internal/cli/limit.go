@@ -211,7 +211,7 @@ func listFlags(sort string, rows int) []cli.Flag {
 		&cli.StringFlag{Name: "shape", Usage: "only rules of a shape: concurrency, adaptive, per_second or per_window"},
 		&cli.StringFlag{Name: "name", Usage: "only rules whose name matches a pattern (* any run of characters but /, ? one, [abc] one of a set)"},
 		&cli.StringFlag{Name: "dest", Usage: "only rules with a destination holding an address, overlapping a prefix, or that is a host name"},
-		&cli.StringFlag{Name: "source", Usage: "only rules of the policy file (policy) or set at run time (cli)"},
+		&cli.StringFlag{Name: "source", Usage: "only rules of the policy file (policy), set at run time (cli), made for Kubernetes EgressLimits (k8s) or for one (k8s:NAMESPACE/NAME)"},
 		&cli.StringFlag{Name: "sort", Value: sort, Usage: "name, or busy: the most refusals a second over about the last minute first, then the most live connections"},
 		&cli.IntFlag{Name: "rows", Value: rows, DefaultText: rowsText, Usage: "show at most this many rules, the first in the order of --sort; 0 for all"},
 	}

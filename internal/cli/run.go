@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/egressd/egressd/internal/daemon"
+	"github.com/egressd/egressd/internal/kube"
 	"github.com/egressd/egressd/internal/sdnotify"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/kernelrule"
@@ -47,6 +48,10 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "host-id", DefaultText: "the host name", Usage: "this host's name to the hosts sharing a budget in Redis; unique among them"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&cli.DurationFlag{Name: "udp-idle", Value: kernelrule.DefaultFlowIdle, Usage: "how long a UDP flow sent to an address may see no datagram before it ends, for rules that do not set udpIdle"},
+			&cli.StringFlag{Name: "kube-node", EnvVars: []string{"EGRESSD_KUBE_NODE"}, Usage: "this Kubernetes node's name: make rules of the EgressLimits that select the pods bound to it"},
+			&cli.StringFlag{Name: "kubeconfig", DefaultText: "the pod's service account", Usage: "kubeconfig file to reach the API server with (with --kube-node)"},
+			&cli.StringFlag{Name: "kube-cgroup-driver", Value: string(kube.Systemd), Usage: "the kubelet's cgroup driver: systemd or cgroupfs (with --kube-node)"},
+			&cli.StringFlag{Name: "kube-cgroup-root", Value: "/", Usage: "the kubelet's --cgroup-root (with --kube-node)"},
 			&cli.DurationFlag{Name: "recount-every", Value: daemon.DefaultRecount, Usage: "how often the sockets holding slots are recounted and slots no socket holds given back (at least " + daemon.MinRecount.String() + ")"},
 		},
 		Action: func(c *cli.Context) error {
@@ -74,6 +79,17 @@ func runCommand() *cli.Command {
 				// would be, were it not refused.
 				return cli.Exit("--max-rules 0 is not allowed; leave it out for the default", exitUsage)
 			}
+			var kc *kube.Config
+			switch {
+			case c.String("kube-node") != "":
+				kc = &kube.Config{Node: c.String("kube-node"), Kubeconfig: c.String("kubeconfig"),
+					Layout: kube.Layout{Driver: kube.Driver(c.String("kube-cgroup-driver")), Root: c.String("kube-cgroup-root")}}
+				if _, err := kube.PodCgroup(kc.Layout.Driver, kc.Layout.Root, kube.Burstable, "x"); err != nil {
+					return cli.Exit(fmt.Sprintf("--kube-cgroup-driver %q, --kube-cgroup-root %q: %v", kc.Layout.Driver, kc.Layout.Root, err), exitUsage)
+				}
+			case c.IsSet("kubeconfig") || c.IsSet("kube-cgroup-driver") || c.IsSet("kube-cgroup-root"):
+				return cli.Exit("--kubeconfig, --kube-cgroup-driver and --kube-cgroup-root need --kube-node", exitUsage)
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			d, err := daemon.New(daemon.Config{
 				PolicyFile:   c.String("policy"),
@@ -93,6 +109,7 @@ func runCommand() *cli.Command {
 				Version:      Version,
 				Logger:       log,
 				Notify:       systemdNotifier{log},
+				Kube:         kc,
 			})
 			if err != nil {
 				return cli.Exit(err.Error(), exitUsage)

@@ -40,6 +40,14 @@ func statusCommand() *cli.Command {
 					}
 				}
 				fmt.Fprintf(w, "events lost: %d refusals, %d samples\n", s.LostRefusals, s.LostSamples)
+				if k := s.Kube; k != nil {
+					api := fmt.Sprintf("connected since %s", k.Since.Format(time.RFC3339))
+					if !k.Connected {
+						api = fmt.Sprintf("UNREACHABLE since %s (%s); the rules last known stay in force", k.Since.Format(time.RFC3339), k.Error)
+					}
+					fmt.Fprintf(w, "kubernetes: node %s, API server %s\n", k.Node, api)
+					fmt.Fprintf(w, "  %d pods, %d EgressLimits selecting them (%d not applied), %d rules\n", k.Pods, k.Limits, k.Refused, k.Rules)
+				}
 			})
 		},
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/controlserver"
+	"github.com/egressd/egressd/internal/kube"
 	"github.com/egressd/egressd/pkg/adaptive"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/kernelrule"
@@ -34,6 +35,7 @@ type api struct {
 	// and take the datapath down.
 	reload    func(context.Context) (control.Reload, error)
 	uninstall func()
+	kube      *kube.Source // nil without one
 }
 
 func (a *api) routes() map[string]controlserver.Route {
@@ -72,6 +74,9 @@ func (a *api) handleStatus(r *http.Request, _ struct{}) (control.Status, error) 
 		LostSamples:  lost.Samples,
 	}
 	a.table.describe(&s)
+	if a.kube != nil {
+		s.Kube = kubeStatus(a.kube.Status())
+	}
 	return s, nil
 }
 
@@ -229,7 +234,7 @@ func applyError(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, policy.ErrInvalid), errors.Is(err, loader.ErrInvalidRule):
+	case errors.Is(err, policy.ErrInvalid), errors.Is(err, loader.ErrInvalidRule), errors.Is(err, errKubeRule):
 		return control.Errorf(control.CodeInvalid, "%v", err)
 	case errors.Is(err, loader.ErrConflict), errors.Is(err, loader.ErrFull):
 		return control.Errorf(control.CodeConflict, "%v", err)

@@ -36,6 +36,7 @@ import (
 	"unicode"
 
 	"github.com/egressd/egressd/internal/dns"
+	"github.com/egressd/egressd/internal/kube"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/kernelrule"
 	"github.com/egressd/egressd/pkg/loader"
@@ -115,6 +116,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// Notify hears of the daemon's lifecycle (systemd's sd_notify).
 	Notify Notifier
+	// Kube, when not nil, makes rules of the EgressLimits that select
+	// pods of its node (its CgroupMount and Logger are the daemon's).
+	Kube *kube.Config
 
 	// open opens the datapath; nil is the kernel's (the tests' fake
 	// otherwise). keepalive is how often a follower of events that waits
@@ -253,6 +257,7 @@ type Daemon struct {
 	reloadMu sync.Mutex
 	stop     chan struct{} // closed by an uninstall request
 	stopOnce sync.Once
+	kube     *kube.Source // nil without Config.Kube
 }
 
 // New checks cfg and makes a daemon that Run starts. It does no I/O.

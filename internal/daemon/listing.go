@@ -11,6 +11,7 @@ import (
 	"github.com/egressd/egressd/internal/controlserver"
 	"github.com/egressd/egressd/pkg/control"
 	"github.com/egressd/egressd/pkg/loader"
+	"github.com/egressd/egressd/pkg/policy"
 )
 
 // lister lists rules (limit ls, top): those a query picks, in its order,
@@ -90,9 +91,11 @@ func newPick(q control.LimitsQuery) (pick, error) {
 		return invalid("name %q is not a pattern: %v", q.Name, err)
 	}
 	switch q.Source {
-	case "", sourcePolicy, sourceCLI:
+	case "", sourcePolicy, sourceCLI, sourceKube:
 	default:
-		return invalid("source %q is not policy or cli", q.Source)
+		if !strings.HasPrefix(q.Source, policy.KubePrefix) {
+			return invalid("source %q is not policy, cli, k8s or k8s:NAMESPACE/NAME", q.Source)
+		}
 	}
 	switch q.Sort {
 	case "", control.SortName, control.SortBusy:
@@ -141,7 +144,7 @@ func (p pick) matches(v viewed) bool {
 	if p.shape != "" && classOf(e).shape() != p.shape {
 		return false
 	}
-	if p.q.Source != "" && e.source != p.q.Source {
+	if p.q.Source != "" && e.source != p.q.Source && (p.q.Source != sourceKube || !strings.HasPrefix(e.source, policy.KubePrefix)) {
 		return false
 	}
 	if p.q.Name != "" {

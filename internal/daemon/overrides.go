@@ -49,9 +49,10 @@ func (o overrides) without(name string, inPolicy bool) overrides {
 	return out
 }
 
-// effective merges the policy file with the overrides: the rules in force
+// effective merges the policy file with the overrides, then the
+// Kubernetes rules less those of the objects refused: the rules in force
 // and where each comes from.
-func effective(p *policy.Policy, o overrides) []*entry {
+func effective(p *policy.Policy, o overrides, k kubeRules, refused map[string]string) []*entry {
 	removed := map[string]bool{}
 	for _, n := range o.Removed {
 		removed[n] = true
@@ -60,7 +61,7 @@ func effective(p *policy.Policy, o overrides) []*entry {
 	for i := range o.Set {
 		set[o.Set[i].Name] = &o.Set[i]
 	}
-	out := make([]*entry, 0, len(p.Rules)+len(o.Set))
+	out := make([]*entry, 0, len(p.Rules)+len(o.Set)+len(k.rules))
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		if removed[r.Name] {
@@ -77,6 +78,11 @@ func effective(p *policy.Policy, o overrides) []*entry {
 		r := &o.Set[i]
 		if _, ok := set[r.Name]; ok && !removed[r.Name] {
 			out = append(out, &entry{spec: r, source: sourceCLI})
+		}
+	}
+	for i := range k.rules {
+		if _, ok := refused[k.sources[i]]; !ok {
+			out = append(out, &entry{spec: &k.rules[i], source: k.sources[i]})
 		}
 	}
 	return out

@@ -55,6 +55,12 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := d.table.restoreOverrides(); err != nil {
 		return err
 	}
+	if err := d.table.restoreKube(); err != nil {
+		return err
+	}
+	if err := d.newKube(); err != nil {
+		return err
+	}
 	d.names.restore()
 	// The socket first: a second daemon started by mistake stops here,
 	// before it touches the datapath of the first.
@@ -273,6 +279,13 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *controlserver.
 	wg.Go(func() { d.table.watchSaturation(ctx) })
 	wg.Go(func() { d.table.refreshLoop(ctx) })
 	wg.Go(func() { d.recountLoop(ctx) })
+	if d.kube != nil {
+		wg.Go(func() {
+			if err := d.kube.Run(ctx, kubeSink{d.table}); err != nil {
+				d.log.Error("kubernetes", "err", err)
+			}
+		})
+	}
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil {
 			d.log.Error("control server", "err", err)
@@ -282,6 +295,9 @@ func (d *Daemon) serve(ctx context.Context, stack *cleanups, srv *controlserver.
 	if metricsLn != nil {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(d.metrics)
+		if d.kube != nil {
+			reg.MustRegister(newKubeMetrics(d.kube))
+		}
 		metricsSrv = &http.Server{Handler: metricsHandler(reg), ReadHeaderTimeout: 10 * time.Second}
 		wg.Go(func() {
 			if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {

@@ -42,7 +42,13 @@ type table struct {
 	// force, which differ only after a conflict at start.
 	overrides overrides
 	applied   overrides
-	entries   map[string]*entry
+	// kube are the rules of the EgressLimits that select this node's
+	// pods; refused the objects left out of them, with why, and
+	// kubeChanged has a value when a change left out others.
+	kube        kubeRules
+	refused     map[string]string
+	kubeChanged chan struct{}
+	entries     map[string]*entry
 	// order is entries in the order they were applied, where the next
 	// apply looks for each rule first.
 	order []*entry
@@ -67,7 +73,7 @@ type table struct {
 }
 
 func newTable(cfg *Config, names *names, redis *redisClients, log *slog.Logger) *table {
-	return &table{cfg: cfg, log: log, names: names, redis: redis, entries: map[string]*entry{}, adaptiveAdded: make(chan struct{}, 1)}
+	return &table{cfg: cfg, log: log, names: names, redis: redis, entries: map[string]*entry{}, adaptiveAdded: make(chan struct{}, 1), kubeChanged: make(chan struct{}, 1)}
 }
 
 // entry is one rule in force.
@@ -321,7 +327,7 @@ func (t *table) change(ctx context.Context, f found, fn func(found) ([]retired, 
 // takes the new table. On any problem nothing changes. Call with t.mu
 // held.
 func (t *table) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, error) {
-	c, err := t.planLocked(p, o, f)
+	c, err := t.planLocked(p, o, t.kube, f)
 	if err != nil {
 		return nil, err
 	}
@@ -335,6 +341,8 @@ func (t *table) applyLocked(p *policy.Policy, o overrides, f found) ([]retired, 
 type tableChange struct {
 	p       *policy.Policy
 	o       overrides
+	k       kubeRules
+	refused map[string]string // the EgressLimits left out of k
 	f       found
 	rules   []policy.Rule
 	merged  []*entry
@@ -344,21 +352,16 @@ type tableChange struct {
 	partial []clash // destinations installed rules go without
 }
 
-// planLocked checks the rules p and o give and plans each one's kernel
-// rule with f. p is a policy policy.Parse returned, which passed the
-// checks, so they run again only when o sets rules, which can clash with
-// p's or each other's (removing rules cannot make a clash): the checks
-// are dear for a large policy. The kernel's rule tables are resized if
-// the rules need it. Call with t.mu held.
-func (t *table) planLocked(p *policy.Policy, o overrides, f found) (*tableChange, error) {
-	c := &tableChange{p: p, o: o, f: f, rules: p.Rules, merged: effective(p, o)}
-	if len(o.Set) > 0 || len(o.Removed) > 0 {
-		c.rules = specs(c.merged)
-	}
-	if len(o.Set) > 0 {
-		if err := (&policy.Policy{Rules: c.rules}).Validate(); err != nil {
-			return nil, err
-		}
+// planLocked checks the rules p, o and k give and plans each one's
+// kernel rule with f. p is a policy policy.Parse returned, which passed
+// the checks, so they run again only when o or k set rules, which can
+// clash with p's or each other's (removing rules cannot make a clash):
+// the checks are dear for a large policy. The kernel's rule tables are
+// resized if the rules need it. Call with t.mu held.
+func (t *table) planLocked(p *policy.Policy, o overrides, k kubeRules, f found) (*tableChange, error) {
+	c := &tableChange{p: p, o: o, k: k, f: f}
+	if err := c.merge(); err != nil {
+		return nil, err
 	}
 	c.next = make(map[string]*entry, len(c.merged))
 	c.kernel = make([]loader.Rule, 0, len(c.merged))
@@ -419,6 +422,13 @@ func (t *table) writeLocked(c *tableChange) ([]retired, error) {
 		t.scopesGen++
 	}
 	t.policy, t.applied, t.entries, t.order, t.scopes = c.p, c.o, c.next, c.merged, c.f.scopes
+	if t.kube = c.k; !maps.Equal(t.refused, c.refused) {
+		t.refused = c.refused
+		select {
+		case t.kubeChanged <- struct{}{}:
+		default:
+		}
+	}
 	t.uses, t.adaptive = usesOf(c.rules), nil
 	for _, e := range c.merged {
 		if e.ctrl != nil && e.installed() {
@@ -648,7 +658,10 @@ func (t *table) set(ctx context.Context, r policy.Rule, now time.Time) error {
 // directory.
 func (t *table) remove(ctx context.Context, name string, now time.Time) error {
 	return t.change(ctx, t.prepare(ctx, now), func(f found) ([]retired, error) {
-		_, known := t.entries[name]
+		e, known := t.entries[name]
+		if known && strings.HasPrefix(e.source, policy.KubePrefix) {
+			return nil, fmt.Errorf("rule %s: %w %s", name, errKubeRule, strings.TrimPrefix(e.source, policy.KubePrefix))
+		}
 		if !known && !slices.ContainsFunc(t.overrides.Set, func(x policy.Rule) bool { return x.Name == name }) {
 			return nil, errUnknownRule
 		}
@@ -664,7 +677,7 @@ func (t *table) remove(ctx context.Context, name string, now time.Time) error {
 // change is ever in force. If the kernel then refuses the change, or the
 // save fails after its rename, the old overrides are saved back.
 func (t *table) commitLocked(o overrides, f found) ([]retired, error) {
-	c, err := t.planLocked(t.policy, o, f)
+	c, err := t.planLocked(t.policy, o, t.kube, f)
 	if err != nil {
 		return nil, err
 	}

@@ -50,6 +50,28 @@ type Status struct {
 	LostRefusals uint64   `json:"lostRefusals"`
 	LostSamples  uint64   `json:"lostSamples"`
 	LastReload   Reload   `json:"lastReload"`
+	// Kube is the Kubernetes source's state; nil when the daemon does not
+	// watch an API server.
+	Kube *Kube `json:"kubernetes,omitempty"`
+}
+
+// Kube is how the daemon follows the API server: whether it reaches it
+// (while it does not, the rules last known stay in force), and what the
+// EgressLimits make on its node.
+type Kube struct {
+	Node      string    `json:"node"`
+	Connected bool      `json:"connected"`
+	Since     time.Time `json:"since"`
+	Error     string    `json:"error,omitempty"`
+	// Limits counts the EgressLimits that select pods of the node, Refused
+	// those of them not applied (a problem with the object, or a clash
+	// with another rule).
+	Limits  int `json:"limits"`
+	Refused int `json:"refused"`
+	// Pods counts the pods bound to the node, Rules the rules the limits
+	// make for them (one per limit and pod).
+	Pods  int `json:"pods"`
+	Rules int `json:"rules"`
 }
 
 // Reload is the outcome of the last policy load.
@@ -63,7 +85,8 @@ type Reload struct {
 type Limit struct {
 	Name string `json:"name"`
 	// Source is "policy" for a rule of the policy file, "cli" for one set
-	// at run time (which wins over the file's rule of the same name).
+	// at run time (which wins over the file's rule of the same name),
+	// "k8s:NAMESPACE/NAME" for one an EgressLimit makes for a pod.
 	Source string `json:"source"`
 	// Rule is the rule as policy YAML.
 	Rule string `json:"rule"`
