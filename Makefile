@@ -27,13 +27,19 @@ all: build
 
 # Debian packages the tests, `make generate` and `make deb` use (run as
 # root). zsh, bash-completion and man-db let the completion scripts and man
-# pages be tested as a host runs them; pkgconf says where units go.
+# pages be tested as a host runs them; pkgconf says where units go;
+# etcd-server backs the kube-apiserver the Kubernetes tests start.
 deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		clang llvm libbpf-dev bpftool iproute2 python3 curl systemd procps \
 		redis-server redis-sentinel nftables prometheus lintian dpkg-dev \
-		zsh bash-completion man-db pkgconf >/dev/null
+		zsh bash-completion man-db pkgconf etcd-server >/dev/null
+# kubectl for the Kubernetes tests: Debian's kubernetes-client (1.20)
+# only where none is installed, since it and the kubectl packages of
+# Kubernetes' and Google's repositories all ship /usr/bin/kubectl.
+	command -v kubectl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends kubernetes-client >/dev/null
 
 # Rebuilds what is generated and committed: the BPF objects and their Go
 # bindings (needs clang, llvm and libbpf-dev; go build does not), and the
