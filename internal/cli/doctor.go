@@ -227,11 +227,31 @@ func checkPrivileges() check {
 		c.Status = statusFail
 		c.Detail = fmt.Sprintf("uid %d lacks %s: the probes load BPF programs, which needs them, so they cannot tell", os.Geteuid(), strings.Join(missing, ", "))
 		c.Fix = runAsRoot
+		if inPod() {
+			// Kubernetes spells capabilities without CAP_, and grants
+			// no ambient ones: a process of another uid has none.
+			var names []string
+			for _, m := range missing {
+				names = append(names, strings.TrimPrefix(m, "CAP_"))
+			}
+			c.Fix = "add " + strings.Join(names, ", ") + " to the DaemonSet's securityContext.capabilities.add " +
+				"(deploy/kubernetes/30-daemonset.yaml), and keep runAsUser: 0"
+		}
 		return c
 	}
 	c.Status, c.Detail = statusPass, fmt.Sprintf("uid %d with %s", os.Geteuid(), strings.Join(requiredCaps, ", "))
 	return c
 }
+
+// inPod reports whether egressd runs in a Kubernetes pod, where no
+// systemd unit applies and the DaemonSet grants the capabilities. The
+// kubelet sets KUBERNETES_SERVICE_HOST in every container it starts,
+// whatever the runtime, `kubectl exec` passes it on, and the daemon's
+// in-cluster config reads it. Marker files are no proof: /.dockerenv
+// outlives a Docker image made into a VM's root file system, and
+// containerd leaves none; nor is /proc/1/cgroup, "0::/" in a container's
+// own cgroup namespace and on a host whose init is not systemd.
+func inPod() bool { return os.Getenv("KUBERNETES_SERVICE_HOST") != "" }
 
 // initialUserNS reports whether a uid_map is the initial namespace's
 // identity map.
@@ -363,8 +383,15 @@ var unitDirs = []string{"/etc/systemd/system", "/run/systemd/system", "/usr/loca
 
 const unitName = "egressd.service"
 
+// checkUnitCaps checks the unit at path, or the installed one when path
+// is empty; in a pod there is none to look for.
 func checkUnitCaps(path string) check {
 	c := check{Name: "unit caps"}
+	if path == "" && inPod() {
+		c.Status = statusInfo
+		c.Detail = "in a Kubernetes pod: no systemd unit applies; the DaemonSet grants the capabilities (see privileges)"
+		return c
+	}
 	files, err := unitFiles(path)
 	if err != nil {
 		c.Status, c.Detail = statusFail, err.Error()
@@ -762,6 +789,10 @@ func checkSystemd(policy string) check {
 	c := check{Name: "systemd"}
 	if policy == "" {
 		policy = daemon.DefaultPolicyFile
+	}
+	if inPod() {
+		c.Status, c.Detail = statusInfo, "in a Kubernetes pod: the kubelet runs the daemon, not systemd"
+		return c
 	}
 	runIt := "run `egressd run --policy " + policy + "` under this host's service manager"
 	out, err := exec.Command("systemctl", "--version").Output()

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/docstest"
 	"github.com/egressd/egressd/internal/privtest"
@@ -217,26 +218,7 @@ func TestDoctorWithoutPrivileges(t *testing.T) {
 		}, "in a user namespace"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cmd := exec.CommandContext(t.Context(), exe, "--socket", absentSocket, "doctor", "--json", "--policy", policyCopy, "--unit", unitCopy)
-			cmd.Env = append(os.Environ(), doctorChildEnv+"=1")
-			cmd.SysProcAttr = tt.attr
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
-			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-				t.Fatalf("doctor without privileges: %v, want exit status 1; stderr:\n%s", err, stderr.String())
-			}
-			if stderr.Len() > 0 {
-				t.Errorf("stderr:\n%s", stderr.String())
-			}
-			var r doctorReport
-			if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
-				t.Fatalf("no JSON report (%v):\n%s", err, stdout.String())
-			}
-			if r.CanRun {
-				t.Error("canRun without the privileges to tell")
-			}
+			r := failingDoctor(t, exe, nil, tt.attr, "--policy", policyCopy, "--unit", unitCopy)
 			wantStatus(t, r, "privileges", statusFail, tt.privileges)
 			for _, name := range []string{"bpf map types", "bpf prog types", "bpf helpers", "bpf attach", "bpf isa", "datapath load"} {
 				wantStatus(t, r, name, statusFail, "not permitted to probe")
@@ -247,6 +229,71 @@ func TestDoctorWithoutPrivileges(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDoctorInPod runs doctor as in a pod whose DaemonSet left PERFMON
+// out: with the variable the kubelet sets, and holding BPF and NET_ADMIN
+// alone (as uid 65534 with them ambient: the capabilities are what
+// doctor reads). It fails with the DaemonSet's fix, and neither looks
+// for a unit nor asks for systemd.
+func TestDoctorInPod(t *testing.T) {
+	privtest.RequireRoot(t)
+	const nobody = 65534
+	exe, dir := publicCopy(t)
+	policyCopy := filepath.Join(dir, "policy.yaml")
+	b, err := os.ReadFile(repoPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(policyCopy, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := failingDoctor(t, exe, []string{"KUBERNETES_SERVICE_HOST=10.96.0.1"}, &syscall.SysProcAttr{
+		Credential:  &syscall.Credential{Uid: nobody, Gid: nobody},
+		AmbientCaps: []uintptr{unix.CAP_BPF, unix.CAP_NET_ADMIN},
+	}, "--policy", policyCopy)
+	wantStatus(t, r, "privileges", statusFail, "lacks CAP_PERFMON")
+	if c := r.find(t, "privileges"); !strings.Contains(c.Detail, "lacks CAP_PERFMON:") || !strings.Contains(c.Fix, "add PERFMON to the DaemonSet's securityContext.capabilities.add") {
+		t.Errorf("privileges: %q, fix %q; want PERFMON alone missing, and the DaemonSet's fix", c.Detail, c.Fix)
+	}
+	wantStatus(t, r, "unit caps", statusInfo, "in a Kubernetes pod")
+	wantStatus(t, r, "systemd", statusInfo, "in a Kubernetes pod")
+}
+
+// In a pod, a unit named with --unit is still checked.
+func TestDoctorUnitInPod(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+	if c := checkUnitCaps(repoUnit); c.Status != statusPass {
+		t.Errorf("--unit %s in a pod: %s (%s), want it checked", repoUnit, c.Status, c.Detail)
+	}
+}
+
+// failingDoctor runs `egressd doctor --json` in a child with attr, the
+// environment and env, and returns its report; it must exit 1, saying
+// nothing on stderr.
+func failingDoctor(t *testing.T, exe string, env []string, attr *syscall.SysProcAttr, args ...string) doctorReport {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), exe, append([]string{"--socket", absentSocket, "doctor", "--json"}, args...)...)
+	cmd.Env = append(append(os.Environ(), doctorChildEnv+"=1"), env...)
+	cmd.SysProcAttr = attr
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("doctor: %v, want exit status 1; stderr:\n%s", err, stderr.String())
+	}
+	if stderr.Len() > 0 {
+		t.Errorf("stderr:\n%s", stderr.String())
+	}
+	var r doctorReport
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		t.Fatalf("no JSON report (%v):\n%s", err, stdout.String())
+	}
+	if r.CanRun {
+		t.Error("canRun without the privileges to tell")
+	}
+	return r
 }
 
 // publicCopy copies the test binary where an unprivileged user can run
@@ -417,6 +464,7 @@ func TestDoctorChecksDocumented(t *testing.T) {
 // The systemd check's fix runs the daemon with the policy doctor was
 // given, not the default one.
 func TestSystemdFixNamesPolicy(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "") // in a pod (a CI runner's), systemd is not asked for
 	c := checkSystemd("/srv/egressd/fleet.yaml")
 	if c.Status == statusPass {
 		t.Skip("systemd is the init system here: the check passes and proposes no fix")
