@@ -59,7 +59,10 @@ run: build
 # Privileged tests run when this runs as root and skip, saying why, when not.
 # The packages run again under the race detector; the end-to-end tests in
 # tests/ drive a separately built binary, which the detector cannot see.
+# The first line builds kube-apiserver for the Kubernetes tests (minutes,
+# once per machine) before the packages that start it run side by side.
 test:
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestStart$$' ./internal/k8stest
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./pkg/... ./internal/...
 

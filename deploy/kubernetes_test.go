@@ -148,7 +148,7 @@ func TestDaemonSetArgs(t *testing.T) {
 		"--state-dir":          daemon.DefaultStateDir,
 		"--socket":             control.DefaultSocket,
 		"--bpffs":              loader.DefaultPinDir,
-		"--metrics":            ":9090",
+		"--metrics":            ":9464",
 		"--kube-node":          "node-a",
 		"--kube-cgroup-driver": "cgroupfs",
 		"--kube-cgroup-root":   "/kubelet",
