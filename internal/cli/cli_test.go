@@ -169,13 +169,16 @@ func TestSplitLines(t *testing.T) {
 }
 
 // TestRunRefusesFlags: a socket mode that is not permission bits, or none
-// (which would silently become 0660), and --max-rules 0 (which would
-// silently be the default, as the policy's maxRules: 0 is not) stop
-// egressd run before it starts.
+// (which would silently become 0660), --max-rules 0 (which would
+// silently be the default, as the policy's maxRules: 0 is not), a cgroup
+// layout the kubelet does not have, and Kubernetes settings without
+// --kube-node stop egressd run before it starts.
 func TestRunRefusesFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--socket-mode", "0"}, {"--socket-mode", "0000"}, {"--socket-mode", "1777"}, {"--socket-mode", "rw"},
 		{"--max-rules", "0"},
+		{"--kube-cgroup-driver", "docker", "--kube-node", "n"}, {"--kube-cgroup-root", "/a/../b", "--kube-node", "n"},
+		{"--kubeconfig", "/etc/kubeconfig"}, {"--kube-cgroup-root", "/kubelet.slice"},
 	} {
 		app := App()
 		app.ExitErrHandler = func(*cli.Context, error) {} // the default exits

@@ -87,8 +87,12 @@ func runCommand() *cli.Command {
 				if _, err := kube.PodCgroup(kc.Layout.Driver, kc.Layout.Root, kube.Burstable, "x"); err != nil {
 					return cli.Exit(fmt.Sprintf("--kube-cgroup-driver %q, --kube-cgroup-root %q: %v", kc.Layout.Driver, kc.Layout.Root, err), exitUsage)
 				}
-			case c.IsSet("kubeconfig") || c.IsSet("kube-cgroup-driver") || c.IsSet("kube-cgroup-root"):
-				return cli.Exit("--kubeconfig, --kube-cgroup-driver and --kube-cgroup-root need --kube-node", exitUsage)
+			default:
+				for _, f := range []string{"kubeconfig", "kube-cgroup-driver", "kube-cgroup-root"} {
+					if c.IsSet(f) {
+						return cli.Exit(fmt.Sprintf("--%s needs --kube-node", f), exitUsage)
+					}
+				}
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			d, err := daemon.New(daemon.Config{

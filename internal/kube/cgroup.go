@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -40,6 +41,9 @@ func PodCgroup(driver Driver, root string, qos QoS, uid string) (string, error) 
 		return "", fmt.Errorf("%w: uid %q", ErrLayout, uid)
 	}
 	levels := strings.FieldsFunc(root, func(r rune) bool { return r == '/' })
+	if slices.ContainsFunc(levels, func(l string) bool { return l == "." || l == ".." }) {
+		return "", fmt.Errorf("%w: cgroup root %q", ErrLayout, root)
+	}
 	levels = append(levels, "kubepods")
 	switch qos {
 	case Guaranteed:

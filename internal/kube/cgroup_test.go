@@ -31,16 +31,19 @@ func TestPodCgroup(t *testing.T) {
 	}
 	for _, bad := range []struct {
 		driver Driver
+		root   string
 		qos    QoS
 		uid    string
 	}{
-		{"runc", Burstable, uid},
-		{Systemd, "Platinum", uid},
-		{Cgroupfs, Burstable, ""},
-		{Cgroupfs, Burstable, "../escape"},
+		{"runc", "/", Burstable, uid},
+		{Systemd, "/", "Platinum", uid},
+		{Cgroupfs, "/", Burstable, ""},
+		{Cgroupfs, "/", Burstable, "../escape"},
+		{Cgroupfs, "/a/../b", Burstable, uid},
+		{Systemd, "/./kubelet.slice", Burstable, uid},
 	} {
-		if got, err := PodCgroup(bad.driver, "/", bad.qos, bad.uid); !errors.Is(err, ErrLayout) {
-			t.Errorf("PodCgroup(%s, %s, %q) = %q, %v; want ErrLayout", bad.driver, bad.qos, bad.uid, got, err)
+		if got, err := PodCgroup(bad.driver, bad.root, bad.qos, bad.uid); !errors.Is(err, ErrLayout) {
+			t.Errorf("PodCgroup(%s, %q, %s, %q) = %q, %v; want ErrLayout", bad.driver, bad.root, bad.qos, bad.uid, got, err)
 		}
 	}
 }
