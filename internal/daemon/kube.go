@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/egressd/egressd/pkg/policy"
@@ -105,31 +104,50 @@ func (t *table) kubeRefused() map[string]string {
 
 func kubePath(dir string) string { return filepath.Join(dir, "kubernetes.json") }
 
-// kubeFile is kubeRules as saved: a policy file of the rules, each name
-// without policy.KubePrefix, which a file cannot give.
+// kubeFile is kubeRules as saved: each EgressLimit's rule once, with the
+// pods it makes it for, so that a node of 100 limits over 100 pods
+// writes 100 rules, not 10,000.
 type kubeFile struct {
-	Rules   string   `json:"rules"`
-	Sources []string `json:"sources"`
+	Limits []kubeLimit `json:"limits"`
+}
+
+type kubeLimit struct {
+	Source string `json:"source"`
+	// Rule is a policy file of the limit's one rule, without its name and
+	// scope (a file cannot give a name beginning policy.KubePrefix).
+	Rule string    `json:"rule"`
+	Pods []kubePod `json:"pods"`
+}
+
+// kubePod is a rule a limit makes: its name and its pod's cgroup.
+type kubePod struct {
+	Name   string `json:"name"`
+	Cgroup string `json:"cgroup"`
 }
 
 // save writes k less the objects refused, which clash with other rules,
 // atomically and durably, as overrides.save does.
 func (k kubeRules) save(dir string, refused map[string]string) error {
 	var f kubeFile
-	var rules []policy.Rule
+	at := map[string]int{}
 	for i, r := range k.rules {
-		if _, ok := refused[k.sources[i]]; ok {
+		src := k.sources[i]
+		if _, ok := refused[src]; ok {
 			continue
 		}
-		r.Name = strings.TrimPrefix(r.Name, policy.KubePrefix)
-		rules = append(rules, r)
-		f.Sources = append(f.Sources, k.sources[i])
+		n, ok := at[src]
+		if !ok {
+			one := r
+			one.Name, one.Scope = "limit", policy.Scope{}
+			text, err := policy.Format(&policy.Policy{Rules: []policy.Rule{one}})
+			if err != nil {
+				return err
+			}
+			n, at[src] = len(f.Limits), len(f.Limits)
+			f.Limits = append(f.Limits, kubeLimit{Source: src, Rule: string(text)})
+		}
+		f.Limits[n].Pods = append(f.Limits[n].Pods, kubePod{Name: r.Name, Cgroup: r.Scope.Cgroup})
 	}
-	text, err := policy.Format(&policy.Policy{Rules: rules})
-	if err != nil {
-		return err
-	}
-	f.Rules = string(text)
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
@@ -171,15 +189,25 @@ func loadKube(path string) (kubeRules, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return kubeRules{}, fmt.Errorf("state %s: %w: %w", path, errUnreadable, err)
 	}
-	p, err := policy.Parse([]byte(f.Rules))
-	if err == nil && len(p.Rules) != len(f.Sources) {
-		err = fmt.Errorf("%d rules and %d sources", len(p.Rules), len(f.Sources))
+	var k kubeRules
+	for _, l := range f.Limits {
+		p, err := policy.Parse([]byte(l.Rule))
+		if err == nil && len(p.Rules) != 1 {
+			err = fmt.Errorf("%d rules for one limit", len(p.Rules))
+		}
+		if err != nil {
+			return kubeRules{}, fmt.Errorf("state %s: %s: %w: %w", path, l.Source, errUnreadable, err)
+		}
+		for _, pod := range l.Pods {
+			r := p.Rules[0]
+			r.Name, r.Scope = pod.Name, policy.Scope{Cgroup: pod.Cgroup}
+			k.rules, k.sources = append(k.rules, r), append(k.sources, l.Source)
+		}
 	}
-	if err != nil {
+	// What the file says is checked as every rule is, so that an edited
+	// file cannot bring in a rule no object could make.
+	if err := (&policy.Policy{Rules: k.rules}).Validate(); err != nil {
 		return kubeRules{}, fmt.Errorf("state %s: %w: %w", path, errUnreadable, err)
 	}
-	for i := range p.Rules {
-		p.Rules[i].Name = policy.KubePrefix + p.Rules[i].Name
-	}
-	return kubeRules{rules: p.Rules, sources: f.Sources}, nil
+	return k, nil
 }

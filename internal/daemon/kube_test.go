@@ -68,8 +68,8 @@ func TestKubeRulesMerge(t *testing.T) {
 		t.Errorf("rules %v, want file-db and b's alone", got)
 	}
 	saved, err := loadKube(kubePath(td.cfg.StateDir))
-	if err != nil || len(saved.rules) != 1 || saved.rules[0].Name != "k8s:shop/b/u2" || saved.sources[0] != "k8s:shop/b" {
-		t.Errorf("saved %+v, %v; want b's rule alone", saved, err)
+	if err != nil || len(saved.rules) != 1 || saved.rules[0] != k.rules[2] || saved.sources[0] != "k8s:shop/b" {
+		t.Errorf("saved %+v, %v; want b's rule alone, as it was", saved, err)
 	}
 	select {
 	case <-td.table.kubeChanged: // the refusal
@@ -105,7 +105,7 @@ func TestKubeRulesUnreadable(t *testing.T) {
 	if err := os.MkdirAll(td.cfg.StateDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, kubePath(td.cfg.StateDir), `{"rules": "rules: [{name: x}]", "sources": ["k8s:a/b"]}`)
+	writeFile(t, kubePath(td.cfg.StateDir), `{"limits": [{"source": "k8s:a/b", "rule": "rules: [{name: x}]", "pods": [{"name": "k8s:a/b/p", "cgroup": "/p"}]}]}`)
 	if err := td.table.restoreKube(); err != nil {
 		t.Fatal(err)
 	}

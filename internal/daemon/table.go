@@ -265,7 +265,7 @@ func (t *table) prepare(ctx context.Context, now time.Time, more ...policy.Rule)
 	if t.policy != nil {
 		inForce = t.policy.Rules
 	}
-	rules := [][]policy.Rule{inForce, t.overrides.Set, more}
+	rules := [][]policy.Rule{inForce, t.overrides.Set, t.kube.rules, more}
 	enforced, gen := t.scopes, t.scopesGen // scopes is replaced, never written in place
 	first := t.policy == nil
 	t.mu.Unlock()
