@@ -678,8 +678,10 @@ func checkLimits(t *testing.T, got []control.Limit, want map[string]control.Limi
 // restarted daemon does.
 type env struct {
 	cg, pins, state, socket, policy, metrics string
-	// args are more flags for egressd run.
+	// args are more flags for egressd run. argv, when set, is instead
+	// the whole command line after the binary, the env's paths in it.
 	args []string
+	argv []string
 	// ns, when set, is the network namespace the daemon runs in (its
 	// metrics listen there); by default the test's own.
 	ns *privtest.NetNS
@@ -731,7 +733,7 @@ func freeAddr(t *testing.T) string {
 
 // listen accepts loopback connections and holds each until its client
 // closes it; all are closed when the test ends. It returns the port.
-func listen(t *testing.T) int {
+func listen(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -801,6 +803,9 @@ func (e *env) startWrapped(t *testing.T, wrapper ...string) *daemon {
 	args := append(wrapper, egressd, "run", "--cgroup", e.cg, "--bpffs", e.pins, "--socket", e.socket,
 		"--state-dir", e.state, "--policy", e.policy, "--metrics", e.metrics, "--log-level", "debug")
 	args = append(args, e.args...)
+	if e.argv != nil {
+		args = append(append(wrapper[:len(wrapper):len(wrapper)], egressd), e.argv...)
+	}
 	d.cmd = exec.Command(args[0], args[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

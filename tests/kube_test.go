@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/egressd/egressd/deploy"
 	"github.com/egressd/egressd/internal/clocktest"
 	"github.com/egressd/egressd/internal/k8stest"
 	"github.com/egressd/egressd/internal/kube"
@@ -33,7 +35,7 @@ type cluster struct {
 	limits dynamic.NamespaceableResourceInterface
 }
 
-func startCluster(t *testing.T) *cluster {
+func startCluster(t testing.TB) *cluster {
 	t.Helper()
 	s := k8stest.Start(t)
 	if out, err := s.Kubectl("apply", "--server-side", "-f", "../deploy/kubernetes/crd.yaml"); err != nil {
@@ -61,7 +63,7 @@ func startCluster(t *testing.T) *cluster {
 // namespace makes a namespace and its default service account, which the
 // API server's admission wants of every pod (no controller manager runs
 // here to make it).
-func (c *cluster) namespace(t *testing.T, name string) {
+func (c *cluster) namespace(t testing.TB, name string) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
@@ -73,7 +75,7 @@ func (c *cluster) namespace(t *testing.T, name string) {
 }
 
 // pod makes a pod bound to node, of QoS class qos by its resources.
-func (c *cluster) pod(t *testing.T, ns, name, node string, labels map[string]string, qos corev1.PodQOSClass) *corev1.Pod {
+func (c *cluster) pod(t testing.TB, ns, name, node string, labels map[string]string, qos corev1.PodQOSClass) *corev1.Pod {
 	t.Helper()
 	res := corev1.ResourceRequirements{}
 	switch qos {
@@ -98,7 +100,7 @@ func (c *cluster) pod(t *testing.T, ns, name, node string, labels map[string]str
 	return p
 }
 
-func (c *cluster) deletePod(t *testing.T, ns, name string) {
+func (c *cluster) deletePod(t testing.TB, ns, name string) {
 	t.Helper()
 	zero := int64(0)
 	if err := c.client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
@@ -107,7 +109,7 @@ func (c *cluster) deletePod(t *testing.T, ns, name string) {
 }
 
 // limit makes or replaces an EgressLimit.
-func (c *cluster) limit(t *testing.T, ns, name string, spec map[string]any) {
+func (c *cluster) limit(t testing.TB, ns, name string, spec map[string]any) {
 	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "egressd.io/v1alpha1", "kind": "EgressLimit", "metadata": map[string]any{"name": name, "namespace": ns}, "spec": spec}}
 	ctx := context.Background()
@@ -124,7 +126,7 @@ func (c *cluster) limit(t *testing.T, ns, name string, spec map[string]any) {
 }
 
 // events are the messages of the Events about an object.
-func (c *cluster) events(t *testing.T, ns, name string) []string {
+func (c *cluster) events(t testing.TB, ns, name string) []string {
 	t.Helper()
 	l, err := c.client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 	if err != nil {
@@ -148,7 +150,7 @@ type node struct {
 // newNode makes the test cgroup the kubelet's root and its QoS cgroups,
 // as the kubelet does at its start. With the systemd driver the root is a
 // slice, as systemd would have it.
-func newNode(t *testing.T, name string, driver kube.Driver) *node {
+func newNode(t testing.TB, name string, driver kube.Driver) *node {
 	t.Helper()
 	mount, err := cgroups.Mount()
 	if err != nil {
@@ -175,7 +177,7 @@ func newNode(t *testing.T, name string, driver kube.Driver) *node {
 
 // mkdirs makes each missing level of rel, a path below the mount, each
 // removed when the test ends, deepest first.
-func (n *node) mkdirs(t *testing.T, rel string) string {
+func (n *node) mkdirs(t testing.TB, rel string) string {
 	t.Helper()
 	dir := n.mount
 	for _, part := range strings.Split(rel, "/") {
@@ -204,6 +206,36 @@ func (n *node) start(t *testing.T, p *corev1.Pod) (*pyProc, time.Time) {
 		t.Fatalf("agent: %q, want %q", got, want)
 	}
 	return py, made
+}
+
+// hostPaths are a test's stand-ins for the paths the DaemonSet gives,
+// which are the host's.
+type hostPaths struct{ policy, state, socket, pins, metrics string }
+
+// daemonSetArgs is the DaemonSet's command line for node n, with the
+// test's paths for the host's, and three flags more: the test's cgroup
+// cg to attach to, a kubeconfig (in-cluster configuration needs a pod's
+// service account token), and a log for the test to show.
+func daemonSetArgs(t testing.TB, n *node, p hostPaths, cg, kubeconfig string) []string {
+	t.Helper()
+	argv, err := deploy.DaemonSetArgs(map[string]string{"NODE_NAME": n.name, "CGROUP_DRIVER": string(n.layout.Driver), "CGROUP_ROOT": n.layout.Root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(argv) < 2 || argv[0] != "egressd" || argv[1] != "run" {
+		t.Fatalf("the DaemonSet runs %q, not egressd run", argv)
+	}
+	host := map[string]string{"--policy": p.policy, "--state-dir": p.state, "--socket": p.socket, "--bpffs": p.pins, "--metrics": p.metrics}
+	for i := 2; i+1 < len(argv); i++ {
+		if v, ok := host[argv[i]]; ok {
+			argv[i+1] = v
+			delete(host, argv[i])
+		}
+	}
+	if len(host) > 0 {
+		t.Fatalf("the DaemonSet's command line %q has no %v to give the test's paths", argv, slices.Collect(maps.Keys(host)))
+	}
+	return append(argv[1:], "--cgroup", cg, "--kubeconfig", kubeconfig, "--log-level", "debug")
 }
 
 // waitRules waits until the daemon's Kubernetes rules are want, by name,
@@ -253,8 +285,8 @@ func dials(t *testing.T, py *pyProc, port, n int) []string {
 	return out
 }
 
-// TestKubernetesPods runs the daemon as the DaemonSet does on a node of
-// each cgroup driver, against a real API server: EgressLimits select pods
+// TestKubernetesPods runs the daemon with the DaemonSet's command line on
+// a node of each cgroup driver, against a real API server: EgressLimits select pods
 // by namespace and labels, each selected pod is limited on its own, in
 // the cgroup the kubelet gives it, and the rules follow pods and limits
 // as they come, change and go, the API server going away, and the daemon
@@ -282,7 +314,7 @@ func testKubernetesNode(t *testing.T, c *cluster, driver kube.Driver) {
 
 	e := newEnvOn(t, n.top)
 	e.writePolicy(t, "rules: []\n")
-	e.args = []string{"--kube-node", n.name, "--kubeconfig", c.Kubeconfig, "--kube-cgroup-driver", string(driver), "--kube-cgroup-root", n.layout.Root}
+	e.argv = daemonSetArgs(t, n, hostPaths{e.policy, e.state, e.socket, e.pins, e.metrics}, e.cg, c.Kubeconfig)
 	d := e.start(t)
 	py1, _ := n.start(t, web1)
 	py2, _ := n.start(t, web2)
