@@ -2,6 +2,7 @@ package kube
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -104,14 +105,32 @@ type Rule struct {
 // limit and pod it selects in its namespace, scoped to the pod's cgroup,
 // ordered by the limits' creation (an older limit wins a clash), then by
 // pod. Limits with a problem make none; pods that have ended (Succeeded,
-// Failed) have no cgroup left to limit.
+// Failed) have no cgroup left to limit. A pod whose cgroup cannot be named
+// is left out, and said so in the error, which does not stop the rest.
 func Rules(limits []Limit, pods []*corev1.Pod, layout Layout) ([]Rule, error) {
 	limits = slices.Clone(limits)
 	slices.SortFunc(limits, func(a, b Limit) int {
 		return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
-	pods = slices.Clone(pods)
-	slices.SortFunc(pods, func(a, b *corev1.Pod) int {
+	// The pods that can be limited, each with its cgroup, in order.
+	type podDir struct {
+		*corev1.Pod
+		dir string
+	}
+	var live []podDir
+	var errs []error
+	for _, p := range pods {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		dir, err := PodCgroup(layout.Driver, layout.Root, qosOf(p), string(p.UID))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err))
+			continue
+		}
+		live = append(live, podDir{p, "/" + dir})
+	}
+	slices.SortFunc(live, func(a, b podDir) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	var out []Rule
@@ -119,21 +138,17 @@ func Rules(limits []Limit, pods []*corev1.Pod, layout Layout) ([]Rule, error) {
 		if l.Problem != "" {
 			continue
 		}
-		for _, p := range pods {
-			if p.Namespace != l.Namespace || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !l.Selector.Matches(labels.Set(p.Labels)) {
+		for _, p := range live {
+			if p.Namespace != l.Namespace || !l.Selector.Matches(labels.Set(p.Labels)) {
 				continue
-			}
-			dir, err := PodCgroup(layout.Driver, layout.Root, qosOf(p), string(p.UID))
-			if err != nil {
-				return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
 			}
 			r := l.Rule
 			r.Name = RuleName(l.Namespace, l.Name, p.Name)
-			r.Scope = policy.Scope{Cgroup: "/" + dir}
+			r.Scope = policy.Scope{Cgroup: p.dir}
 			out = append(out, Rule{Rule: r, Source: l.Source()})
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // selectsHere reports whether l selects one of pods, the pods of this

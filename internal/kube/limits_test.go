@@ -93,10 +93,13 @@ func TestRules(t *testing.T) {
 		pod("shop", "db-0", "u3", map[string]string{"app": "db"}, corev1.PodQOSGuaranteed, corev1.PodRunning),
 		pod("shop", "job", "u4", web, corev1.PodQOSBurstable, corev1.PodSucceeded),
 		pod("other", "web-9", "u5", web, corev1.PodQOSBurstable, corev1.PodRunning),
+		pod("shop", "odd", "../u6", web, corev1.PodQOSBurstable, corev1.PodRunning),
 	}
 	got, err := Rules([]Limit{newer, bad, older}, pods, Layout{Driver: Cgroupfs})
-	if err != nil {
-		t.Fatal(err)
+	// A pod whose cgroup cannot be named is left out, once, and the rest
+	// stand.
+	if err == nil || err.Error() != `pod shop/odd: pod cgroup: uid "../u6"` {
+		t.Errorf("error %v, want one for pod shop/odd", err)
 	}
 	want := []string{
 		"k8s:shop/older/web-1 /kubepods/burstable/podu1 k8s:shop/older",

@@ -186,7 +186,11 @@ func (s *Source) Run(ctx context.Context, sink Sink) error {
 	_, refusedChanged := sink.Refused()
 	var last []Rule
 	applied := false
+	// Limits are read again only when they change: pods' status changes
+	// wake this loop far more often.
+	parsed := map[string]Limit{}
 	for {
+		var retry <-chan time.Time
 		ls, err := limits.Lister().List(labels.Everything())
 		if err != nil {
 			return err
@@ -196,12 +200,20 @@ func (s *Source) Run(ctx context.Context, sink Sink) error {
 			return err
 		}
 		read := make([]Limit, len(ls))
+		next := make(map[string]Limit, len(ls))
 		for i, o := range ls {
-			read[i] = ReadLimit(o.(*unstructured.Unstructured))
+			u := o.(*unstructured.Unstructured)
+			key := string(u.GetUID()) + "/" + u.GetResourceVersion()
+			l, ok := parsed[key]
+			if !ok {
+				l = ReadLimit(u)
+			}
+			read[i], next[key] = l, l
 		}
+		parsed = next
 		rules, err := Rules(read, ps, s.cfg.Layout)
 		if err != nil {
-			s.log.Error("pods' cgroups", "err", err)
+			s.log.Error("pods left out", "err", err)
 		}
 		var refused map[string]string
 		if !applied || !slices.EqualFunc(rules, last, func(a, b Rule) bool { return a == b }) {
@@ -209,7 +221,8 @@ func (s *Source) Run(ctx context.Context, sink Sink) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				s.log.Error("applying the EgressLimits' rules", "err", err)
+				s.log.Error("applying the EgressLimits' rules; trying again in a second", "err", err)
+				retry = time.After(time.Second)
 			} else {
 				last, applied = rules, true
 			}
@@ -223,6 +236,7 @@ func (s *Source) Run(ctx context.Context, sink Sink) error {
 			return nil
 		case <-s.kick:
 		case <-refusedChanged:
+		case <-retry:
 		}
 	}
 }
@@ -310,46 +324,46 @@ func (t reachTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // watchCgroups rescans the sink's cgroups when a pod's cgroup appears or
 // goes in one of the kubelet's QoS directories, so that a pod is
 // enforced, or forgotten, within moments of its cgroup changing. A QoS
-// directory that does not exist yet is looked for again every second.
+// directory that does not exist yet is looked for again every second;
+// without inotify, the cgroups are looked up every second.
 func (s *Source) watchCgroups(ctx context.Context, sink Sink) {
 	var dirs []string
 	for _, q := range []QoS{Guaranteed, Burstable, BestEffort} {
 		p, _ := PodCgroup(s.cfg.Layout.Driver, s.cfg.Layout.Root, q, "x")
 		dirs = append(dirs, filepath.Join(s.cfg.CgroupMount, filepath.FromSlash(path.Dir(p))))
 	}
+	changed := make(chan struct{}, 1)
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
+		fd = -1
 		s.log.Error("watching pods' cgroups; they are looked up every second instead", "err", err)
-		return
-	}
-	f := os.NewFile(uintptr(fd), "inotify")
-	stop := context.AfterFunc(ctx, func() { f.Close() })
-	defer stop()
-	watched := map[string]bool{}
-	changed := make(chan struct{}, 1)
-	go func() {
-		buf := make([]byte, 64*1024)
-		for {
-			if _, err := f.Read(buf); err != nil {
-				return
+	} else {
+		f := os.NewFile(uintptr(fd), "inotify")
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer f.Close() // before the wait: it ends the read
+		wg.Go(func() {
+			buf := make([]byte, 64*1024)
+			for {
+				if _, err := f.Read(buf); err != nil {
+					return
+				}
+				s.poke(changed)
 			}
-			s.poke(changed)
-		}
-	}()
+		})
+	}
+	watched := map[string]bool{}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		missing := false
 		for _, d := range dirs {
-			if watched[d] {
+			if fd < 0 || watched[d] {
 				continue
 			}
-			if _, err := unix.InotifyAddWatch(fd, d, unix.IN_CREATE|unix.IN_DELETE|unix.IN_ONLYDIR); err != nil {
-				missing = true
-				continue
+			if _, err := unix.InotifyAddWatch(fd, d, unix.IN_CREATE|unix.IN_DELETE|unix.IN_ONLYDIR); err == nil {
+				watched[d] = true
+				s.poke(changed) // pods may have come before the watch
 			}
-			watched[d] = true
-			s.poke(changed) // pods may have come before the watch
 		}
 		select {
 		case <-ctx.Done():
@@ -357,7 +371,7 @@ func (s *Source) watchCgroups(ctx context.Context, sink Sink) {
 		case <-changed:
 			sink.Rescan(ctx)
 		case <-tick.C:
-			if missing {
+			if fd < 0 {
 				sink.Rescan(ctx)
 			}
 		}
