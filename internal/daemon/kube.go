@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -166,9 +165,9 @@ func (t *table) restoreKube() error {
 	path := kubePath(t.cfg.StateDir)
 	k, err := loadKube(path)
 	if errors.Is(err, errUnreadable) {
-		aside := path + ".unreadable"
-		if rerr := os.Rename(path, aside); rerr != nil {
-			return errors.Join(err, fmt.Errorf("setting it aside: %w", rerr))
+		aside, serr := setAside(path, err)
+		if serr != nil {
+			return serr
 		}
 		t.log.Error("saved Kubernetes rules not read; set aside, and they come from the API server", "err", err, "aside", aside)
 		k, err = kubeRules{}, nil
@@ -178,16 +177,9 @@ func (t *table) restoreKube() error {
 }
 
 func loadKube(path string) (kubeRules, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return kubeRules{}, nil
-	}
-	if err != nil {
-		return kubeRules{}, fmt.Errorf("state: %w", err)
-	}
 	var f kubeFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return kubeRules{}, fmt.Errorf("state %s: %w: %w", path, errUnreadable, err)
+	if found, err := readState(path, &f); !found || err != nil {
+		return kubeRules{}, err
 	}
 	var k kubeRules
 	for _, l := range f.Limits {

@@ -97,16 +97,9 @@ type overridesFile struct {
 func overridesPath(dir string) string { return filepath.Join(dir, "overrides.json") }
 
 func loadOverrides(dir string) (overrides, error) {
-	b, err := os.ReadFile(overridesPath(dir))
-	if errors.Is(err, os.ErrNotExist) {
-		return overrides{}, nil
-	}
-	if err != nil {
-		return overrides{}, fmt.Errorf("state: %w", err)
-	}
 	var f overridesFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return overrides{}, fmt.Errorf("state %s: %w: %w", overridesPath(dir), errUnreadable, err)
+	if found, err := readState(overridesPath(dir), &f); !found || err != nil {
+		return overrides{}, err
 	}
 	p, err := policy.Parse([]byte(f.Rules))
 	if err != nil {
@@ -119,6 +112,34 @@ func loadOverrides(dir string) (overrides, error) {
 // by hand, written by a newer egressd, damaged).
 var errUnreadable = errors.New("unreadable")
 
+// readState reads the JSON file of the state directory at path into f;
+// found is false when there is none. A file that is not JSON of f's shape
+// is errUnreadable.
+func readState(path string, f any) (found bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("state: %w", err)
+	}
+	if err := json.Unmarshal(b, f); err != nil {
+		return true, fmt.Errorf("state %s: %w: %w", path, errUnreadable, err)
+	}
+	return true, nil
+}
+
+// setAside moves an unreadable state file out of the way, so that the
+// next save does not write over what a person may want to read, and says
+// where to.
+func setAside(path string, unreadable error) (string, error) {
+	aside := path + ".unreadable"
+	if err := os.Rename(path, aside); err != nil {
+		return "", errors.Join(unreadable, fmt.Errorf("setting it aside: %w", err))
+	}
+	return aside, nil
+}
+
 // restoreOverrides takes the run-time limits saved in the state
 // directory as the table's, before its first change. A file that does not
 // parse is moved aside, so that the next `limit set` does not write over
@@ -128,10 +149,9 @@ var errUnreadable = errors.New("unreadable")
 func (t *table) restoreOverrides() error {
 	o, err := loadOverrides(t.cfg.StateDir)
 	if errors.Is(err, errUnreadable) {
-		path := overridesPath(t.cfg.StateDir)
-		aside := path + ".unreadable"
-		if rerr := os.Rename(path, aside); rerr != nil {
-			return errors.Join(err, fmt.Errorf("setting it aside: %w", rerr))
+		aside, serr := setAside(overridesPath(t.cfg.StateDir), err)
+		if serr != nil {
+			return serr
 		}
 		t.log.Error("run-time limits not read; set aside, and the daemon starts with the policy alone", "err", err, "aside", aside)
 		t.startProblem(fmt.Sprintf("run-time limits not read (%v): set aside as %s", err, aside))
